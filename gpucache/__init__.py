@@ -1,0 +1,29 @@
+"""gpucache: a semantic cache for LLM responses that never serves the answer to a different
+question. Embeds and scans on the GPU when present, on the CPU otherwise."""
+
+from __future__ import annotations
+
+from gpucache.cache import Hit, SemanticCache
+from gpucache.devices import resolve_device
+from gpucache.embedder import Embedder, TransformerEmbedder
+from gpucache.keys import DEFAULT_SCOPE, prompt_key
+from gpucache.stats import CacheStats
+from gpucache.store import ExactScanStore
+from gpucache.verifier import HitVerifier, ThresholdOnly, Verdict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_SCOPE",
+    "CacheStats",
+    "Embedder",
+    "ExactScanStore",
+    "Hit",
+    "HitVerifier",
+    "SemanticCache",
+    "ThresholdOnly",
+    "TransformerEmbedder",
+    "Verdict",
+    "prompt_key",
+    "resolve_device",
+]

@@ -1,0 +1,35 @@
+"""Where tensors live. The device is resolved here, once, and passed on as a ``torch.device``.
+
+``"auto"`` picks CUDA when a GPU is visible and the CPU otherwise, so the same code runs on a
+laptop, in CI and on an inference server; every other module takes the resolved device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DeviceLike = str | torch.device
+
+
+def resolve_device(device: DeviceLike = "auto") -> torch.device:
+    """Turn ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` into a device.
+
+    Asking for CUDA where none is available is the caller's mistake and raises ``ValueError``
+    rather than failing later inside the first matmul.
+    """
+    if isinstance(device, torch.device):
+        resolved = device
+    elif isinstance(device, str):
+        if device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            resolved = torch.device(device)
+        except RuntimeError as exc:
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}") from exc
+    else:
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but no CUDA device is available")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    return resolved

@@ -1,0 +1,71 @@
+"""Checks on what callers hand the cache, run before any state changes.
+
+Every public entry point validates all of its input first, so a rejected call leaves the cache
+exactly as it was. Messages name the allowed values. These are real checks, not asserts:
+``python -O`` strips asserts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from gpucache.keys import DEFAULT_SCOPE
+
+
+def check_prompt(prompt: object, what: str = "prompt") -> str:
+    if not isinstance(prompt, str):
+        raise TypeError(f"{what} must be a str, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ValueError(f"{what} must not be empty or whitespace only")
+    return prompt
+
+
+def check_prompts(prompts: object) -> list[str]:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts must be a list of str, got {type(prompts).__name__}")
+    checked = list(prompts)
+    for i, prompt in enumerate(checked):
+        check_prompt(prompt, f"prompts[{i}]")
+    return checked
+
+
+def check_response(response: object, what: str = "response") -> str:
+    if not isinstance(response, str):
+        raise TypeError(f"{what} must be a str, got {type(response).__name__}")
+    return response
+
+
+def check_scope(scope: object) -> str:
+    if scope is None:
+        return DEFAULT_SCOPE
+    if not isinstance(scope, str):
+        raise TypeError(f"scope must be a str or None, got {type(scope).__name__}")
+    return scope
+
+
+def check_threshold(threshold: object) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise TypeError(f"threshold must be a float in (0, 1], got {type(threshold).__name__}")
+    if not 0.0 < float(threshold) <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+    return float(threshold)
+
+
+def check_ttl(ttl: object, what: str = "ttl") -> float | None:
+    """Seconds an entry lives; None means until evicted."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"{what} must be a positive number of seconds or None, got {ttl!r}")
+    if not (float(ttl) > 0.0 and math.isfinite(float(ttl))):
+        raise ValueError(f"{what} must be a positive finite number of seconds or None, got {ttl!r}")
+    return float(ttl)
+
+
+def check_positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int >= 1, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{what} must be an int >= 1, got {value!r}")
+    return value

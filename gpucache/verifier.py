@@ -1,0 +1,50 @@
+"""The seam between "similar enough" and "safe to serve".
+
+Embedding similarity says two prompts are about the same thing; it cannot say they ask the same
+question ("convert 10 miles to km" and "convert 10 km to miles" score 0.99 with MiniLM). A
+``HitVerifier`` gets the last word on every candidate above the threshold. Verifiers are pure
+CPU functions of their inputs and import no torch, so they give the same answer everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class HitVerifier(Protocol):
+    """Decides whether a candidate above the threshold may be served."""
+
+    name: str
+
+    def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
+        """True to serve the cached answer, False to treat the lookup as a miss."""
+        ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a verifier accepted or rejected a pair: the rule that fired and the words involved."""
+
+    rejected: bool
+    rule: str
+    detail: str = ""
+    words: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        head = "reject" if self.rejected else "accept"
+        return f"{head} ({self.rule}): {self.detail}" if self.detail else f"{head} ({self.rule})"
+
+
+class ThresholdOnly:
+    """Serves every candidate the threshold admits: similarity alone decides.
+
+    Useful as a baseline in benchmarks and for caches whose prompts are machine-generated
+    templates; never the right choice in front of people's free text.
+    """
+
+    name = "threshold-only"
+
+    def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
+        return True

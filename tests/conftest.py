@@ -1,0 +1,76 @@
+"""Shared fixtures: the devices to run on, a fast deterministic embedder, and the real model."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from gpucache import TransformerEmbedder
+
+_DEVICES = [pytest.param("cpu", id="cpu")]
+if torch.cuda.is_available():
+    _DEVICES.append(pytest.param("cuda", id="cuda", marks=pytest.mark.gpu))
+
+
+@pytest.fixture(params=_DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """``cpu`` always, and ``cuda`` (marked ``gpu``) where a GPU is present."""
+    return torch.device(request.param)
+
+
+class FakeEmbedder:
+    """Bag-of-words embedder for fast tests of the cache logic, not of meaning.
+
+    Each lowercased word maps to a fixed pseudo-random unit vector (seeded by blake2b, so it is
+    the same in every process); a text is the normalised sum. Texts with the same words embed
+    identically; sharing most words gives a high similarity; disjoint words give about 0.
+    ``calls`` counts ``encode`` calls and ``texts`` records what was embedded.
+    """
+
+    name = "fake-bag-of-words"
+
+    def __init__(self, dim: int = 64, device: str | torch.device = "cpu") -> None:
+        self._dim = dim
+        self._device = torch.device(device)
+        self.calls = 0
+        self.texts: list[str] = []
+        self.fail_with: BaseException | None = None
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _word(self, word: str) -> torch.Tensor:
+        seed = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+        gen = torch.Generator().manual_seed(seed % 2**63)
+        return torch.randn(self._dim, generator=gen)
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.calls += 1
+        self.texts.extend(texts)
+        out = torch.zeros((len(texts), self._dim))
+        for i, text in enumerate(texts):
+            for word in re.findall(r"\w+", text.lower()) or [text]:
+                out[i] += self._word(word)
+        return torch.nn.functional.normalize(out, dim=1).to(self._device)
+
+
+@pytest.fixture
+def fake_embedder() -> FakeEmbedder:
+    return FakeEmbedder()
+
+
+@pytest.fixture(scope="session")
+def real_embedder() -> TransformerEmbedder:
+    """The packaged all-MiniLM-L6-v2 on the CPU, loaded once per test session."""
+    return TransformerEmbedder(device="cpu")

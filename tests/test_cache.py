@@ -1,0 +1,500 @@
+"""SemanticCache's contract, on a fast deterministic embedder (meaning is tested elsewhere,
+through the real model)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gpucache import CacheStats, Hit, SemanticCache, ThresholdOnly
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RejectWords:
+    """A verifier that rejects a candidate whose cached prompt contains a given word."""
+
+    name = "reject-words"
+
+    def __init__(self, *words: str) -> None:
+        self.words = words
+        self.seen: list[tuple[str, str, float]] = []
+
+    def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
+        self.seen.append((cached_prompt, new_prompt, similarity))
+        return not any(w in cached_prompt for w in self.words)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cache(fake_embedder, clock, device) -> SemanticCache:
+    return SemanticCache(fake_embedder, threshold=0.8, device=device, timer=clock)
+
+
+# --------------------------------------------------------------------- construction
+
+
+def test_collaborators_and_settings_stay_readable(fake_embedder, clock):
+    verifier = RejectWords()
+    cache = SemanticCache(
+        fake_embedder, threshold=0.9, verifier=verifier, top_k=3, capacity=10, ttl=60,
+        device="cpu", timer=clock,
+    )
+    assert cache.embedder is fake_embedder
+    assert cache.verifier is verifier
+    assert (cache.threshold, cache.top_k, cache.capacity, cache.ttl) == (0.9, 3, 10, 60.0)
+    assert cache.timer is clock and str(cache.device) == "cpu"
+
+
+@pytest.mark.parametrize("threshold", [0.0, -0.1, 1.01, float("nan")])
+def test_threshold_outside_range_is_rejected_naming_the_range(fake_embedder, threshold):
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        SemanticCache(fake_embedder, threshold=threshold, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"top_k": 0}, ValueError),
+        ({"capacity": 0}, ValueError),
+        ({"capacity": 1.5}, TypeError),
+        ({"ttl": 0}, ValueError),
+        ({"ttl": -5}, ValueError),
+        ({"ttl": "1h"}, TypeError),
+        ({"device": "tpu"}, ValueError),
+        ({"verifier": object()}, TypeError),
+        ({"timer": 5}, TypeError),
+    ],
+)
+def test_bad_settings_raise(fake_embedder, kwargs, error):
+    with pytest.raises(error):
+        SemanticCache(fake_embedder, **kwargs)
+
+
+def test_an_object_that_is_not_an_embedder_is_refused():
+    with pytest.raises(TypeError, match="embedder"):
+        SemanticCache(embedder="all-MiniLM", device="cpu")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------- reads
+
+
+def test_empty_cache_misses(cache):
+    assert cache.get("anything at all") is None
+    assert cache.stats().misses == 1
+
+
+def test_exact_repeat_is_answered_without_the_embedder(cache, fake_embedder):
+    cache.put("what is the boiling point of water", "100 C")
+    calls = fake_embedder.calls
+    hit = cache.get("what is the boiling point of water")
+    assert hit == Hit("100 C", "what is the boiling point of water", 1.0, exact=True)
+    assert fake_embedder.calls == calls
+
+
+def test_similar_prompt_is_served_with_its_similarity(cache):
+    cache.put("what is the boiling point of water", "100 C")
+    hit = cache.get("What is the boiling point of water?")  # same words, other case/punctuation
+    assert hit is not None and not hit.exact
+    assert hit.response == "100 C" and hit.cached_prompt == "what is the boiling point of water"
+    assert hit.similarity == pytest.approx(1.0, abs=1e-5)
+
+
+def test_dissimilar_prompt_misses(cache):
+    cache.put("what is the boiling point of water", "100 C")
+    assert cache.get("recommend a sci fi novel") is None
+
+
+def test_threshold_per_call_overrides_the_default(cache):
+    cache.put("alpha beta gamma delta", "x")
+    # 3 of 4 words shared: cosine about 0.75 with the bag-of-words embedder
+    assert cache.get("alpha beta gamma epsilon") is None
+    assert cache.get("alpha beta gamma epsilon", threshold=0.5) is not None
+    with pytest.raises(ValueError):
+        cache.get("alpha beta gamma epsilon", threshold=2.0)
+
+
+def test_get_all_runs_one_embedder_batch_and_keeps_input_order(cache, fake_embedder):
+    cache.warm([("red apple", "A"), ("green pear", "P")])
+    calls = fake_embedder.calls
+    hits = cache.get_all(["green pear!", "blue sky", "red apple", "Red Apple"])
+    assert [h.response if h else None for h in hits] == ["P", None, "A", "A"]
+    assert [h.exact if h else None for h in hits] == [False, None, True, False]
+    assert fake_embedder.calls == calls + 1
+    stats = cache.stats()
+    assert (stats.exact_hits, stats.semantic_hits, stats.misses) == (1, 2, 1)
+
+
+def test_get_all_of_nothing_is_nothing(cache, fake_embedder):
+    assert cache.get_all([]) == []
+    assert fake_embedder.calls == 0
+
+
+# --------------------------------------------------------------------- scopes
+
+
+def test_scopes_never_see_each_other(cache):
+    cache.put("summarise this contract", "tenant A's summary", scope="tenant-a")
+    assert cache.get("summarise this contract", scope="tenant-b") is None
+    assert cache.get("summarise this contract") is None  # the default scope is a scope too
+    assert cache.get("Summarise this contract.", scope="tenant-b") is None
+    assert cache.get("summarise this contract", scope="tenant-a").response == "tenant A's summary"
+
+
+def test_same_prompt_in_two_scopes_keeps_two_answers(cache):
+    cache.put("hello", "from a", scope="a")
+    cache.put("hello", "from b", scope="b")
+    assert cache.get("hello", scope="a").response == "from a"
+    assert cache.get("hello!", scope="b").response == "from b"
+    assert len(cache) == 2
+
+
+# --------------------------------------------------------------------- verifier seam
+
+
+def test_verifier_sees_candidates_and_can_reject(fake_embedder, clock):
+    verifier = RejectWords("forbidden")
+    cache = SemanticCache(fake_embedder, threshold=0.5, verifier=verifier, device="cpu", timer=clock)
+    cache.put("forbidden question here", "no")
+    assert cache.get("Forbidden question here?") is None
+    assert verifier.seen and verifier.seen[0][:2] == ("forbidden question here", "Forbidden question here?")
+    assert cache.stats().rejections == {"reject-words": 1}
+
+
+def test_top_k_lets_the_next_candidate_through_after_a_rejection(fake_embedder, clock):
+    verifier = RejectWords("forbidden")
+    cache = SemanticCache(
+        fake_embedder, threshold=0.5, verifier=verifier, top_k=2, device="cpu", timer=clock
+    )
+    cache.put("one two three forbidden", "bad")
+    cache.put("one two three four five", "good")
+    hit = cache.get("one two three forbidden five")
+    assert hit is not None and hit.response == "good"
+    one = SemanticCache(fake_embedder, threshold=0.5, verifier=verifier, top_k=1, device="cpu")
+    one.put("one two three forbidden", "bad")
+    one.put("one two three four five", "good")
+    assert one.get("one two three forbidden five") is None
+
+
+def test_candidates_below_threshold_never_reach_the_verifier(fake_embedder):
+    verifier = RejectWords()
+    cache = SemanticCache(fake_embedder, threshold=0.99, verifier=verifier, top_k=4, device="cpu")
+    cache.put("alpha beta", "x")
+    assert cache.get("alpha gamma") is None
+    assert verifier.seen == []
+
+
+def test_threshold_only_serves_whatever_passes_the_threshold():
+    assert ThresholdOnly().verify("to", "from", 0.9) is True
+    assert ThresholdOnly().name == "threshold-only"
+
+
+# --------------------------------------------------------------------- writes
+
+
+def test_put_replaces_the_answer_for_the_same_prompt(cache):
+    assert cache.put("q", "first") is True
+    assert cache.put("q", "second") is True
+    assert cache.get("q").response == "second"
+    assert len(cache) == 1
+
+
+def test_warm_stores_pairs_with_one_embedder_call(cache, fake_embedder):
+    n = cache.warm([("a one", "1"), ("b two", "2"), ("a one", "1b")])
+    assert n == 2 and fake_embedder.calls == 1
+    assert cache.get("a one").response == "1b"
+
+
+def test_warm_with_a_bad_pair_stores_nothing(cache):
+    with pytest.raises(TypeError):
+        cache.warm([("fine", "ok"), ("bad", 3)])
+    with pytest.raises(TypeError):
+        cache.warm([("fine", "ok"), ("triple", "x", "y")])
+    assert len(cache) == 0
+
+
+def test_get_or_put_loads_once_then_serves(cache):
+    calls: list[str] = []
+
+    def loader(prompt: str) -> str:
+        calls.append(prompt)
+        return f"answer to {prompt}"
+
+    assert cache.get_or_put("capital of france", loader) == "answer to capital of france"
+    assert cache.get_or_put("capital of france", loader) == "answer to capital of france"
+    assert cache.get_or_put("Capital of France?", loader) == "answer to capital of france"
+    assert calls == ["capital of france"]
+    stats = cache.stats()
+    assert (stats.misses, stats.exact_hits, stats.semantic_hits, stats.loads) == (1, 1, 1, 1)
+
+
+def test_get_or_put_stores_without_embedding_twice(cache, fake_embedder):
+    cache.get_or_put("some new prompt", lambda p: "x")
+    assert fake_embedder.calls == 1
+
+
+def test_a_loader_that_raises_stores_nothing_and_its_error_reaches_the_caller(cache):
+    class Boom(Exception):
+        pass
+
+    def loader(prompt: str) -> str:
+        raise Boom("model down")
+
+    with pytest.raises(Boom, match="model down"):
+        cache.get_or_put("q", loader)
+    assert len(cache) == 0
+    assert cache.get_or_put("q", lambda p: "ok") == "ok"
+
+
+def test_a_loader_returning_a_non_str_is_a_type_error_and_stores_nothing(cache):
+    with pytest.raises(TypeError, match="loader"):
+        cache.get_or_put("q", lambda p: 42)
+    assert len(cache) == 0
+
+
+def test_get_or_put_all_calls_the_loader_once_with_distinct_misses_in_first_seen_order(cache):
+    cache.put("known one", "K")
+    batches: list[list[str]] = []
+
+    def loader(missed: list[str]) -> list[str]:
+        batches.append(list(missed))
+        return [m.upper() for m in missed]
+
+    prompts = ["zeta", "known one", "alpha", "zeta", "Known One!", "beta", "alpha"]
+    out = cache.get_or_put_all(prompts, loader)
+    assert batches == [["zeta", "alpha", "beta"]]
+    assert out == ["ZETA", "K", "ALPHA", "ZETA", "K", "BETA", "ALPHA"]
+    assert cache.get_or_put_all(prompts, loader) == out
+    assert len(batches) == 1  # the second pass was all hits: no loader call at all
+
+
+@pytest.mark.parametrize("returned", [["only one"], ["a", "b", "c"], []])
+def test_get_or_put_all_wrong_count_is_a_value_error_and_stores_nothing(cache, returned):
+    with pytest.raises(ValueError, match="responses for 2 prompts"):
+        cache.get_or_put_all(["p one", "p two"], lambda missed: returned)
+    assert len(cache) == 0
+
+
+@pytest.mark.parametrize("returned", ["a string", None, ["ok", 3]])
+def test_get_or_put_all_wrong_types_are_a_type_error_and_store_nothing(cache, returned):
+    with pytest.raises(TypeError):
+        cache.get_or_put_all(["p one", "p two"], lambda missed: returned)
+    assert len(cache) == 0
+
+
+# --------------------------------------------------------------------- expiry and eviction
+
+
+def test_entries_expire_after_ttl(fake_embedder, clock):
+    cache = SemanticCache(fake_embedder, ttl=10, device="cpu", timer=clock, threshold=0.8)
+    cache.put("q", "a")
+    cache.put("long lived", "b", ttl=100)
+    clock.now += 9.9
+    assert cache.get("q") is not None
+    clock.now += 0.2
+    assert cache.get("q") is None  # exact tier
+    assert cache.get("q?") is None  # semantic tier: masked in the scan
+    assert cache.get("long lived").response == "b"
+    assert cache.stats().expirations == 1 and len(cache) == 1
+
+
+def test_expired_entries_are_not_served_semantically(fake_embedder, clock):
+    cache = SemanticCache(fake_embedder, ttl=5, device="cpu", timer=clock, threshold=0.8)
+    cache.put("the quick brown fox", "a")
+    clock.now += 6
+    assert cache.get("The quick brown fox!") is None
+    assert len(cache) == 0
+
+
+def test_full_cache_evicts_the_least_recently_used(fake_embedder, clock):
+    cache = SemanticCache(fake_embedder, capacity=3, device="cpu", timer=clock, threshold=0.8)
+    cache.warm([("one", "1"), ("two", "2"), ("three", "3")])
+    cache.get("one")  # now "two" is the least recently used
+    cache.put("four", "4")
+    assert len(cache) == 3
+    assert cache.get("two") is None
+    assert [cache.get(p).response for p in ("one", "three", "four")] == ["1", "3", "4"]
+    assert cache.stats().evictions == 1
+
+
+def test_expired_entries_go_before_live_ones_are_evicted(fake_embedder, clock):
+    cache = SemanticCache(fake_embedder, capacity=2, device="cpu", timer=clock, threshold=0.8)
+    cache.put("short", "s", ttl=1)
+    cache.put("keep", "k")
+    clock.now += 2
+    cache.put("new", "n")
+    assert cache.get("keep").response == "k"
+    stats = cache.stats()
+    assert stats.evictions == 0 and stats.expirations == 1
+
+
+def test_a_batch_larger_than_capacity_keeps_the_last_entries(fake_embedder):
+    cache = SemanticCache(fake_embedder, capacity=2, device="cpu", threshold=0.8)
+    assert cache.warm([("p1", "1"), ("p2", "2"), ("p3", "3")]) == 2
+    assert len(cache) == 2 and cache.get("p3").response == "3"
+
+
+# --------------------------------------------------------------------- upkeep
+
+
+def test_invalidate_removes_only_that_prompt_in_that_scope(cache):
+    cache.put("q", "a")
+    cache.put("q", "b", scope="other")
+    assert cache.invalidate("q") is True
+    assert cache.invalidate("q") is False
+    assert cache.get("q") is None
+    assert cache.get("q", scope="other").response == "b"
+
+
+def test_clear_one_scope_or_all(cache):
+    cache.warm([("a1", "x"), ("a2", "y")], scope="a")
+    cache.put("b1", "z", scope="b")
+    cache.clear("a")
+    assert len(cache) == 1 and cache.get("b1", scope="b") is not None
+    cache.clear()
+    assert len(cache) == 0 and cache.get("b1", scope="b") is None
+    cache.put("fresh", "f")
+    assert cache.get("fresh").response == "f"
+
+
+def test_stats_add_up(cache):
+    cache.get_or_put_all(["a", "b", "a"], lambda ms: ms)
+    cache.get_all(["a", "A!", "zzz"])
+    stats = cache.stats()
+    assert isinstance(stats, CacheStats)
+    assert stats.hits == stats.exact_hits + stats.semantic_hits
+    assert stats.lookups == 6 and stats.misses == 4 and stats.entries == 2
+    assert stats.hit_rate == pytest.approx(2 / 6)
+
+
+# --------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("bad, error", [(None, TypeError), (b"bytes", TypeError), (42, TypeError),
+                                        (["list"], TypeError), ("", ValueError), ("  \n\t", ValueError)])
+def test_bad_prompts_raise_and_change_nothing(cache, fake_embedder, bad, error):
+    cache.put("kept", "k")
+    before = (len(cache), cache.stats(), fake_embedder.calls)
+    with pytest.raises(error):
+        cache.get(bad)
+    with pytest.raises(error):
+        cache.put(bad, "r")
+    with pytest.raises(error):
+        cache.get_or_put(bad, lambda p: "r")
+    with pytest.raises(error):
+        cache.get_all(["fine", bad])
+    with pytest.raises(error):
+        cache.get_or_put_all(["fine", bad], lambda ms: ms)
+    with pytest.raises(error):
+        cache.warm([("fine", "ok"), (bad, "r")])
+    with pytest.raises(error):
+        cache.invalidate(bad)
+    assert (len(cache), cache.stats(), fake_embedder.calls) == before
+
+
+@pytest.mark.parametrize("bad", [None, b"bytes", 42, ["x"]])
+def test_bad_responses_raise_type_error(cache, bad):
+    with pytest.raises(TypeError):
+        cache.put("q", bad)
+    assert len(cache) == 0
+
+
+@pytest.mark.parametrize("bad", [1, b"scope", ["a"]])
+def test_bad_scopes_raise_type_error(cache, bad):
+    with pytest.raises(TypeError, match="scope"):
+        cache.get("q", scope=bad)
+    with pytest.raises(TypeError, match="scope"):
+        cache.put("q", "a", scope=bad)
+    assert len(cache) == 0
+
+
+def test_a_bare_string_is_not_a_list_of_prompts(cache):
+    with pytest.raises(TypeError, match="list of str"):
+        cache.get_all("not a list")
+    with pytest.raises(TypeError, match="callable"):
+        cache.get_or_put_all(["a"], "not callable")
+
+
+def test_an_embedder_failure_changes_nothing(cache, fake_embedder):
+    cache.put("kept", "k")
+    fake_embedder.fail_with = RuntimeError("CUDA error: device-side assert")
+    with pytest.raises(RuntimeError, match="device-side"):
+        cache.put("new", "n")
+    with pytest.raises(RuntimeError, match="device-side"):
+        cache.get_or_put("other", lambda p: "x")
+    fake_embedder.fail_with = None
+    assert len(cache) == 1 and cache.get("kept").response == "k"
+
+
+# --------------------------------------------------------------------- threads
+
+
+def test_concurrent_misses_on_one_prompt_call_the_loader_once(fake_embedder):
+    cache = SemanticCache(fake_embedder, device="cpu", threshold=0.8)
+    calls = []
+    gate = threading.Event()
+
+    def slow_loader(prompt: str) -> str:
+        calls.append(prompt)
+        gate.wait(5)
+        return "the answer"
+
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.get_or_put("hot prompt", slow_loader)))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # let the other threads reach the flight table
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert results == ["the answer"] * 8
+    assert len(calls) == 1
+
+
+def test_waiters_receive_the_loaders_error(fake_embedder):
+    cache = SemanticCache(fake_embedder, device="cpu", threshold=0.8)
+    started = threading.Event()
+    gate = threading.Event()
+
+    def failing(prompt: str) -> str:
+        started.set()
+        gate.wait(5)
+        raise ConnectionError("upstream reset")
+
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            cache.get_or_put("hot", failing)
+        except ConnectionError as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=call)
+    first.start()
+    started.wait(5)
+    second = threading.Thread(target=call)
+    second.start()
+    time.sleep(0.2)
+    gate.set()
+    first.join(10)
+    second.join(10)
+    assert len(errors) == 2 and errors[0] is errors[1]
+    assert len(cache) == 0

@@ -1,0 +1,135 @@
+"""ExactScanStore: the scan returns exactly what a brute-force sort would, within scope and
+expiry, whatever the chunking."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpucache import ExactScanStore
+
+
+def unit_rows(n: int, d: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
+
+
+def brute_force(queries, vectors, scopes, expires, k, scope_id, now):
+    scores = queries @ vectors.T
+    dead = (torch.tensor(scopes) != scope_id) | (torch.tensor(expires, dtype=torch.float64) <= now)
+    scores[:, dead] = -math.inf
+    kk = min(k, vectors.shape[0])
+    top, rows = scores.topk(kk, dim=1)
+    pad = k - kk
+    top = torch.cat([top, torch.full((queries.shape[0], pad), -math.inf)], dim=1)
+    rows = torch.cat([rows, torch.full((queries.shape[0], pad), -1, dtype=torch.int64)], dim=1)
+    rows[top == -math.inf] = -1
+    return top, rows
+
+
+def chunk_budget(rows_per_chunk: int, q: int) -> int:
+    return 4 * q * rows_per_chunk
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 7, 64, 10_000])
+@pytest.mark.parametrize("n", [1, 2, 50, 131])
+@pytest.mark.parametrize("k", [1, 4, 200])
+def test_search_matches_brute_force_for_awkward_chunks(device, rows_per_chunk, n, k):
+    d, q = 16, 5
+    vectors = unit_rows(n, d, seed=n)
+    queries = unit_rows(q, d, seed=1000 + n)
+    scopes = [i % 3 for i in range(n)]
+    expires = [math.inf if i % 5 else 10.0 for i in range(n)]
+    store = ExactScanStore(
+        d, device=device, initial_rows=3, scan_budget_bytes=chunk_budget(rows_per_chunk, q)
+    )
+    for i in range(n):
+        assert store.add(vectors[i : i + 1], scopes[i], [expires[i]]) == [i]
+    for scope_id in range(3):
+        got_scores, got_rows = store.search(queries.to(device), k, scope_id, now=20.0)
+        want_scores, want_rows = brute_force(queries, vectors, scopes, expires, k, scope_id, 20.0)
+        assert got_scores.shape == got_rows.shape == (q, k)
+        torch.testing.assert_close(got_scores.cpu(), want_scores, rtol=0, atol=1e-5)
+        assert torch.equal(got_rows.cpu(), want_rows)
+
+
+def test_empty_store_pads_with_minus_inf_and_minus_one(device):
+    store = ExactScanStore(8, device=device)
+    scores, rows = store.search(unit_rows(3, 8, 0).to(device), 4, scope_id=0)
+    assert scores.shape == (3, 4)
+    assert torch.all(scores == -math.inf) and torch.all(rows == -1)
+
+
+def test_zero_queries_give_empty_results(device):
+    store = ExactScanStore(8, device=device)
+    store.add(unit_rows(2, 8, 0), 0, [math.inf, math.inf])
+    scores, rows = store.search(torch.empty((0, 8)), 3, scope_id=0)
+    assert scores.shape == rows.shape == (0, 3)
+
+
+def test_ties_keep_every_tied_row_once(device):
+    store = ExactScanStore(4, device=device, scan_budget_bytes=chunk_budget(2, 1))
+    v = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    store.add(v.repeat(5, 1), 0, [math.inf] * 5)
+    scores, rows = store.search(v.to(device), 5, scope_id=0)
+    assert torch.allclose(scores.cpu(), torch.ones(1, 5))
+    assert sorted(rows.cpu().flatten().tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_removed_rows_are_never_returned_and_are_reused(device):
+    store = ExactScanStore(8, device=device, initial_rows=2)
+    vectors = unit_rows(6, 8, 3)
+    rows = store.add(vectors, 0, [math.inf] * 6)
+    store.remove([rows[1], rows[4]])
+    assert len(store) == 4
+    _, found = store.search(vectors.to(device), 6, scope_id=0)
+    assert not ({rows[1], rows[4]} & set(found.flatten().tolist()))
+    again = store.add(unit_rows(2, 8, 4), 0, [math.inf] * 2)
+    assert sorted(again) == sorted([rows[1], rows[4]])
+    assert len(store) == 6
+
+
+def test_removing_a_free_row_is_a_bug_not_silence(device):
+    store = ExactScanStore(8, device=device)
+    store.add(unit_rows(1, 8, 0), 0, [math.inf])
+    store.remove([0])
+    with pytest.raises(RuntimeError, match="gpucache bug"):
+        store.remove([0])
+
+
+def test_expired_rows_are_masked_and_listed(device):
+    store = ExactScanStore(8, device=device)
+    vectors = unit_rows(3, 8, 5)
+    store.add(vectors, 0, [5.0, math.inf, 10.0])
+    _, rows = store.search(vectors[:1].to(device), 3, scope_id=0, now=7.0)
+    assert 0 not in rows.flatten().tolist() and 1 in rows.flatten().tolist()
+    assert store.expired_rows(7.0) == [0]
+    assert store.expired_rows(10.0) == [0, 2]
+    store.set_expiry([0], [math.inf])
+    assert store.expired_rows(10.0) == [2]
+
+
+def test_growth_keeps_existing_rows(device):
+    store = ExactScanStore(8, device=device, initial_rows=1)
+    vectors = unit_rows(40, 8, 6)
+    for i in range(40):
+        store.add(vectors[i : i + 1], 0, [math.inf])
+    scores, rows = store.search(vectors.to(device), 1, scope_id=0)
+    assert rows.flatten().tolist() == list(range(40))
+    torch.testing.assert_close(scores.cpu().flatten(), torch.ones(40), rtol=0, atol=1e-5)
+
+
+def test_bad_shapes_and_arguments_raise_value_error(device):
+    store = ExactScanStore(8, device=device)
+    with pytest.raises(ValueError, match=r"\(M, 8\)"):
+        store.add(torch.zeros(2, 7), 0, [math.inf, math.inf])
+    with pytest.raises(ValueError, match="expires_at"):
+        store.add(torch.zeros(2, 8), 0, [math.inf])
+    with pytest.raises(ValueError, match=r"\(Q, 8\)"):
+        store.search(torch.zeros(2, 7), 1, 0)
+    with pytest.raises(ValueError, match="k must be"):
+        store.search(torch.zeros(2, 8), 0, 0)
+    with pytest.raises(ValueError, match="dim"):
+        ExactScanStore(0)
