@@ -1,0 +1,7 @@
+"""``python -m gpucache`` is the ``gpucache`` command."""
+
+import sys
+
+from gpucache.cli import main
+
+sys.exit(main())

@@ -1,0 +1,65 @@
+"""What depends on meaning, through the real all-MiniLM-L6-v2 model."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpucache import SemanticCache
+
+
+@pytest.fixture
+def cache(real_embedder):
+    cache = SemanticCache(real_embedder, device="cpu")
+    cache.warm(
+        [
+            ("How do I reset my password?", "Settings > Security > Reset password."),
+            ("What is the capital of France?", "Paris."),
+            ("How do I reverse a list in Python?", "Use lst.reverse() or lst[::-1]."),
+        ]
+    )
+    return cache
+
+
+@pytest.mark.parametrize(
+    "paraphrase, answer",
+    [
+        ("How can I reset my password?", "Settings > Security > Reset password."),
+        ("What's the capital city of France?", "Paris."),
+        ("How can I reverse a Python list?", "Use lst.reverse() or lst[::-1]."),
+    ],
+)
+def test_paraphrases_are_served(cache, paraphrase, answer):
+    hit = cache.get(paraphrase)
+    assert hit is not None and hit.response == answer and not hit.exact
+    assert cache.threshold <= hit.similarity < 1.0
+
+
+@pytest.mark.parametrize(
+    "unrelated", ["Recommend a science fiction novel", "Why is the sky blue?", "Set an alarm for 7 am"]
+)
+def test_unrelated_prompts_miss(cache, unrelated):
+    assert cache.get(unrelated) is None
+
+
+def test_scopes_are_isolated_through_the_real_model(cache):
+    assert cache.get("How can I reset my password?", scope="another-tenant") is None
+    cache.put("How do I reset my password?", "tenant B's answer", scope="another-tenant")
+    assert cache.get("How can I reset my password?", scope="another-tenant").response == (
+        "tenant B's answer"
+    )
+    assert cache.get("How can I reset my password?").response.startswith("Settings")
+
+
+def test_get_or_put_all_serves_paraphrases_and_loads_the_rest(cache):
+    loaded: list[list[str]] = []
+
+    def loader(missed: list[str]) -> list[str]:
+        loaded.append(missed)
+        return [f"fresh: {m}" for m in missed]
+
+    out = cache.get_or_put_all(
+        ["What's the capital city of France?", "Why is the sky blue?", "Why is the sky blue?"],
+        loader,
+    )
+    assert out == ["Paris.", "fresh: Why is the sky blue?", "fresh: Why is the sky blue?"]
+    assert loaded == [["Why is the sky blue?"]]

@@ -1,0 +1,84 @@
+"""TransformerEmbedder through the real packaged all-MiniLM-L6-v2 weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpucache import Embedder, TransformerEmbedder
+from gpucache.embedder import default_model_path
+
+TEXTS = [
+    "How do I reset my password?",
+    "a",
+    "Convert 10 miles to km, then tell me how long the drive takes at 60 mph on a highway.",
+    "¿Cómo restablezco mi contraseña?",
+    "🙂 emoji and 中文 mixed scripts",
+]
+
+
+def test_shape_unit_norm_dim_and_device(real_embedder):
+    out = real_embedder.encode(TEXTS)
+    assert out.shape == (len(TEXTS), 384) and real_embedder.dim == 384
+    assert out.dtype == torch.float32 and out.device == real_embedder.device
+    torch.testing.assert_close(out.norm(dim=1), torch.ones(len(TEXTS)), rtol=0, atol=1e-5)
+    assert isinstance(real_embedder, Embedder)
+
+
+def test_input_order_is_kept_whatever_the_batching(real_embedder):
+    reference = real_embedder.encode(TEXTS)
+    small = TransformerEmbedder(device="cpu", batch_size=2)
+    reversed_out = small.encode(TEXTS[::-1])
+    torch.testing.assert_close(reversed_out.flip(0), reference, rtol=0, atol=1e-5)
+
+
+def test_meaning_paraphrase_closer_than_unrelated(real_embedder):
+    a, b, c = real_embedder.encode(
+        ["How do I reset my password?", "I forgot my password, how can I reset it?",
+         "What is the capital of France?"]
+    )
+    assert float(a @ b) > 0.8 > 0.3 > float(a @ c)
+
+
+def test_agrees_with_sentence_transformers():
+    st = pytest.importorskip("sentence_transformers")
+    model = st.SentenceTransformer(str(default_model_path()), device="cpu")
+    theirs = model.encode(TEXTS + ["long " * 600], convert_to_tensor=True, normalize_embeddings=True)
+    ours = TransformerEmbedder(device="cpu").encode(TEXTS + ["long " * 600])
+    cosine = (ours * theirs.float()).sum(dim=1)
+    assert float(cosine.min()) >= 0.9999
+
+
+def test_a_local_model_folder_works_like_the_default(real_embedder):
+    from_folder = TransformerEmbedder(str(default_model_path()), device="cpu")
+    torch.testing.assert_close(from_folder.encode(TEXTS), real_embedder.encode(TEXTS))
+    assert from_folder.name == str(default_model_path())
+
+
+def test_long_text_is_truncated_not_rejected(real_embedder):
+    out = real_embedder.encode(["word " * 100_000])
+    assert out.shape == (1, 384) and torch.isfinite(out).all()
+
+
+def test_empty_list_gives_an_empty_tensor(real_embedder):
+    assert real_embedder.encode([]).shape == (0, 384)
+
+
+def test_bad_input_raises_type_error(real_embedder):
+    with pytest.raises(TypeError, match="sequence of str"):
+        real_embedder.encode("a single string")
+    with pytest.raises(TypeError, match="str items"):
+        real_embedder.encode(["ok", None])
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"batch_size": 0}, {"max_length": 1}, {"dtype": torch.int8}, {"device": "tpu"}]
+)
+def test_bad_settings_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        TransformerEmbedder(**kwargs)
+
+
+def test_a_missing_model_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(OSError):
+        TransformerEmbedder(str(tmp_path / "no-such-model"), device="cpu")
