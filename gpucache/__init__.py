@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpucache.cache import Hit, SemanticCache
 from gpucache.devices import resolve_device
 from gpucache.embedder import Embedder, TransformerEmbedder
+from gpucache.lexical import LexicalNearMissVerifier
 from gpucache.keys import DEFAULT_SCOPE, prompt_key
 from gpucache.stats import CacheStats
 from gpucache.store import ExactScanStore
@@ -20,6 +21,7 @@ __all__ = [
     "ExactScanStore",
     "Hit",
     "HitVerifier",
+    "LexicalNearMissVerifier",
     "SemanticCache",
     "ThresholdOnly",
     "TransformerEmbedder",

@@ -1,0 +1,387 @@
+"""LexicalNearMissVerifier: reject a candidate that is a minimal edit of the cached prompt.
+
+Why a lexical guard: a sentence embedding averages meaning over the words, so a prompt and a
+small edit of it that changes the question ("convert 10 miles to km" / "convert 10 km to
+miles", "reset my password" / "reset my username") score 0.9 and above, often higher than a
+true rewording. What gives a near-miss away is its shape: almost the same words, with a few
+swapped, negated, renumbered or reordered. A rewording looks different: other words, other
+lengths, insertions and deletions. So the verifier looks for the shape of a near-miss and lets
+everything else through to the similarity threshold.
+
+Both prompts are normalised (NFKC, lowercase, curly quotes straightened, digit groupings such
+as "1,000" joined), tokenised, stripped of stopwords and reduced by a light suffix stemmer. Then
+the rules below run in order; the first that fires rejects (seed 000_267dccf0cb1adcd2, plus
+the named additions measured in bench/reports/semantic-false-hits.md):
+
+    identical     the normalised prompts are equal                        -> accept
+    numbers       the numbers differ ("5" vs "50", "two" vs "four")       -> reject
+    negation      a negation appears on one side only                     -> reject
+    polarity      same content words, a polarity word swapped ("to"/"from") -> reject
+    antonym       a strong opposite on each side ("enable"/"disable")     -> reject  [addition]
+    direction     same content words reordered around a directional word  -> reject
+    swapped       same content words, two of them traded places            -> reject  [addition]
+    substitution  content words align with only substitutions of <= 2 words each, no
+                  insertions or deletions, and at least one word in common -> reject
+
+It is conservative by design: a one-word synonym swap ("cancel" vs "end") is also rejected and
+costs a miss, never a wrong answer. Everything here is a pure function of the two strings:
+no floating point, no ``hash()``, no torch, so every process and machine gives the same verdict.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+
+from gpucache.verifier import Verdict
+
+# Words that carry no question of their own: articles, auxiliaries, pronouns, politeness, and
+# the framing wh-words ("how do I" / "what is the way to" / "which is"). Negations, polarity and
+# directional words, numbers, and the wh-words that change the question (who, when, where, why)
+# are deliberately absent.
+STOPWORDS = frozenset(
+    """
+    a an the is are was were be been being am do does did doing done can could would should
+    will shall may might must i me my mine myself we us our ours you your yours it its this
+    that these those there here he she him her his they them their of please kindly tell let
+    know some any just really very so also and or but if then about as at have has had having
+    s re ve ll d m t whats possible way ways someone somebody anyone something thing things
+    get got getting go going need want like would able actually basically exactly
+    what which how
+    """.split()
+)
+
+NEGATIONS = frozenset(
+    "not no never nor none nothing nobody neither nowhere cannot without".split()
+)
+
+# Pairs of opposites that turn one question into another. "to"/"from" style words are common
+# in rewordings too, so they only reject when the rest of the content is the same (polarity);
+# the strong opposites reject wherever they split across the two prompts (antonym).
+POLARITY_AXES: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
+    (("to", "into", "onto", "toward", "towards"), ("from",)), (("on",), ("off",)),
+    (("with",), ("without",)), (("in", "inside", "into"), ("out", "outside")),
+    (("up",), ("down",)), (("before",), ("after",)), (("above",), ("below",)),
+    (("over",), ("under",)), (("more",), ("less", "fewer")), (("higher",), ("lower",)),
+    (("high",), ("low",)), (("first",), ("last",)), (("left",), ("right",)),
+    (("yes",), ("no",)), (("true",), ("false",)), (("front",), ("back",)),
+    (("top",), ("bottom",)), (("early",), ("late",)), (("earlier",), ("later",)),
+    (("old",), ("new",)), (("older",), ("newer",)), (("big", "large"), ("small", "little")),
+    (("bigger", "larger"), ("smaller",)), (("long",), ("short",)), (("longer",), ("shorter",)),
+    (("fast",), ("slow",)), (("faster",), ("slower",)), (("hot",), ("cold",)),
+    (("plus",), ("minus",)),
+]
+ANTONYM_PAIRS = [
+    ("enable", "disable"), ("add", "remove"), ("open", "close"), ("buy", "sell"),
+    ("minimum", "maximum"), ("min", "max"), ("start", "stop"), ("import", "export"),
+    ("upload", "download"), ("encrypt", "decrypt"), ("encode", "decode"),
+    ("increase", "decrease"), ("lock", "unlock"), ("login", "logout"), ("include", "exclude"),
+    ("accept", "reject"), ("debit", "credit"), ("deposit", "withdraw"), ("send", "receive"),
+    ("push", "pull"), ("install", "uninstall"), ("subscribe", "unsubscribe"),
+    ("block", "unblock"), ("connect", "disconnect"), ("show", "hide"), ("freeze", "unfreeze"),
+    ("compress", "decompress"), ("mount", "unmount"), ("ascend", "descend"),
+    ("ascending", "descending"), ("asc", "desc"), ("north", "south"), ("east", "west"),
+    ("best", "worst"), ("better", "worse"), ("cheap", "expensive"), ("cheapest", "expensive"),
+    ("win", "lose"), ("gain", "lose"), ("pass", "fail"), ("positive", "negative"),
+    ("male", "female"), ("men", "women"), ("man", "woman"), ("boy", "girl"),
+    ("advantage", "disadvantage"), ("pro", "con"), ("pros", "cons"), ("legal", "illegal"),
+    ("possible", "impossible"), ("like", "dislike"), ("agree", "disagree"),
+    ("follow", "unfollow"), ("archive", "unarchive"), ("pause", "resume"),
+    ("activate", "deactivate"), ("allow", "deny"), ("allow", "block"), ("sunrise", "sunset"),
+    ("morning", "evening"), ("am", "pm"), ("day", "night"), ("summer", "winter"),
+    ("spring", "autumn"), ("spring", "fall"), ("import", "export"), ("input", "output"),
+    ("client", "server"), ("read", "write"), ("sender", "recipient"), ("buyer", "seller"),
+    ("parent", "child"), ("husband", "wife"), ("mother", "father"), ("son", "daughter"),
+    ("brother", "sister"), ("past", "future"), ("birth", "death"), ("born", "die"),
+    ("love", "hate"), ("rich", "poor"), ("strong", "weak"), ("easy", "hard"),
+    ("easiest", "hardest"), ("safe", "dangerous"), ("safe", "unsafe"), ("win", "loss"),
+    ("profit", "loss"), ("asset", "liability"), ("income", "expense"), ("borrow", "lend"),
+    ("hire", "fire"), ("join", "leave"), ("arrive", "depart"), ("arrival", "departure"),
+    ("inbound", "outbound"), ("incoming", "outgoing"), ("upper", "lower"),
+    ("uppercase", "lowercase"), ("horizontal", "vertical"), ("vertically", "horizontally"),
+    ("row", "column"), ("rows", "columns"), ("ceil", "floor"), ("sum", "difference"),
+    ("multiply", "divide"), ("celsius", "fahrenheit"), ("km", "mile"), ("kg", "lb"),
+]
+
+# Words whose object says where something goes or comes from: moving a content word across
+# one of them changes the question ("10 miles to km" / "10 km to miles").
+DIRECTIONAL = frozenset(
+    """to from into onto than vs versus per by over under before after above below toward
+    towards via against between for in on at with without of as""".split()
+)
+
+NUMBER_WORDS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen twenty".split()
+    )
+}
+NUMBER_WORDS.update(
+    thirty="30", forty="40", fifty="50", sixty="60", seventy="70", eighty="80", ninety="90",
+    hundred="100", thousand="1000", million="1000000", billion="1000000000",
+    trillion="1000000000000", dozen="12", half="0.5", quarter="0.25", twice="x2",
+    triple="x3", double="x2",
+)
+ORDINAL_WORDS = {
+    w: f"#{i}"
+    for i, w in enumerate(
+        "first second third fourth fifth sixth seventh eighth ninth tenth".split(), start=1
+    )
+}
+# "one" is also a pronoun ("how does one learn"); it counts as a number only when the other
+# prompt has a number too.
+SOFT_NUMBERS = frozenset({"one"})
+
+_TOKEN = re.compile(r"[^\W_]+(?:['.][^\W_]+)*|[$€£¥₹%#+@&]")
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+_ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
+_GROUPED = re.compile(r"(?<=\d)[,_ ](?=\d{3}\b)")
+_QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'", "´": "'"})
+
+_POLAR: dict[str, list[tuple[int, int]]] = {}
+for _axis, _poles in enumerate(POLARITY_AXES):
+    for _pole, _words in enumerate(_poles):
+        for _w in _words:
+            _POLAR.setdefault(_w, []).append((_axis, _pole))
+_ANTONYM: dict[str, set[str]] = {}
+for _a, _b in ANTONYM_PAIRS:
+    _ANTONYM.setdefault(_a, set()).add(_b)
+    _ANTONYM.setdefault(_b, set()).add(_a)
+_SPECIAL = NEGATIONS | DIRECTIONAL
+
+
+def _stem(word: str) -> str:
+    """Light suffix normalisation: plural and verb endings, enough to match "resets"/"reset"."""
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    for suffix, repl, min_len in (("ies", "y", 5), ("sses", "ss", 5), ("ing", "", 6),
+                                  ("ed", "", 5), ("es", "", 5), ("s", "", 4)):
+        if word.endswith(suffix) and len(word) >= min_len:
+            if suffix == "s" and word.endswith(("ss", "us", "is")):
+                return word
+            if suffix == "es" and not word.endswith(("ches", "shes", "xes", "zes", "sses")):
+                continue
+            stem = word[: len(word) - len(suffix)] + repl
+            if suffix in ("ing", "ed") and len(stem) > 2 and stem[-1] == stem[-2] and stem[-1] not in "lsz":
+                stem = stem[:-1]  # "resetting" -> "resett" -> "reset"
+            return stem
+    return word
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """A prompt reduced to what the rules compare."""
+
+    norm: str
+    tokens: tuple[str, ...]  # every token, stemmed, negations folded to "not"
+    content: tuple[str, ...]  # tokens that are not stopwords, negations or directional words
+    core: tuple[str, ...]  # content less the polarity words
+    skeleton: tuple[str, ...]  # content and directional words, in order
+    numbers: tuple[str, ...]  # sorted normalised numbers (hard)
+    soft_numbers: tuple[str, ...]  # numbers from words that are also pronouns ("one")
+    negations: int
+    polarity: tuple[tuple[int, int], ...]  # sorted (pair, pole)
+    attachments: tuple[tuple[str, str], ...]  # sorted (directional word, its object)
+
+
+def _canonical(tok: str) -> str:
+    """The form a token is compared in: numbers by value, other words stemmed."""
+    if tok in NUMBER_WORDS and tok not in SOFT_NUMBERS:
+        return NUMBER_WORDS[tok]
+    if _DIGITS.fullmatch(tok):
+        return _number(tok)
+    if tok in _SPECIAL or tok in STOPWORDS:
+        return tok
+    return _stem(tok)
+
+
+def _number(text: str) -> str:
+    try:
+        value = Decimal(text).normalize()
+    except InvalidOperation:  # pragma: no cover - the regex only passes digits
+        return text
+    return format(value, "f")
+
+
+@lru_cache(maxsize=4096)
+def _parse(prompt: str) -> _Parsed:
+    norm = unicodedata.normalize("NFKC", prompt).translate(_QUOTES).casefold()
+    norm = _GROUPED.sub("", norm)
+    raw = _TOKEN.findall(norm)
+    tokens: list[str] = []
+    numbers: list[str] = []
+    soft: list[str] = []
+    for tok in raw:
+        if tok.endswith("n't") or tok == "n't":
+            base = {"ca": "can", "wo": "will", "sha": "shall"}.get(tok[:-3], tok[:-3])
+            if base:
+                tokens.append(base)
+            tokens.append("not")
+            continue
+        if "'" in tok:
+            head, _, tail = tok.partition("'")
+            tokens.append(head)
+            if tail not in ("s", "re", "ve", "ll", "d", "m", "t"):
+                tokens.append(tail)
+            continue
+        tokens.append(tok)
+    stemmed: list[str] = []
+    for tok in tokens:
+        ordinal = _ORDINAL.match(tok)
+        if ordinal:
+            numbers.append(f"#{int(ordinal.group(1))}")
+        elif tok in ORDINAL_WORDS:
+            numbers.append(ORDINAL_WORDS[tok])
+        elif tok in SOFT_NUMBERS:
+            soft.append(NUMBER_WORDS[tok])
+        elif tok in NUMBER_WORDS:
+            numbers.append(NUMBER_WORDS[tok])
+        else:
+            numbers.extend(_number(d) for d in _DIGITS.findall(tok))
+        stemmed.append(_canonical(tok))
+    content = tuple(t for t in stemmed if t not in STOPWORDS and t not in _SPECIAL)
+    attachments = []
+    for i, tok in enumerate(stemmed):
+        if tok in DIRECTIONAL:
+            obj = next((t for t in stemmed[i + 1 :] if t in content), None)
+            if obj is not None:
+                attachments.append((tok, obj))
+    return _Parsed(
+        norm=" ".join(stemmed),
+        tokens=tuple(stemmed),
+        content=content,
+        core=tuple(t for t in content if t not in _POLAR),
+        skeleton=tuple(t for t in stemmed if t in DIRECTIONAL or t in content),
+        numbers=tuple(sorted(numbers)),
+        soft_numbers=tuple(sorted(soft)),
+        negations=sum(t in NEGATIONS and t != "without" for t in stemmed),
+        polarity=tuple(sorted(p for t in stemmed for p in _POLAR.get(t, ()))),
+        attachments=tuple(sorted(attachments)),
+    )
+
+
+def _numbers_of(p: _Parsed, other: _Parsed) -> tuple[str, ...]:
+    if other.numbers or other.soft_numbers:
+        return tuple(sorted(p.numbers + p.soft_numbers))
+    return p.numbers
+
+
+def _exchanged(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | None:
+    """The two words, if b is a with exactly two single words exchanged ("dog bites man").
+
+    A phrase moved as a unit ("from London" to the end) is not an exchange: a rewording does
+    that. Two words trading places while the frame around them stays is a different question.
+    """
+    if len(a) != len(b):
+        return None
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(diff) == 2:
+        i, j = diff
+        if a[i] == b[j] and a[j] == b[i]:
+            return a[i], a[j]
+    return None
+
+
+class LexicalNearMissVerifier:
+    """The default ``HitVerifier``: rejects near-miss edits, lets rewordings through.
+
+    ``verify`` ignores the similarity: the threshold has already admitted the candidate, and
+    the verifier's job is to catch what similarity cannot see.
+    """
+
+    name = "lexical-near-miss"
+
+    def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
+        return not self.explain(cached_prompt, new_prompt).rejected
+
+    @staticmethod
+    def explain(cached_prompt: str, new_prompt: str) -> Verdict:
+        """Which rule decides this pair, and the words involved."""
+        a, b = _parse(cached_prompt), _parse(new_prompt)
+        if a.norm == b.norm:
+            return Verdict(False, "identical")
+        nums_a, nums_b = _numbers_of(a, b), _numbers_of(b, a)
+        if nums_a != nums_b:
+            diff_a = sorted((Counter(nums_a) - Counter(nums_b)).elements())
+            diff_b = sorted((Counter(nums_b) - Counter(nums_a)).elements())
+            return Verdict(
+                True, "numbers", f"numbers differ: {' '.join(diff_a) or '-'} vs "
+                f"{' '.join(diff_b) or '-'}", tuple(diff_a + diff_b)
+            )
+        if (a.negations > 0) != (b.negations > 0):
+            return Verdict(True, "negation", "a negation on one side only", ("not",))
+        if Counter(a.core) == Counter(b.core) and _poles_swapped(a.polarity, b.polarity):
+            words = _polar_words(a, b)
+            return Verdict(True, "polarity", f"polarity swapped: {' vs '.join(words)}", words)
+        opposite = _split_antonym(a.tokens, b.tokens)
+        if opposite:
+            return Verdict(True, "antonym", f"opposites: {opposite[0]} vs {opposite[1]}", opposite)
+        same_content = Counter(a.content) == Counter(b.content)
+        same_directions = Counter(d for d, _ in a.attachments) == Counter(d for d, _ in b.attachments)
+        if same_content and same_directions and a.attachments != b.attachments:
+            moved = tuple(sorted({o for _, o in set(a.attachments) ^ set(b.attachments)}))
+            return Verdict(
+                True, "direction", f"reordered around a directional word: {' '.join(moved)}", moved
+            )
+        if same_content and a.content != b.content:
+            swap = _exchanged(a.skeleton, b.skeleton)
+            if swap:
+                return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
+        subs = _substitutions(a.content, b.content)
+        if subs:
+            words = tuple(w for pair in subs for w in pair)
+            shown = ", ".join(f"{x} -> {y}" for x, y in subs)
+            return Verdict(True, "substitution", f"words substituted: {shown}", words)
+        return Verdict(False, "rewording")
+
+
+def _poles_swapped(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> bool:
+    """True when some polarity pair has more of one pole on one side and more of the other
+    pole on the other side ("to" became "from"), not merely a word present on one side."""
+    ca, cb = Counter(a), Counter(b)
+    for pair in {i for i, _ in a} | {i for i, _ in b}:
+        d0 = ca[(pair, 0)] - cb[(pair, 0)]
+        d1 = ca[(pair, 1)] - cb[(pair, 1)]
+        if d0 * d1 < 0:
+            return True
+    return False
+
+
+def _polar_words(a: _Parsed, b: _Parsed) -> tuple[str, ...]:
+    pa = Counter(a.polarity)
+    pb = Counter(b.polarity)
+    only_a = [POLARITY_AXES[i][pole][0] for i, pole in (pa - pb).elements()]
+    only_b = [POLARITY_AXES[i][pole][0] for i, pole in (pb - pa).elements()]
+    return (" ".join(only_a) or "-", " ".join(only_b) or "-")
+
+
+def _split_antonym(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | None:
+    set_a, set_b = set(a), set(b)
+    for word in a:
+        for opposite in _ANTONYM.get(word, ()):
+            if opposite in set_b and opposite not in set_a and word not in set_b:
+                return word, opposite
+    return None
+
+
+def _substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The substitutions aligning a to b, if that is all it takes (seed rule 4), else []."""
+    if not a or not b:
+        return []
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    subs: list[tuple[str, str]] = []
+    common = 0
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            common += i2 - i1
+        elif op == "replace" and i2 - i1 <= 2 and j2 - j1 <= 2:
+            subs.append((" ".join(a[i1:i2]), " ".join(b[j1:j2])))
+        else:
+            return []
+    return subs if common else []

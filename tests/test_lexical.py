@@ -1,0 +1,261 @@
+"""LexicalNearMissVerifier: the seed's rules, one table of hand-written cases, determinism."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpucache import LexicalNearMissVerifier, Verdict
+
+V = LexicalNearMissVerifier()
+
+# (cached prompt, new prompt, the rule that must reject it)
+MUST_REJECT = [
+    # the seed's own examples
+    ("convert 10 miles to km", "convert 10 km to miles", "direction"),
+    ("reset my password", "reset my username", "substitution"),
+    ("What is 5 + 5?", "What is 50 + 5?", "numbers"),
+    ("I have two cats", "I have four cats", "numbers"),
+    ("flights to London", "flights from London", "polarity"),
+    ("turn the lights on", "turn the lights off", "polarity"),
+    ("coffee with sugar", "coffee without sugar", "polarity"),
+    # numbers: digits, words, decimals, groupings, versions, ordinals, dates, times, money
+    ("Convert 10 miles to km", "Convert 20 miles to km", "numbers"),
+    ("How much is 100 USD in EUR?", "How much is 500 USD in EUR?", "numbers"),
+    ("Set an alarm for 7 am", "Set an alarm for 8 am", "numbers"),
+    ("What happened on July 4 1776?", "What happened on July 4 1777?", "numbers"),
+    ("Is 3.5 bigger than 3.15?", "Is 3.5 bigger than 3.25?", "numbers"),
+    ("Install Python 3.11", "Install Python 3.12", "numbers"),
+    ("How do I migrate from python2 to python3?", "How do I migrate from python3 to python4?", "numbers"),
+    ("What was the GDP of France in 2019?", "What was the GDP of France in 2020?", "numbers"),
+    ("Sort an array of 1,000 items", "Sort an array of 10,000 items", "numbers"),
+    ("Who won the first world war?", "Who won the second world war?", "numbers"),
+    ("Explain the 2nd amendment", "Explain the 1st amendment", "numbers"),
+    ("Book a table for two people", "Book a table for three people", "numbers"),
+    ("What is 15% of 200?", "What is 20% of 200?", "numbers"),
+    ("Meeting at 10:30 tomorrow", "Meeting at 11:30 tomorrow", "numbers"),
+    ("Give me a 5 day itinerary for Rome", "Give me a 7 day itinerary for Rome", "numbers"),
+    ("Use HTTP/2 for the API", "Use HTTP/3 for the API", "numbers"),
+    ("Write a function that returns the 10th Fibonacci number", "Write a function that returns the 20th Fibonacci number", "numbers"),
+    ("Print numbers 1 to 10 in Python", "Print numbers 1 to 100 in Python", "numbers"),
+    # negation
+    ("Why does my phone charge?", "Why doesn't my phone charge?", "negation"),
+    ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?", "negation"),
+    ("My card was charged", "My card was never charged", "negation"),
+    ("I can log in to my account", "I cannot log in to my account", "negation"),
+    ("The payment went through", "The payment did not go through", "negation"),
+    ("Do n't use global variables", "Use global variables", "negation"),
+    ("Which foods contain gluten?", "Which foods contain no gluten?", "negation"),
+    # polarity with the same content words
+    ("Flights from London to Paris", "Flights to London from Paris", "direction"),
+    ("Transfer money to savings", "Transfer money from savings", "polarity"),
+    ("How do I turn on dark mode?", "How do I turn off dark mode?", "polarity"),
+    ("Pizza with mushrooms", "Pizza without mushrooms", "polarity"),
+    ("What happens before the exam?", "What happens after the exam?", "polarity"),
+    ("Scroll up the page", "Scroll down the page", "polarity"),
+    ("Log in", "Log out", "polarity"),
+    ("Is the temperature above zero?", "Is the temperature below zero?", "polarity"),
+    ("Are there more cats than dogs?", "Are there fewer cats than dogs?", "polarity"),
+    # antonyms (an addition to the seed)
+    ("How do I enable two factor authentication?", "How can I disable two factor authentication?", "antonym"),
+    ("How do I add a user to a group in Linux?", "How can I remove a user from a Linux group?", "antonym"),
+    ("Best time to buy a car", "Best time to sell a car", "antonym"),
+    ("What is the minimum wage in Spain?", "What is the maximum wage in Spain?", "antonym"),
+    ("How to upload files to S3", "How to download files from S3", "antonym"),
+    ("How do I encrypt a file with gpg?", "How do I decrypt a file with gpg?", "antonym"),
+    ("Export contacts from Outlook", "Import contacts into Outlook", "antonym"),
+    ("Sort the list in ascending order", "Sort the list in descending order", "antonym"),
+    ("How do I lock my screen on Windows?", "How do I unlock my screen on Windows?", "antonym"),
+    ("What are the advantages of remote work?", "What are the disadvantages of remote work?", "antonym"),
+    ("How do I deposit a cheque?", "How do I withdraw a cheque?", "antonym"),
+    ("Set an alarm for 7 am", "Set an alarm for 7 pm", "antonym"),
+    ("Convert Celsius to Fahrenheit", "Convert Fahrenheit to Celsius", "direction"),
+    ("How do I follow someone on Twitter?", "How do I unfollow someone on Twitter?", "antonym"),
+    ("Why is my upload speed slow?", "Why is my download speed slow?", "antonym"),
+    # reordered around a directional word
+    ("Translate this from English to French", "Translate this from French to English", "direction"),
+    ("Is Python faster than Java?", "Is Java faster than Python?", "direction"),
+    ("How many cups in a liter?", "How many liters in a cup?", "direction"),
+    ("Exchange rate from USD to JPY", "Exchange rate from JPY to USD", "direction"),
+    ("Distance from Berlin to Munich by train", "Distance from Munich to Berlin by train", "direction"),
+    ("Merge branch main into feature", "Merge branch feature into main", "direction"),
+    ("Is Messi better than Ronaldo?", "Is Ronaldo better than Messi?", "direction"),
+    ("Copy files from the server to my laptop", "Copy files from my laptop to the server", "direction"),
+    # two words traded places (an addition to the seed)
+    ("Alice sent Bob the report", "Bob sent Alice the report", "swapped"),
+    ("The film was directed by Smith and produced by Jones", "The film was produced by Smith and directed by Jones", "swapped"),
+    ("dog bites man", "man bites dog", "swapped"),
+    # substitutions
+    ("How do I reset my password?", "How do I reset my username?", "substitution"),
+    ("What is the capital of France?", "What is the capital of Germany?", "substitution"),
+    ("How do I reverse a list in Python?", "How do I sort a list in Python?", "substitution"),
+    ("How do I reverse a list in Python?", "How do I reverse a string in Python?", "substitution"),
+    ("Translate 'good morning' into Spanish", "Translate 'good morning' into French", "substitution"),
+    ("Translate 'good morning' into Spanish", "Translate 'good night' into Spanish", "substitution"),
+    ("What are the symptoms of the flu?", "What are the symptoms of a cold?", "substitution"),
+    ("What does HTTP status 404 mean?", "What does HTTP status 500 mean?", "numbers"),
+    ("How do I center a div in CSS?", "How do I hide a div in CSS?", "substitution"),
+    ("Who wrote Pride and Prejudice?", "Who wrote Sense and Sensibility?", "substitution"),
+    ("How do I upgrade pip?", "How do I upgrade npm?", "substitution"),
+    ("What is the time complexity of binary search?", "What is the time complexity of linear search?", "substitution"),
+    ("What is the difference between TCP and UDP?", "What is the difference between HTTP and HTTPS?", "substitution"),
+    ("Explain what a mutex is", "Explain what a semaphore is", "substitution"),
+    ("How do I read a CSV file with pandas?", "How do I read an Excel file with pandas?", "substitution"),
+    ("What is the weather in Tokyo in April?", "What is the weather in Osaka in April?", "substitution"),
+    ("Call torch.matmul on two tensors", "Call torch.bmm on two tensors", "substitution"),
+    ("How do I use numpy.argmax?", "How do I use numpy.argmin?", "substitution"),
+    ("How do I cancel my order?", "How do I track my order?", "substitution"),
+    ("What is the price of gold today?", "What is the price of silver today?", "substitution"),
+    ("Rent an apartment in Madrid", "Buy an apartment in Madrid", "substitution"),
+    ("How do I say thank you in Japanese?", "How do I say thank you in Korean?", "substitution"),
+    ("Convert 10 euros to dollars", "Convert 10 euros to pounds", "substitution"),
+    ("How long to boil an egg for a soft yolk?", "How long to boil an egg for a hard yolk?", "substitution"),
+    ("What time does the store open on Sunday?", "What time does the store open on Saturday?", "substitution"),
+    ("Git undo last commit", "Git amend last commit", "substitution"),
+    ("Install docker on Ubuntu", "Install docker on Debian", "substitution"),
+    # conservative by design (the seed): a one-word synonym swap costs a miss, never a wrong answer
+    ("How do I cancel my subscription?", "How do I end my subscription?", "substitution"),
+    ("Who wrote Pride and Prejudice?", "Who is the author of Pride and Prejudice?", "substitution"),
+    ("How do I merge two dictionaries in Python?", "How can I combine two dicts in Python?", "substitution"),
+    ("How many ounces are in a pound?", "How many oz in a pound?", "substitution"),
+    ("Write a haiku about autumn", "Compose a haiku about autumn", "substitution"),
+]
+
+# (cached prompt, new prompt): rewordings the verifier must let through to the threshold
+MUST_ACCEPT = [
+    ("How do I reset my password?", "How do I reset my password?"),
+    ("How do I reset my password?", "how do i reset my password"),
+    ("How do I reset my password?", "How can I reset my password?"),
+    ("How do I reset my password?", "I forgot my password, how do I reset it?"),
+    ("How do I reset my password?", "What are the steps to reset my password?"),
+    ("Convert 10 miles to km", "How many km is 10 miles?"),
+    ("Convert 10 miles to km", "10 miles in kilometers, please"),
+    ("What is the capital of France?", "Which city is the capital of France?"),
+    ("What is the capital of France?", "What's the capital city of France?"),
+    ("Flights from London to Paris", "Flights to Paris from London"),
+    ("Flights from London to Paris", "Show me flights from London to Paris"),
+    ("How do I cancel my subscription?", "What's the way to cancel my subscription?"),
+    ("How do I reverse a list in Python?", "How can I reverse a Python list?"),
+    ("How much is 100 USD in EUR?", "What is 100 US dollars in euros?"),
+    ("How much is 100 USD in EUR?", "How much is 100 USD in EUR"),
+    ("Set an alarm for 7 am", "Please set an alarm for 7 am"),
+    ("What are the symptoms of the flu?", "What symptoms does the flu cause?"),
+    ("What is the boiling point of water at sea level?", "At what temperature does water boil at sea level?"),
+    ("Sort an array of 1,000 items", "Sort an array of 1000 items"),
+    ("Book a table for two people", "Book a table for 2 people"),
+    ("How does one learn Spanish quickly?", "How do I learn Spanish quickly?"),
+    ("What is the GDP of France?", "what is the gdp of france ?"),
+    ("What is the GDP of France?", "What’s the GDP of France?"),
+    ("How do I undo the last git commit?", "How can I undo my last commit in git?"),
+    ("Summarize the plot of Hamlet", "Give me a summary of Hamlet's plot"),
+    ("Explain gradient descent in simple terms", "What is gradient descent, simply explained?"),
+    ("What is 3.50 plus 2?", "What is 3.5 plus 2?"),
+    ("How do I block a phone number on iPhone?", "How can I block a number on my iPhone?"),
+    ("Recommend a good science fiction novel", "Can you recommend a good science fiction novel?"),
+    ("Is talcum powder cancerous?", "Does talcum powder really cause cancer, or is that a myth?"),
+    ("How do I learn Python fast?", "What is the fastest way to learn Python as a beginner?"),
+    ("Tips for a job interview", "Give me advice and tips for preparing for my job interview"),
+    ("Explain recursion", "Can you explain recursion to me with an example?"),
+]
+
+
+@pytest.mark.parametrize("cached, new, rule", MUST_REJECT)
+def test_must_reject(cached, new, rule):
+    verdict = V.explain(cached, new)
+    assert verdict.rejected and verdict.rule == rule, verdict
+    assert V.verify(cached, new, 0.99) is False
+    assert V.explain(new, cached).rejected  # a near-miss is a near-miss both ways
+
+
+@pytest.mark.parametrize("cached, new", MUST_ACCEPT)
+def test_must_accept(cached, new):
+    verdict = V.explain(cached, new)
+    assert not verdict.rejected, verdict
+    assert V.verify(cached, new, 0.9) is True
+
+
+def test_the_table_is_large_and_covers_every_rule():
+    assert len(MUST_REJECT) + len(MUST_ACCEPT) >= 100
+    rules = {rule for _, _, rule in MUST_REJECT}
+    assert rules == {"numbers", "negation", "polarity", "antonym", "direction", "swapped",
+                     "substitution"}
+
+
+def test_verdict_names_the_words_involved():
+    verdict = V.explain("What is 5 + 5?", "What is 50 + 5?")
+    assert verdict == Verdict(True, "numbers", "numbers differ: 5 vs 50", ("5", "50"))
+    assert str(verdict) == "reject (numbers): numbers differ: 5 vs 50"
+    sub = V.explain("reset my password", "reset my username")
+    assert sub.words == ("password", "username") and "password -> username" in sub.detail
+    assert V.explain("a", "a") == Verdict(False, "identical")
+
+
+def test_name_is_stable():
+    assert LexicalNearMissVerifier.name == "lexical-near-miss"
+
+
+def test_the_verifier_imports_no_torch():
+    """The verifier and everything it imports from gpucache stay free of torch (and numpy):
+    pure CPU code, the same answer on every machine."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "gpucache"
+    todo, seen, imported = ["lexical"], set(), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        tree = ast.parse((root / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            modules = []
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            for module in modules:
+                imported.add(module.split(".")[0])
+                if module.startswith("gpucache."):
+                    todo.append(module.split(".")[1])
+    assert seen == {"lexical", "verifier"}
+    assert not imported & {"torch", "numpy", "transformers"}
+
+
+def test_same_verdicts_in_processes_with_different_hash_seeds():
+    pairs = [(a, b) for a, b, _ in MUST_REJECT] + MUST_ACCEPT
+    code = (
+        "import json, sys\n"
+        "from gpucache.lexical import LexicalNearMissVerifier as V\n"
+        "pairs = json.load(sys.stdin)\n"
+        "print(json.dumps([str(V.explain(a, b)) for a, b in pairs]))"
+    )
+    import json
+
+    outputs = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], input=json.dumps(pairs),
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        outputs.add(out.stdout)
+    assert len(outputs) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.text())
+def test_never_raises_and_agrees_with_explain(a, b):
+    verdict = V.explain(a, b)
+    assert isinstance(verdict, Verdict)
+    assert V.verify(a, b, 0.9) is (not verdict.rejected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_identical_prompts_are_always_accepted(a):
+    assert V.verify(a, a, 1.0) is True
