@@ -43,7 +43,8 @@ from gpucache.validation import (
     check_threshold,
     check_ttl,
 )
-from gpucache.verifier import HitVerifier, ThresholdOnly
+from gpucache.lexical import LexicalNearMissVerifier
+from gpucache.verifier import HitVerifier
 
 log = logging.getLogger("gpucache")
 
@@ -88,7 +89,7 @@ class SemanticCache:
         threshold: the lowest cosine similarity a semantic candidate may have to be served,
             in (0, 1]. See the README for the evidence behind the default.
         verifier: the last word on every candidate above the threshold (``HitVerifier``);
-            None uses the default.
+            None uses ``LexicalNearMissVerifier``; ``ThresholdOnly()`` lets similarity decide.
         top_k: how many candidates above the threshold are offered to the verifier, best first.
         capacity: the most entries kept; a full cache evicts the least recently used entry.
         ttl: default seconds an entry lives (None: until evicted); ``put`` can override it.
@@ -120,7 +121,9 @@ class SemanticCache:
         self.device = resolve_device(device)
         if verifier is not None and not isinstance(verifier, HitVerifier):
             raise TypeError("verifier must have a name and verify(cached, new, similarity)")
-        self.verifier: HitVerifier = verifier if verifier is not None else ThresholdOnly()
+        self.verifier: HitVerifier = (
+            verifier if verifier is not None else LexicalNearMissVerifier()
+        )
         if embedder is not None and not isinstance(embedder, Embedder):
             raise TypeError("embedder must have name, dim, device and encode(texts)")
         self.embedder: Embedder = (

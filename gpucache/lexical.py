@@ -138,6 +138,8 @@ ORDINAL_WORDS = {
 # prompt has a number too.
 SOFT_NUMBERS = frozenset({"one"})
 
+REORDER_MIN_SHARED = 5
+
 _TOKEN = re.compile(r"[^\W_]+(?:['.][^\W_]+)*|[$€£¥₹%#+@&]")
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
@@ -180,6 +182,7 @@ class _Parsed:
 
     norm: str
     tokens: tuple[str, ...]  # every token, stemmed, negations folded to "not"
+    surface: frozenset[str]  # every token as written and stemmed, for the antonym lists
     content: tuple[str, ...]  # tokens that are not stopwords, negations or directional words
     core: tuple[str, ...]  # content less the polarity words
     skeleton: tuple[str, ...]  # content and directional words, in order
@@ -192,7 +195,7 @@ class _Parsed:
 
 def _canonical(tok: str) -> str:
     """The form a token is compared in: numbers by value, other words stemmed."""
-    if tok in NUMBER_WORDS and tok not in SOFT_NUMBERS:
+    if tok in NUMBER_WORDS:
         return NUMBER_WORDS[tok]
     if _DIGITS.fullmatch(tok):
         return _number(tok)
@@ -255,6 +258,7 @@ def _parse(prompt: str) -> _Parsed:
     return _Parsed(
         norm=" ".join(stemmed),
         tokens=tuple(stemmed),
+        surface=frozenset(tokens) | frozenset(stemmed),
         content=content,
         core=tuple(t for t in content if t not in _POLAR),
         skeleton=tuple(t for t in stemmed if t in DIRECTIONAL or t in content),
@@ -319,7 +323,7 @@ class LexicalNearMissVerifier:
         if Counter(a.core) == Counter(b.core) and _poles_swapped(a.polarity, b.polarity):
             words = _polar_words(a, b)
             return Verdict(True, "polarity", f"polarity swapped: {' vs '.join(words)}", words)
-        opposite = _split_antonym(a.tokens, b.tokens)
+        opposite = _split_antonym(a.surface, b.surface)
         if opposite:
             return Verdict(True, "antonym", f"opposites: {opposite[0]} vs {opposite[1]}", opposite)
         same_content = Counter(a.content) == Counter(b.content)
@@ -333,6 +337,9 @@ class LexicalNearMissVerifier:
             swap = _exchanged(a.skeleton, b.skeleton)
             if swap:
                 return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
+        moved = _reordered(a.content, b.content)
+        if moved:
+            return Verdict(True, "reordered", f"shared words in another order: {moved[0]} / {moved[1]}", moved)
         subs = _substitutions(a.content, b.content)
         if subs:
             words = tuple(w for pair in subs for w in pair)
@@ -361,13 +368,37 @@ def _polar_words(a: _Parsed, b: _Parsed) -> tuple[str, ...]:
     return (" ".join(only_a) or "-", " ".join(only_b) or "-")
 
 
-def _split_antonym(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | None:
-    set_a, set_b = set(a), set(b)
-    for word in a:
+def _split_antonym(set_a: frozenset[str], set_b: frozenset[str]) -> tuple[str, str] | None:
+    for word in sorted(set_a):
         for opposite in _ANTONYM.get(word, ()):
             if opposite in set_b and opposite not in set_a and word not in set_b:
                 return word, opposite
     return None
+
+
+def _variants(x: str, y: str) -> bool:
+    """Two forms of one word: one is a prefix of the other, sharing at least 4 letters."""
+    short, long_ = sorted((x, y), key=len)
+    return len(short) >= 4 and long_.startswith(short) and short.isalpha()
+
+
+def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | None:
+    """Two shared content words in opposite order, when the prompts share nearly all their
+    content words (Jaccard >= 0.8) and at least ``REORDER_MIN_SHARED`` of them: the shape of a
+    word-scrambled near-miss. Short prompts are left to the direction and swapped rules, since
+    "a list in Python" / "a Python list" is a rewording."""
+    sa, sb = set(a), set(b)
+    if len(sa & sb) < REORDER_MIN_SHARED or 5 * len(sa & sb) < 4 * len(sa | sb):
+        return None
+    shared = sa & sb
+    first_a = {w: i for i, w in reversed(list(enumerate(a))) if w in shared}
+    first_b = {w: i for i, w in reversed(list(enumerate(b))) if w in shared}
+    order_a = sorted(shared, key=first_a.__getitem__)
+    for x, y in zip(order_a, order_a[1:]):
+        if first_b[x] > first_b[y]:
+            return x, y
+    ranked = sorted(shared, key=first_b.__getitem__)
+    return None if ranked == order_a else (ranked[0], ranked[-1])
 
 
 def _substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -381,6 +412,9 @@ def _substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, st
         if op == "equal":
             common += i2 - i1
         elif op == "replace" and i2 - i1 <= 2 and j2 - j1 <= 2:
+            if i2 - i1 == j2 - j1 and all(map(_variants, a[i1:i2], b[j1:j2])):
+                common += i2 - i1  # "help"/"helpful": one word in two forms, not a substitution
+                continue
             subs.append((" ".join(a[i1:i2]), " ".join(b[j1:j2])))
         else:
             return []

@@ -40,7 +40,11 @@ def clock() -> Clock:
 
 @pytest.fixture
 def cache(fake_embedder, clock, device) -> SemanticCache:
-    return SemanticCache(fake_embedder, threshold=0.8, device=device, timer=clock)
+    """Threshold-only, so these tests see the cache logic alone; the default verifier has its
+    own tests (test_lexical.py) and is tested through the cache with the real model."""
+    return SemanticCache(
+        fake_embedder, threshold=0.8, verifier=ThresholdOnly(), device=device, timer=clock
+    )
 
 
 # --------------------------------------------------------------------- construction
@@ -194,6 +198,12 @@ def test_candidates_below_threshold_never_reach_the_verifier(fake_embedder):
     cache.put("alpha beta", "x")
     assert cache.get("alpha gamma") is None
     assert verifier.seen == []
+
+
+def test_the_default_verifier_is_the_lexical_guard(fake_embedder):
+    from gpucache import LexicalNearMissVerifier
+
+    assert isinstance(SemanticCache(fake_embedder, device="cpu").verifier, LexicalNearMissVerifier)
 
 
 def test_threshold_only_serves_whatever_passes_the_threshold():

@@ -63,3 +63,25 @@ def test_get_or_put_all_serves_paraphrases_and_loads_the_rest(cache):
     )
     assert out == ["Paris.", "fresh: Why is the sky blue?", "fresh: Why is the sky blue?"]
     assert loaded == [["Why is the sky blue?"]]
+
+
+@pytest.mark.parametrize(
+    "cached, near_miss, rule",
+    [
+        ("Convert 10 miles to km", "Convert 10 km to miles", "direction"),
+        ("How do I reset my password?", "How do I reset my username?", "substitution"),
+        ("Set an alarm for 7 am", "Set an alarm for 8 am", "numbers"),
+        ("How do I turn on dark mode?", "How do I turn off dark mode?", "polarity"),
+    ],
+)
+def test_near_misses_above_the_threshold_are_refused_and_counted(real_embedder, cached, near_miss, rule):
+    from gpucache import ThresholdOnly
+
+    unguarded = SemanticCache(real_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.6)
+    unguarded.put(cached, "answer")
+    assert unguarded.get(near_miss) is not None  # similarity alone would serve it
+
+    guarded = SemanticCache(real_embedder, device="cpu", threshold=0.6)
+    guarded.put(cached, "answer")
+    assert guarded.get(near_miss) is None
+    assert guarded.stats().rejections == {rule: 1}
