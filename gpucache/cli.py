@@ -1,6 +1,7 @@
-"""The ``gpucache`` command: ``demo`` (the main job), ``info``.
+"""The ``gpucache`` command: ``demo`` (the main job), ``eval`` (the false-hit benchmark), ``info``.
 
     gpucache demo [--device auto] [--batch-size 16] [--limit N]
+    gpucache eval PAIRS.jsonl [...] [--replay INTENTS.jsonl] [--out REPORT.md]
     gpucache info
 """
 
@@ -59,6 +60,59 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    import torch
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from gpucache import LexicalNearMissVerifier, TransformerEmbedder
+    from gpucache.cache import DEFAULT_THRESHOLD, DEFAULT_TOP_K
+    from gpucache.evaluation import (
+        evaluate_pairs,
+        plot_curves,
+        render_report,
+        replay_intents,
+    )
+
+    hf_logging.disable_progress_bar()
+    embedder = TransformerEmbedder(device=args.device)
+    verifier = LexicalNearMissVerifier()
+    results = []
+    for path in args.pairs:
+        started = time.perf_counter()
+        results.append(evaluate_pairs(path, embedder, verifier))
+        print(f"{path}: {results[-1].pairs} pairs in {time.perf_counter() - started:.0f} s",
+              file=sys.stderr)
+    replay = []
+    if args.replay:
+        settings = [(t, 1, g) for t in (0.80, 0.85, 0.87, 0.90) for g in (False, True)]
+        settings += [(DEFAULT_THRESHOLD, k, True) for k in (2, 4)]
+        replay = replay_intents(args.replay, embedder, verifier, settings)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot = out.with_suffix(".png")
+    plotted = plot_curves(results, plot) if results else False
+    about = (
+        f"Model {embedder.name} on {embedder.device} ({embedder.dtype}); torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; verifier {verifier.name}."
+    )
+    command = "gpucache eval " + " ".join(shlex.quote(str(p)) for p in args.pairs)
+    if args.replay:
+        command += f" --replay {shlex.quote(str(args.replay))}"
+    command += f" --out {shlex.quote(str(args.out))}"
+    text = render_report(
+        results, replay, threshold=DEFAULT_THRESHOLD, top_k=DEFAULT_TOP_K, command=command,
+        about=about, plot=plot.name if plotted else None,
+    )
+    out.write_text(text, encoding="utf-8")
+    print(text)
+    print(f"wrote {out}" + (f" and {plot}" if plotted else ""), file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpucache", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="cost of the stand-in model per generated word (default 0.002)",
     )
     demo.set_defaults(run=_cmd_demo)
+
+    ev = sub.add_parser("eval", help="false-hit benchmark over labelled pairs and intents")
+    ev.add_argument("pairs", nargs="*", help="JSONL files of {a, b, label} pairs")
+    ev.add_argument("--replay", default=None, help="JSONL file of {text, label} intent queries")
+    ev.add_argument("--out", default="bench/reports/semantic-false-hits.md",
+                    help="report path (a PNG plot is written beside it)")
+    ev.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
+    ev.set_defaults(run=_cmd_eval)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")
     info.set_defaults(run=_cmd_info)

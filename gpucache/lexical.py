@@ -158,6 +158,7 @@ for _a, _b in ANTONYM_PAIRS:
 _SPECIAL = NEGATIONS | DIRECTIONAL
 
 
+@lru_cache(maxsize=65536)
 def _stem(word: str) -> str:
     """Light suffix normalisation: plural and verb endings, enough to match "resets"/"reset"."""
     if len(word) <= 3 or not word.isalpha():
@@ -184,7 +185,9 @@ class _Parsed:
     tokens: tuple[str, ...]  # every token, stemmed, negations folded to "not"
     surface: frozenset[str]  # every token as written and stemmed, for the antonym lists
     content: tuple[str, ...]  # tokens that are not stopwords, negations or directional words
-    core: tuple[str, ...]  # content less the polarity words
+    core: tuple[str, ...]  # content less the polarity words, sorted
+    bag: tuple[str, ...]  # content, sorted (a multiset compared in one tuple comparison)
+    directions: tuple[str, ...]  # the directional words that have an object, sorted
     skeleton: tuple[str, ...]  # content and directional words, in order
     numbers: tuple[str, ...]  # sorted normalised numbers (hard)
     soft_numbers: tuple[str, ...]  # numbers from words that are also pronouns ("one")
@@ -245,23 +248,28 @@ def _parse(prompt: str) -> _Parsed:
             soft.append(NUMBER_WORDS[tok])
         elif tok in NUMBER_WORDS:
             numbers.append(NUMBER_WORDS[tok])
-        else:
+        elif not tok.isalpha():
             numbers.extend(_number(d) for d in _DIGITS.findall(tok))
         stemmed.append(_canonical(tok))
     content = tuple(t for t in stemmed if t not in STOPWORDS and t not in _SPECIAL)
+    content_set = set(content)
     attachments = []
-    for i, tok in enumerate(stemmed):
+    pending: list[str] = []  # directional words waiting for their object
+    for tok in stemmed:
         if tok in DIRECTIONAL:
-            obj = next((t for t in stemmed[i + 1 :] if t in content), None)
-            if obj is not None:
-                attachments.append((tok, obj))
+            pending.append(tok)
+        elif tok in content_set and pending:
+            attachments += [(d, tok) for d in pending]
+            pending = []
     return _Parsed(
         norm=" ".join(stemmed),
         tokens=tuple(stemmed),
         surface=frozenset(tokens) | frozenset(stemmed),
         content=content,
-        core=tuple(t for t in content if t not in _POLAR),
-        skeleton=tuple(t for t in stemmed if t in DIRECTIONAL or t in content),
+        core=tuple(sorted(t for t in content if t not in _POLAR)),
+        bag=tuple(sorted(content)),
+        directions=tuple(sorted(d for d, _ in attachments)),
+        skeleton=tuple(t for t in stemmed if t in DIRECTIONAL or t in content_set),
         numbers=tuple(sorted(numbers)),
         soft_numbers=tuple(sorted(soft)),
         negations=sum(t in NEGATIONS and t != "without" for t in stemmed),
@@ -320,15 +328,14 @@ class LexicalNearMissVerifier:
             )
         if (a.negations > 0) != (b.negations > 0):
             return Verdict(True, "negation", "a negation on one side only", ("not",))
-        if Counter(a.core) == Counter(b.core) and _poles_swapped(a.polarity, b.polarity):
+        if a.core == b.core and a.polarity != b.polarity and _poles_swapped(a.polarity, b.polarity):
             words = _polar_words(a, b)
             return Verdict(True, "polarity", f"polarity swapped: {' vs '.join(words)}", words)
         opposite = _split_antonym(a.surface, b.surface)
         if opposite:
             return Verdict(True, "antonym", f"opposites: {opposite[0]} vs {opposite[1]}", opposite)
-        same_content = Counter(a.content) == Counter(b.content)
-        same_directions = Counter(d for d, _ in a.attachments) == Counter(d for d, _ in b.attachments)
-        if same_content and same_directions and a.attachments != b.attachments:
+        same_content = a.bag == b.bag
+        if same_content and a.directions == b.directions and a.attachments != b.attachments:
             moved = tuple(sorted({o for _, o in set(a.attachments) ^ set(b.attachments)}))
             return Verdict(
                 True, "direction", f"reordered around a directional word: {' '.join(moved)}", moved

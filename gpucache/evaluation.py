@@ -1,0 +1,306 @@
+"""The false-hit benchmark: what a threshold serves, and what the verifier saves.
+
+Two measurements, over public labelled data (see ``data/SOURCES.md`` in the project's shared
+folder):
+
+* **Pairs** (``a``, ``b``, ``label``; 1 = same meaning). ``a`` plays the cached prompt and ``b``
+  the new one. A pair is *served* when its cosine similarity is at or above the threshold and,
+  in the guarded mode, the verifier accepts it. False-hit rate = served label-0 pairs / label-0
+  pairs; hit rate = served label-1 pairs / label-1 pairs. The near-miss subset (label 0 with
+  word-set Jaccard >= 0.8) is reported on its own: it is what similarity cannot see.
+* **Replay** over an intent file (``text``, ``label``): the first half of each intent's queries
+  fill a real ``SemanticCache``; the other half are asked. A served answer from another intent
+  is a wrong answer.
+
+Each file is embedded in one batch, once; every threshold then reuses the vectors. Texts are
+used as given (PAWS is tokenised, "do n't"; the verifier's tokenizer copes, nothing is
+normalised beforehand).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gpucache.cache import SemanticCache
+from gpucache.embedder import Embedder
+from gpucache.verifier import HitVerifier, ThresholdOnly
+
+THRESHOLDS = tuple(round(0.70 + 0.02 * i, 2) for i in range(15))  # 0.70 .. 0.98
+NEAR_MISS_JACCARD = 0.8
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, object]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not a JSON line ({exc.msg})") from exc
+    return rows
+
+
+def word_jaccard(a: str, b: str) -> float:
+    wa, wb = set(a.lower().split()), set(b.lower().split())
+    return len(wa & wb) / len(wa | wb) if wa | wb else 1.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    false_hit: float
+    hit: float
+    near_miss_false_hit: float
+
+
+@dataclass
+class PairResult:
+    name: str
+    pairs: int
+    label0: int
+    label1: int
+    near_misses: int
+    similarity: list[float]
+    labels: list[int]
+    accepted: list[bool]  # verifier's answer per pair
+    near_miss: list[bool]
+    rejected_by_rule: dict[str, int] = field(default_factory=dict)
+    verify_us_median: float = 0.0
+
+    def rates(self, threshold: float, guarded: bool) -> Rates:
+        served = [
+            s >= threshold and (ok or not guarded) for s, ok in zip(self.similarity, self.accepted)
+        ]
+        fh = sum(v and lab == 0 for v, lab in zip(served, self.labels))
+        hit = sum(v and lab == 1 for v, lab in zip(served, self.labels))
+        nm = sum(v and m for v, m in zip(served, self.near_miss))
+        return Rates(
+            false_hit=fh / self.label0 if self.label0 else 0.0,
+            hit=hit / self.label1 if self.label1 else 0.0,
+            near_miss_false_hit=nm / self.near_misses if self.near_misses else 0.0,
+        )
+
+    def threshold_only_at_hit_rate(self, hit_rate: float) -> tuple[float, float]:
+        """The threshold at which similarity alone serves as many label-1 pairs as
+        ``hit_rate`` does, and the false-hit rate it has there."""
+        positives = sorted((s for s, lab in zip(self.similarity, self.labels) if lab == 1),
+                           reverse=True)
+        k = round(hit_rate * len(positives))
+        threshold = positives[k - 1] if k > 0 else 1.0 + 1e-6
+        return threshold, self.rates(threshold, guarded=False).false_hit
+
+
+def evaluate_pairs(
+    path: str | Path, embedder: Embedder, verifier: HitVerifier, name: str | None = None
+) -> PairResult:
+    rows = read_jsonl(path)
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row.get("a"), str) or not isinstance(row.get("b"), str) or row.get(
+            "label"
+        ) not in (0, 1):
+            raise ValueError(f"{path}:{n}: a pair needs str 'a', str 'b' and 'label' 0 or 1")
+    a = [str(r["a"]) for r in rows]
+    b = [str(r["b"]) for r in rows]
+    vectors = embedder.encode(a + b)  # one batch per file: (2P, D)
+    sims = (vectors[: len(a)] * vectors[len(a) :]).sum(dim=1).clamp(max=1.0).cpu().tolist()
+    explain = getattr(verifier, "explain", None)
+    accepted, rules, timings = [], {}, []
+    for x, y, s in zip(a, b, sims):
+        start = time.perf_counter_ns()
+        ok = verifier.verify(x, y, s)
+        timings.append(time.perf_counter_ns() - start)
+        accepted.append(ok)
+        if not ok and explain is not None:
+            rule = explain(x, y).rule
+            rules[rule] = rules.get(rule, 0) + 1
+    labels = [int(r["label"]) for r in rows]  # type: ignore[call-overload]
+    near = [lab == 0 and word_jaccard(x, y) >= NEAR_MISS_JACCARD for x, y, lab in zip(a, b, labels)]
+    return PairResult(
+        name=name or Path(path).stem,
+        pairs=len(rows),
+        label0=labels.count(0),
+        label1=labels.count(1),
+        near_misses=sum(near),
+        similarity=sims,
+        labels=labels,
+        accepted=accepted,
+        near_miss=near,
+        rejected_by_rule=rules,
+        verify_us_median=statistics.median(timings) / 1000 if timings else 0.0,
+    )
+
+
+class _TableEmbedder:
+    """Serves precomputed vectors so a replay at many settings embeds each text once."""
+
+    def __init__(self, texts: Sequence[str], vectors: torch.Tensor, name: str) -> None:
+        self.name = name
+        self._index = {t: i for i, t in enumerate(texts)}
+        self._vectors = vectors
+
+    @property
+    def dim(self) -> int:
+        return int(self._vectors.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self._vectors.device
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        rows = torch.tensor([self._index[t] for t in texts], dtype=torch.int64)
+        return self._vectors[rows.to(self._vectors.device)]
+
+
+@dataclass(frozen=True)
+class ReplayPoint:
+    threshold: float
+    top_k: int
+    guarded: bool
+    asked: int
+    served: int
+    wrong: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.served / self.asked if self.asked else 0.0
+
+    @property
+    def wrong_share(self) -> float:
+        return self.wrong / self.served if self.served else 0.0
+
+
+def replay_intents(
+    path: str | Path,
+    embedder: Embedder,
+    verifier: HitVerifier,
+    settings: Sequence[tuple[float, int, bool]],
+) -> list[ReplayPoint]:
+    """Fill with the first half of each intent's queries, ask with the second half, through a
+    real ``SemanticCache`` at each (threshold, top_k, guarded) setting."""
+    rows = read_jsonl(path)
+    by_intent: dict[str, list[str]] = {}
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row.get("text"), str) or not isinstance(row.get("label"), str):
+            raise ValueError(f"{path}:{n}: an intent row needs str 'text' and str 'label'")
+        by_intent.setdefault(str(row["label"]), []).append(str(row["text"]))
+    fill: dict[str, str] = {}
+    ask: list[tuple[str, str]] = []
+    for intent, texts in by_intent.items():
+        half = len(texts) // 2
+        for t in texts[:half]:
+            fill.setdefault(t, intent)
+        ask += [(t, intent) for t in texts[half:] if t not in fill]
+    texts = list(dict.fromkeys(list(fill) + [t for t, _ in ask]))
+    table = _TableEmbedder(texts, embedder.encode(texts), embedder.name)
+    points = []
+    for threshold, top_k, guarded in settings:
+        cache = SemanticCache(
+            table, threshold=threshold, top_k=top_k, device=table.device,
+            verifier=verifier if guarded else ThresholdOnly(), capacity=len(fill) + 1,
+        )
+        cache.warm([(t, intent) for t, intent in fill.items()])
+        hits = cache.get_all([t for t, _ in ask])
+        served = [(h, intent) for h, (_, intent) in zip(hits, ask) if h is not None]
+        points.append(
+            ReplayPoint(threshold, top_k, guarded, len(ask), len(served),
+                        sum(h.response != intent for h, intent in served))
+        )
+    return points
+
+
+def render_report(
+    results: Sequence[PairResult],
+    replay: Sequence[ReplayPoint],
+    *,
+    threshold: float,
+    top_k: int,
+    command: str,
+    about: str,
+    plot: str | None,
+) -> str:
+    """The markdown report: per-file tables, the default's figures, dominance, replay."""
+    out = ["# Semantic false hits", "", about, "", f"Reproduce: `{command}`", ""]
+    out += [
+        "A pair is served when its cosine similarity is at or above the threshold and, with the",
+        "verifier, `LexicalNearMissVerifier` accepts it (`a` plays the cached prompt, `b` the new",
+        "one). False hits = served label-0 pairs / label-0 pairs; hits = served label-1 pairs /",
+        f"label-1 pairs; near-miss = label-0 pairs with word-set Jaccard >= {NEAR_MISS_JACCARD}.",
+        "Texts are used as given (PAWS stays tokenised).", "",
+        f"## At the defaults (threshold {threshold}, top_k {top_k})", "",
+        "| set | pairs | threshold only: false hits / hits | with verifier: false hits / hits "
+        "| near-miss false hits (only / verifier) | threshold-only at the same hit rate: "
+        "threshold, false hits | ratio | verify median |",
+        "|---|---:|---|---|---|---|---:|---:|",
+    ]
+    for r in results:
+        plain, guarded = r.rates(threshold, False), r.rates(threshold, True)
+        t_eq, fh_eq = r.threshold_only_at_hit_rate(guarded.hit)
+        ratio = fh_eq / guarded.false_hit if guarded.false_hit else float("inf")
+        out.append(
+            f"| {r.name} | {r.pairs} | {plain.false_hit:.1%} / {plain.hit:.1%} | "
+            f"{guarded.false_hit:.1%} / {guarded.hit:.1%} | {plain.near_miss_false_hit:.1%} / "
+            f"{guarded.near_miss_false_hit:.1%} (of {r.near_misses}) | {t_eq:.3f}, "
+            f"{fh_eq:.1%} | {ratio:.2f}x | {r.verify_us_median:.0f} us |"
+        )
+    out += ["", "ratio = threshold-only false hits / verifier false hits at the same hit rate "
+            "(above 1: the verifier buys fewer false hits than a higher threshold would).", ""]
+    for r in results:
+        out += [f"## {r.name}: by threshold", "",
+                "| threshold | only: false hits | only: hits | verifier: false hits | "
+                "verifier: hits | near-miss: only | near-miss: verifier |",
+                "|---:|---:|---:|---:|---:|---:|---:|"]
+        for t in THRESHOLDS:
+            p, g = r.rates(t, False), r.rates(t, True)
+            out.append(f"| {t:.2f} | {p.false_hit:.1%} | {p.hit:.1%} | {g.false_hit:.1%} | "
+                       f"{g.hit:.1%} | {p.near_miss_false_hit:.1%} | {g.near_miss_false_hit:.1%} |")
+        rules = ", ".join(f"{k} {v}" for k, v in sorted(r.rejected_by_rule.items(),
+                                                         key=lambda kv: -kv[1]))
+        out += ["", f"Verifier rejections over all {r.pairs} pairs, by rule: {rules or 'none'}.", ""]
+    if replay:
+        out += ["## Intent replay", "",
+                "Half of each intent's queries fill a real `SemanticCache`; the other half ask. "
+                "Wrong = served an answer stored for another intent.", "",
+                "| threshold | top_k | verifier | asked | served (hit rate) | wrong / served |",
+                "|---:|---:|---|---:|---:|---:|"]
+        for p in replay:
+            out.append(f"| {p.threshold:.2f} | {p.top_k} | {'yes' if p.guarded else 'no'} | "
+                       f"{p.asked} | {p.served} ({p.hit_rate:.1%}) | {p.wrong} "
+                       f"({p.wrong_share:.1%}) |")
+        out.append("")
+    if plot:
+        out += [f"![hit rate against false-hit rate]({plot})", ""]
+    return "\n".join(out)
+
+
+def plot_curves(results: Sequence[PairResult], path: str | Path) -> bool:
+    """Hit rate against false-hit rate over the thresholds, both modes; False without
+    matplotlib (the ``bench`` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 4), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        for guarded, style in ((False, "o--"), (True, "s-")):
+            pts = [r.rates(t, guarded) for t in THRESHOLDS]
+            ax.plot([p.false_hit for p in pts], [p.hit for p in pts], style,
+                    label="threshold + verifier" if guarded else "threshold only", markersize=3)
+        ax.set_title(r.name)
+        ax.set_xlabel("false-hit rate")
+        ax.set_ylabel("hit rate")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,67 @@
+"""The false-hit benchmark's arithmetic, on small files written here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpucache import LexicalNearMissVerifier, ThresholdOnly
+from gpucache.evaluation import evaluate_pairs, render_report, replay_intents, word_jaccard
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+PAIRS = [
+    {"a": "Convert 10 miles to km", "b": "Convert 10 km to miles", "label": 0},
+    {"a": "How do I reset my password?", "b": "How can I reset my password?", "label": 1},
+    {"a": "What is the capital of France?", "b": "Which city is the capital of France?", "label": 1},
+    {"a": "Why is the sky blue?", "b": "Recommend a sci-fi novel", "label": 0},
+]
+
+
+def test_pairs_rates_through_the_real_model(tmp_path, real_embedder):
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    result = evaluate_pairs(path, real_embedder, LexicalNearMissVerifier())
+    assert (result.pairs, result.label0, result.label1, result.near_misses) == (4, 2, 2, 1)
+    plain, guarded = result.rates(0.85, guarded=False), result.rates(0.85, guarded=True)
+    # similarity alone serves the miles/km near-miss; the verifier refuses it
+    assert plain.false_hit == 0.5 and plain.near_miss_false_hit == 1.0
+    assert guarded.false_hit == 0.0 and guarded.near_miss_false_hit == 0.0
+    assert guarded.hit == plain.hit == 1.0
+    assert result.rejected_by_rule == {"direction": 1}
+    threshold, fh = result.threshold_only_at_hit_rate(1.0)
+    assert threshold <= min(s for s, lab in zip(result.similarity, result.labels) if lab == 1)
+    assert fh == 0.5
+    text = render_report([result], [], threshold=0.85, top_k=1, command="cmd", about="about",
+                         plot=None)
+    assert "| pairs | 4 |" in text and "50.0% / 100.0%" in text
+
+
+def test_replay_counts_answers_from_another_intent(tmp_path, fake_embedder):
+    rows = [{"text": t, "label": lab} for t, lab in [
+        ("card arrival when", "card"), ("card arrival when please", "card"),
+        ("lost card", "lost"), ("lost card please", "lost"),
+    ]]
+    path = write_jsonl(tmp_path / "intents.jsonl", rows)
+    [plain, guarded] = replay_intents(path, fake_embedder, ThresholdOnly(), [(0.5, 1, False), (0.99, 1, True)])
+    assert plain.asked == 2 and plain.served == 2 and plain.wrong == 0
+    assert guarded.served == 0 and guarded.hit_rate == 0.0
+
+
+def test_a_malformed_file_is_a_clear_error(tmp_path, fake_embedder):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": "x", "b": "y", "label": 1}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        evaluate_pairs(bad, fake_embedder, ThresholdOnly())
+    write_jsonl(bad, [{"a": "x", "label": 1}])
+    with pytest.raises(ValueError, match="needs str 'a'"):
+        evaluate_pairs(bad, fake_embedder, ThresholdOnly())
+
+
+def test_word_jaccard():
+    assert word_jaccard("a b c d e", "a b c d f") == pytest.approx(4 / 6)
+    assert word_jaccard("", "") == 1.0
