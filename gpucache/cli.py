@@ -88,7 +88,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
               file=sys.stderr)
     replay = []
     if args.replay:
-        settings = [(t, 1, g) for t in (0.80, 0.85, 0.87, 0.90) for g in (False, True)]
+        grid = sorted({0.80, 0.85, DEFAULT_THRESHOLD, 0.90})
+        settings = [(t, 1, g) for t in grid for g in (False, True)]
         settings += [(DEFAULT_THRESHOLD, k, True) for k in (2, 4)]
         replay = replay_intents(args.replay, embedder, verifier, settings)
     out = Path(args.out)

@@ -90,6 +90,11 @@ MUST_REJECT = [
     ("Alice sent Bob the report", "Bob sent Alice the report", "swapped"),
     ("The film was directed by Smith and produced by Jones", "The film was produced by Smith and directed by Jones", "swapped"),
     ("dog bites man", "man bites dog", "swapped"),
+    # most words shared, some moved (an addition to the seed)
+    ("In 2018 the Utah House of Representatives passed a bill to legalize the right to grow and try medical marijuana plants",
+     "In 2018 the House of Representatives of Utah passed a bill to grow the right to try and marijuana plants", "reordered"),
+    ("The Villa Pesquera facilities are owned by the Municipality of Ponce but operated by the fishermen themselves",
+     "The facilities of Villa Pesquera are operated by the Municipality of Ponce but are owned by the fishermen", "reordered"),
     # substitutions
     ("How do I reset my password?", "How do I reset my username?", "substitution"),
     ("What is the capital of France?", "What is the capital of Germany?", "substitution"),
@@ -161,6 +166,7 @@ MUST_ACCEPT = [
     ("How do I learn Python fast?", "What is the fastest way to learn Python as a beginner?"),
     ("Tips for a job interview", "Give me advice and tips for preparing for my job interview"),
     ("Explain recursion", "Can you explain recursion to me with an example?"),
+    ("In 1965 he moved to Boston to study law at Harvard", "He moved to Boston in 1965 to study law at Harvard"),
 ]
 
 
@@ -183,7 +189,7 @@ def test_the_table_is_large_and_covers_every_rule():
     assert len(MUST_REJECT) + len(MUST_ACCEPT) >= 100
     rules = {rule for _, _, rule in MUST_REJECT}
     assert rules == {"numbers", "negation", "polarity", "antonym", "direction", "swapped",
-                     "substitution"}
+                     "reordered", "substitution"}
 
 
 def test_verdict_names_the_words_involved():
