@@ -20,6 +20,8 @@ the named additions measured in bench/reports/semantic-false-hits.md):
     antonym       a strong opposite on each side ("enable"/"disable")     -> reject  [addition]
     direction     same content words reordered around a directional word  -> reject
     swapped       same content words, two of them traded places            -> reject  [addition]
+    question-word each side asks a different wh-thing ("who" vs "when")     -> reject  [addition]
+    crossed       shared words swap sides of a directional word elsewhere  -> reject  [addition]
     reordered     most content words shared (>= 5, Jaccard >= 0.6), some moved -> reject  [addition]
     substitution  content words align with only substitutions of <= 2 words each, no
                   insertions or deletions, and at least one word in common -> reject
@@ -141,6 +143,10 @@ ORDINAL_WORDS = {
 SOFT_NUMBERS = frozenset({"one"})
 
 REORDER_MIN_SHARED = 5
+
+# Wh-words that name what is asked for: "who wrote X" and "when was X published" share every
+# other word and still ask different questions.
+QUESTION_WORDS = frozenset({"who", "whom", "whose", "when", "where", "why"})
 
 _TOKEN = re.compile(r"[^\W_]+(?:['.][^\W_]+)*|[$€£¥₹%#+@&]")
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
@@ -366,6 +372,11 @@ class LexicalNearMissVerifier:
         opposite = _split_antonym(a.surface, b.surface)
         if opposite:
             return Verdict(True, "antonym", f"opposites: {opposite[0]} vs {opposite[1]}", opposite)
+        asks_a = QUESTION_WORDS.intersection(a.tokens)
+        asks_b = QUESTION_WORDS.intersection(b.tokens)
+        if asks_a and asks_b and not asks_a & asks_b:
+            words = (" ".join(sorted(asks_a)), " ".join(sorted(asks_b)))
+            return Verdict(True, "question-word", f"asks {words[0]} vs {words[1]}", words)
         same_content = a.bag == b.bag
         if same_content and a.directions == b.directions and a.attachments != b.attachments:
             moved = tuple(sorted({o for _, o in set(a.attachments) ^ set(b.attachments)}))
@@ -376,6 +387,12 @@ class LexicalNearMissVerifier:
             swap = _exchanged(a.skeleton, b.skeleton)
             if swap:
                 return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
+        crossed = _crossed(a, b)
+        if crossed:
+            return Verdict(
+                True, "crossed", f"{crossed[0]} and {crossed[1]} swap sides of a directional word",
+                crossed,
+            )
         moved = _reordered(a, b)
         if moved:
             shown = " ".join(moved)
@@ -420,6 +437,42 @@ def _variants(x: str, y: str) -> bool:
     """Two forms of one word: one is a prefix of the other, sharing at least 4 letters."""
     short, long_ = sorted((x, y), key=len)
     return len(short) >= 4 and long_.startswith(short) and short.isalpha()
+
+
+def _crossed(pa: _Parsed, pb: _Parsed) -> tuple[str, str] | None:
+    """Two shared content words on opposite sides of a directional word in each prompt, in
+    opposite order, where the rest of the prompts differ ("how much is 100 EUR in USD" /
+    "convert 100 USD to EUR"): the seed's direction rule for prompts that are not otherwise
+    identical. A phrase moved whole keeps its directional word ("from London to Paris" /
+    "to Paris from London") and does not count."""
+    shared = set(pa.content) & set(pb.content)
+    if len(shared) < 2:
+        return None
+    first_a = _first_positions(pa.skeleton, shared)
+    first_b = _first_positions(pb.skeleton, shared)
+    heads_a, heads_b = _heads(pa.attachments), _heads(pb.attachments)
+    words = sorted(shared, key=first_a.__getitem__)
+    for i, x in enumerate(words):
+        for y in words[i + 1 :]:
+            if first_b[x] < first_b[y]:
+                continue
+            if heads_a.get(x) == heads_b.get(x) and heads_a.get(y) == heads_b.get(y):
+                continue
+            between_a = pa.skeleton[first_a[x] + 1 : first_a[y]]
+            between_b = pb.skeleton[first_b[y] + 1 : first_b[x]]
+            if any(t in DIRECTIONAL for t in between_a) and any(
+                t in DIRECTIONAL for t in between_b
+            ):
+                return x, y
+    return None
+
+
+def _first_positions(sequence: tuple[str, ...], words: set[str]) -> dict[str, int]:
+    first: dict[str, int] = {}
+    for i, w in enumerate(sequence):
+        if w in words:
+            first.setdefault(w, i)
+    return first
 
 
 def _reordered(pa: _Parsed, pb: _Parsed) -> tuple[str, ...]:
