@@ -3,10 +3,12 @@ question. Embeds and scans on the GPU when present, on the CPU otherwise."""
 
 from __future__ import annotations
 
-from gpucache.cache import Hit, SemanticCache
+from gpucache.admission import AdmissionPolicy
+from gpucache.cache import Hit, LoadAbandoned, SemanticCache
 from gpucache.devices import resolve_device
 from gpucache.embedder import Embedder, TransformerEmbedder
 from gpucache.lexical import LexicalNearMissVerifier
+from gpucache.policy import CachePolicy, ContentPolicy, PolicyDecision, StoreEverything
 from gpucache.keys import DEFAULT_SCOPE, prompt_key
 from gpucache.stats import CacheStats
 from gpucache.store import ExactScanStore
@@ -16,6 +18,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SCOPE",
+    "AdmissionPolicy",
+    "CachePolicy",
+    "ContentPolicy",
+    "LoadAbandoned",
+    "PolicyDecision",
+    "StoreEverything",
     "CacheStats",
     "Embedder",
     "ExactScanStore",

@@ -18,16 +18,27 @@ may have changed meanwhile is re-read after the lock is taken again.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from gpucache.admission import AdmissionPolicy
 from gpucache.devices import DeviceLike, resolve_device
 from gpucache.embedder import Embedder, TransformerEmbedder
 from gpucache.flight import SingleFlight
@@ -44,6 +55,7 @@ from gpucache.validation import (
     check_ttl,
 )
 from gpucache.lexical import LexicalNearMissVerifier
+from gpucache.policy import CachePolicy, ContentPolicy
 from gpucache.verifier import HitVerifier
 
 log = logging.getLogger("gpucache")
@@ -58,6 +70,16 @@ DEFAULT_CAPACITY = 100_000
 
 Loader = Callable[[str], str]
 BatchLoader = Callable[[list[str]], Sequence[str]]
+StreamLoader = Callable[[str], Iterable[str]]
+AsyncLoader = Callable[[str], Awaitable[str]]
+AsyncBatchLoader = Callable[[list[str]], Awaitable[Sequence[str]]]
+AsyncStreamLoader = Callable[[str], Any]  # returns an async iterable (or an iterable) of chunks
+
+
+class LoadAbandoned(RuntimeError):
+    """The call loading a prompt gave up before its load completed: its stream's consumer
+    stopped reading, or its asyncio task was cancelled. Calls that were waiting for that load
+    run their own instead; callers never see this error."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +106,28 @@ class _Entry:
     expires_at: float
 
 
+@dataclass
+class _Plan:
+    """What one get-or-load call found and must do: the first half runs before the loader,
+    the second after it, so the loader (sync or async) runs with no lock held."""
+
+    scope: str
+    prompts: list[str]  # input order
+    unique: list[str]  # distinct, first-seen order
+    vectors: torch.Tensor  # (len(unique), D): embeddings of every prompt that missed the exact tier
+    answers: dict[str, str] = field(default_factory=dict)
+    keys: dict[bytes, str] = field(default_factory=dict)
+    mine: list[bytes] = field(default_factory=list)  # misses this call loads
+    theirs: dict[bytes, Future[str]] = field(default_factory=dict)  # misses another call loads
+
+    @property
+    def to_load(self) -> list[str]:
+        return [self.keys[k] for k in self.mine]
+
+    def ordered(self) -> list[str]:
+        return [self.answers[p] for p in self.prompts]
+
+
 class SemanticCache:
     """A semantic cache of LLM responses.
 
@@ -100,6 +144,11 @@ class SemanticCache:
         device: where the store's vectors live: "auto" (CUDA when present), "cpu", "cuda[:N]".
         timer: the clock for expiry, in seconds; injectable for tests.
         scan_budget_bytes: the most scratch memory one chunk of the similarity scan may take.
+        cache_policy: may an answer be stored at all (``CachePolicy``), on every write path;
+            None uses ``ContentPolicy()``; ``StoreEverything()`` turns the checks off.
+        admission: is an answer worth storing (``AdmissionPolicy``), on the writes after a
+            miss only; None stores every miss.
+        replay_chunk_chars: characters per chunk when a cached answer is replayed as a stream.
     """
 
     def __init__(
@@ -114,6 +163,9 @@ class SemanticCache:
         device: DeviceLike = "auto",
         timer: Callable[[], float] = time.time,
         scan_budget_bytes: int = 64 * 2**20,
+        cache_policy: CachePolicy | None = None,
+        admission: AdmissionPolicy | None = None,
+        replay_chunk_chars: int = 64,
     ) -> None:
         self.threshold = check_threshold(threshold)
         self.top_k = check_positive_int(top_k, "top_k")
@@ -128,6 +180,15 @@ class SemanticCache:
         self.verifier: HitVerifier = (
             verifier if verifier is not None else LexicalNearMissVerifier()
         )
+        if cache_policy is not None and not isinstance(cache_policy, CachePolicy):
+            raise TypeError("cache_policy must have a name and decide(prompt, response, scope)")
+        self.cache_policy: CachePolicy = (
+            cache_policy if cache_policy is not None else ContentPolicy()
+        )
+        if admission is not None and not isinstance(admission, AdmissionPolicy):
+            raise TypeError("admission must be an AdmissionPolicy or None")
+        self.admission = admission
+        self.replay_chunk_chars = check_positive_int(replay_chunk_chars, "replay_chunk_chars")
         if embedder is not None and not isinstance(embedder, Embedder):
             raise TypeError("embedder must have name, dim, device and encode(texts)")
         self.embedder: Embedder = (
@@ -172,11 +233,18 @@ class SemanticCache:
     def put(
         self, prompt: str, response: str, *, scope: str | None = None, ttl: float | None = None
     ) -> bool:
-        """Store ``response`` for ``prompt``; replaces an existing entry for the same prompt."""
+        """Store ``response`` for ``prompt``; replaces an existing entry for the same prompt.
+
+        Returns False when the cache policy refuses it (counted in ``stats().refusals``).
+        Admission does not apply: a caller saying "store this" is not traffic.
+        """
         prompt = check_prompt(prompt)
         response = check_response(response)
         scope = check_scope(scope)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
+        with self._lock:
+            if not self._allowed(prompt, response, scope):
+                return False
         vectors = self.embedder.encode([prompt])
         with self._lock:
             return self._store([(prompt, response)], vectors, scope, ttl) == 1
@@ -184,10 +252,11 @@ class SemanticCache:
     def warm(self, pairs: Iterable[tuple[str, str]], *, scope: str | None = None) -> int:
         """Store many (prompt, response) pairs with one embedder call; returns how many stored.
 
-        A prompt given twice keeps its last response.
+        A prompt given twice keeps its last response. Pairs the cache policy refuses are
+        skipped (and counted); admission does not apply.
         """
         scope = check_scope(scope)
-        if isinstance(pairs, (str, bytes)):
+        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
             raise TypeError("pairs must be an iterable of (prompt, response) tuples")
         latest: dict[str, str] = {}
         for i, pair in enumerate(pairs):
@@ -195,27 +264,29 @@ class SemanticCache:
                 raise TypeError(f"pairs[{i}] must be a (prompt, response) pair, got {pair!r:.80}")
             prompt = check_prompt(pair[0], f"pairs[{i}][0]")
             latest[prompt] = check_response(pair[1], f"pairs[{i}][1]")
-        if not latest:
+        with self._lock:
+            items = [(p, r) for p, r in latest.items() if self._allowed(p, r, scope)]
+        if not items:
             return 0
-        items = list(latest.items())
         vectors = self.embedder.encode([p for p, _ in items])
         with self._lock:
             return self._store(items, vectors, scope, self.ttl)
 
     def get_or_put(self, prompt: str, loader: Loader, *, scope: str | None = None) -> str:
-        """The cached answer for ``prompt``, or ``loader(prompt)``'s, which is then stored.
+        """The cached answer for ``prompt``, or ``loader(prompt)``'s, which is then stored
+        (when the cache policy allows it and the admission policy admits it).
 
         Concurrent misses on the same (scope, prompt) call the loader once. A loader that
         raises stores nothing; its exception reaches the caller unchanged.
         """
         prompt = check_prompt(prompt)
-        if not callable(loader):
-            raise TypeError("loader must be callable: loader(prompt) -> str")
+        scope = check_scope(scope)
+        _check_callable(loader, "loader(prompt) -> str")
 
         def load_one(missed: list[str]) -> list[str]:
             return [check_response(loader(missed[0]), "loader's response")]
 
-        return self._get_or_load([prompt], load_one, check_scope(scope))[0]
+        return self._get_or_load([prompt], load_one, scope)[0]
 
     def get_or_put_all(
         self, prompts: Sequence[str], loader: BatchLoader, *, scope: str | None = None
@@ -226,23 +297,132 @@ class SemanticCache:
         must return one str per prompt, in the same order; otherwise ``ValueError``/``TypeError``
         and nothing is stored. Duplicates in ``prompts`` share one load. Results come back in
         input order. Misses that another call is already loading are waited for, not reloaded.
+        A loader that raises stores nothing from the batch, and its error reaches the caller.
         """
         prompts = check_prompts(prompts)
-        if not callable(loader):
-            raise TypeError("loader must be callable: loader(prompts) -> list of responses")
+        scope = check_scope(scope)
+        _check_callable(loader, "loader(prompts) -> list of responses")
 
         def load_batch(missed: list[str]) -> list[str]:
-            responses = loader(list(missed))
-            if isinstance(responses, (str, bytes)) or not isinstance(responses, Iterable):
-                raise TypeError(f"loader must return a list of str, got {type(responses).__name__}")
-            responses = list(responses)
-            if len(responses) != len(missed):
-                raise ValueError(
-                    f"loader returned {len(responses)} responses for {len(missed)} prompts"
-                )
-            return [check_response(r, f"loader's response [{i}]") for i, r in enumerate(responses)]
+            return _check_batch(loader(list(missed)), len(missed))
 
-        return self._get_or_load(prompts, load_batch, check_scope(scope))
+        return self._get_or_load(prompts, load_batch, scope)
+
+    def get_or_put_streaming(
+        self, prompt: str, loader: StreamLoader, *, scope: str | None = None
+    ) -> Iterator[str]:
+        """Stream the answer for ``prompt``: a hit is replayed in ``replay_chunk_chars`` chunks;
+        a miss passes ``loader(prompt)``'s chunks through as they arrive.
+
+        The full response is stored only after the loader's stream completes, through the cache
+        policy and admission. A consumer that stops reading (closes the iterator) or a loader
+        that raises stores nothing; the loader's error reaches the consumer unchanged. The
+        lookup happens when this is called; loading starts at the first ``next()``.
+        """
+        prompt = check_prompt(prompt)
+        scope = check_scope(scope)
+        _check_callable(loader, "loader(prompt) -> iterable of str chunks")
+        return self._stream(self._begin([prompt], scope), loader)
+
+    # ----------------------------------------------------------------------------- async
+
+    async def aget(
+        self, prompt: str, *, scope: str | None = None, threshold: float | None = None
+    ) -> Hit | None:
+        """``get`` for asyncio: embedding and scanning run in a worker thread."""
+        return (await self.aget_all([check_prompt(prompt)], scope=scope, threshold=threshold))[0]
+
+    async def aget_all(
+        self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
+    ) -> list[Hit | None]:
+        """``get_all`` for asyncio: the event loop keeps serving while the batch is embedded."""
+        prompts = check_prompts(prompts)
+        scope = check_scope(scope)
+        threshold = self.threshold if threshold is None else check_threshold(threshold)
+        found, _ = await asyncio.to_thread(
+            self._lookup, list(dict.fromkeys(prompts)), scope, threshold
+        )
+        with self._lock:
+            self._count_lookups(prompts, found)
+        return [found[p] for p in prompts]
+
+    async def aget_or_put(
+        self, prompt: str, loader: AsyncLoader, *, scope: str | None = None
+    ) -> str:
+        """``get_or_put`` with an async loader (``async def loader(prompt) -> str``)."""
+        prompt = check_prompt(prompt)
+        scope = check_scope(scope)
+        _check_callable(loader, "async loader(prompt) -> str")
+
+        async def load_one(missed: list[str]) -> list[str]:
+            return [check_response(await loader(missed[0]), "loader's response")]
+
+        return (await self._aget_or_load([prompt], load_one, scope))[0]
+
+    async def aget_or_put_all(
+        self, prompts: Sequence[str], loader: AsyncBatchLoader, *, scope: str | None = None
+    ) -> list[str]:
+        """``get_or_put_all`` with an async batch loader."""
+        prompts = check_prompts(prompts)
+        scope = check_scope(scope)
+        _check_callable(loader, "async loader(prompts) -> list of responses")
+
+        async def load_batch(missed: list[str]) -> list[str]:
+            return _check_batch(await loader(list(missed)), len(missed))
+
+        return await self._aget_or_load(prompts, load_batch, scope)
+
+    async def aget_or_put_streaming(
+        self, prompt: str, loader: AsyncStreamLoader, *, scope: str | None = None
+    ) -> AsyncIterator[str]:
+        """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
+        of chunks (an async generator, say); a plain iterable is accepted too."""
+        prompt = check_prompt(prompt)
+        scope = check_scope(scope)
+        _check_callable(loader, "loader(prompt) -> async iterable of str chunks")
+        plan = await asyncio.to_thread(self._begin, [prompt], scope)
+        while plan.theirs:  # another call is loading it: replay its answer when it completes
+            future = next(iter(plan.theirs.values()))
+            try:
+                answer = await asyncio.wrap_future(future)
+            except LoadAbandoned:
+                plan = await asyncio.to_thread(self._begin, [prompt], scope, False)
+                continue
+            for chunk in self._replay(answer):
+                yield chunk
+            return
+        if not plan.mine:
+            for chunk in self._replay(plan.answers[prompt]):
+                yield chunk
+            return
+        chunks: list[str] = []
+        completed = False
+        source: Any = None
+        try:
+            source = loader(prompt)
+            if inspect.isawaitable(source):
+                source = await source
+            if hasattr(source, "__aiter__"):
+                async for chunk in source:
+                    chunks.append(check_response(chunk, "stream chunk"))
+                    yield chunk
+            else:
+                for chunk in _iterate(source):
+                    chunks.append(check_response(chunk, "stream chunk"))
+                    yield chunk
+            completed = True
+        except (GeneratorExit, asyncio.CancelledError):
+            raise  # the consumer stopped reading or the task was cancelled: handled below
+        except BaseException as exc:
+            self._abort(plan, exc)
+            raise
+        finally:
+            if not completed:
+                self._abort(plan, LoadAbandoned())
+                closer = getattr(source, "aclose", None)
+                if closer is not None:
+                    await closer()
+        await asyncio.to_thread(self._finish, plan, ["".join(chunks)])
 
     # ----------------------------------------------------------------------------- upkeep
 
@@ -284,38 +464,149 @@ class SemanticCache:
 
     # ----------------------------------------------------------------------------- internals
 
+    def _begin(self, prompts: list[str], scope: str, count: bool = True) -> _Plan:
+        """Look every prompt up, record sightings, and claim the misses to load."""
+        unique = list(dict.fromkeys(prompts))
+        found, vectors = self._lookup(unique, scope, self.threshold)
+        plan = _Plan(scope, prompts, unique, vectors)
+        plan.answers = {p: hit.response for p, hit in found.items() if hit is not None}
+        with self._lock:
+            if count:
+                self._count_lookups(prompts, found)
+                if self.admission is not None:
+                    for prompt in prompts:  # every request is a sighting, hit or miss
+                        self.admission.record(scope, prompt)
+            plan.keys = {prompt_key(scope, p): p for p in unique if found[p] is None}
+            plan.mine, plan.theirs = self._flights.claim(plan.keys)
+            if plan.mine:
+                self._stats.loads += 1
+        return plan
+
+    def _finish(self, plan: _Plan, responses: list[str]) -> None:
+        """Store what the loader returned (policy and admission permitting) and hand every
+        response to the calls waiting on it."""
+        loaded = plan.to_load
+        plan.answers.update(zip(loaded, responses))
+        position = {p: i for i, p in enumerate(plan.unique)}
+        with self._lock:
+            keep = [
+                (p, r) for p, r in zip(loaded, responses)
+                if self._allowed(p, r, plan.scope) and self._admitted(p, plan.scope)
+            ]
+            if keep:
+                rows = torch.tensor([position[p] for p, _ in keep], device=plan.vectors.device)
+                self._store(keep, plan.vectors[rows], plan.scope, self.ttl)
+            self._flights.resolve(dict(zip(plan.mine, responses)))
+
+    def _abort(self, plan: _Plan, error: BaseException) -> None:
+        with self._lock:
+            self._flights.fail(plan.mine, error)
+
     def _get_or_load(
         self, prompts: list[str], load: Callable[[list[str]], list[str]], scope: str
     ) -> list[str]:
-        unique = list(dict.fromkeys(prompts))
-        found, vectors = self._lookup(unique, scope, self.threshold)
-        answers = {p: hit.response for p, hit in found.items() if hit is not None}
-        misses = [p for p in unique if found[p] is None]
-        with self._lock:
-            self._count_lookups(prompts, found)
-            if not misses:
-                return [answers[p] for p in prompts]
-            keys = {prompt_key(scope, p): p for p in misses}
-            mine, theirs = self._flights.claim(keys)
-        to_load = [keys[k] for k in mine]
-        if to_load:
+        plan = self._begin(prompts, scope)
+        while True:
+            if plan.mine:
+                try:
+                    responses = load(plan.to_load)  # the caller's code: no lock held
+                except BaseException as exc:
+                    self._abort(plan, exc)
+                    raise
+                self._finish(plan, responses)
+            retry = []
+            for key, future in plan.theirs.items():
+                try:
+                    plan.answers[plan.keys[key]] = future.result()  # its error is ours too
+                except LoadAbandoned:
+                    retry.append(plan.keys[key])
+            if not retry:
+                return plan.ordered()
+            again = self._begin(retry, scope, count=False)
+            again.answers = {**plan.answers, **again.answers}
+            again.prompts = prompts
+            plan = again
+
+    async def _aget_or_load(
+        self, prompts: list[str], load: Callable[[list[str]], Awaitable[list[str]]], scope: str
+    ) -> list[str]:
+        plan = await asyncio.to_thread(self._begin, prompts, scope)
+        while True:
+            if plan.mine:
+                try:
+                    responses = await load(plan.to_load)
+                except asyncio.CancelledError:
+                    self._abort(plan, LoadAbandoned())  # the waiters load it themselves
+                    raise
+                except BaseException as exc:
+                    self._abort(plan, exc)
+                    raise
+                await asyncio.to_thread(self._finish, plan, responses)
+            retry = []
+            for key, future in plan.theirs.items():
+                try:
+                    plan.answers[plan.keys[key]] = await asyncio.wrap_future(future)
+                except LoadAbandoned:
+                    retry.append(plan.keys[key])
+            if not retry:
+                return plan.ordered()
+            again = await asyncio.to_thread(self._begin, retry, scope, False)
+            again.answers = {**plan.answers, **again.answers}
+            again.prompts = prompts
+            plan = again
+
+    def _stream(self, plan: _Plan, loader: StreamLoader) -> Iterator[str]:
+        prompt = plan.prompts[0]
+        while plan.theirs:  # another call is loading it: replay its answer when it completes
             try:
-                with self._lock:
-                    self._stats.loads += 1
-                responses = load(to_load)  # the caller's code: no lock held
-                position = {p: i for i, p in enumerate(unique)}
-                rows = torch.tensor([position[p] for p in to_load], device=vectors.device)
-                with self._lock:
-                    self._store(list(zip(to_load, responses)), vectors[rows], scope, self.ttl)
-                    self._flights.resolve(dict(zip(mine, responses)))
-            except BaseException as exc:
-                with self._lock:
-                    self._flights.fail(mine, exc)
-                raise
-            answers.update(zip(to_load, responses))
-        for key, future in theirs.items():
-            answers[keys[key]] = future.result()  # another call's load: its error is ours too
-        return [answers[p] for p in prompts]
+                answer = next(iter(plan.theirs.values())).result()
+            except LoadAbandoned:
+                plan = self._begin([prompt], plan.scope, count=False)
+                continue
+            yield from self._replay(answer)
+            return
+        if not plan.mine:
+            yield from self._replay(plan.answers[prompt])
+            return
+        chunks: list[str] = []
+        completed = False
+        source: Any = None
+        try:
+            source = _iterate(loader(prompt))
+            for chunk in source:
+                chunks.append(check_response(chunk, "stream chunk"))
+                yield chunk
+            completed = True
+        except GeneratorExit:
+            raise  # the consumer stopped reading: handled below, nothing stored
+        except BaseException as exc:
+            self._abort(plan, exc)
+            raise
+        finally:
+            if not completed:
+                self._abort(plan, LoadAbandoned())
+                closer = getattr(source, "close", None)
+                if closer is not None:
+                    closer()
+        self._finish(plan, ["".join(chunks)])
+
+    def _replay(self, answer: str) -> Iterator[str]:
+        size = self.replay_chunk_chars
+        for start in range(0, len(answer), size):
+            yield answer[start : start + size]
+
+    def _allowed(self, prompt: str, response: str, scope: str) -> bool:
+        decision = self.cache_policy.decide(prompt, response, scope)
+        if not decision.allowed:
+            self._stats.refusals[decision.reason] += 1
+            log.debug("cache policy refused to store %r: %s", prompt[:80], decision.reason)
+        return decision.allowed
+
+    def _admitted(self, prompt: str, scope: str) -> bool:
+        if self.admission is None or self.admission.admits(scope, prompt):
+            return True
+        self._stats.admissions_deferred += 1
+        return False
 
     def _lookup(
         self, prompts: list[str], scope: str, threshold: float
@@ -453,3 +744,26 @@ class SemanticCache:
             del self._entries[entry.key]
             del self._by_row[entry.row]
         self.store.remove([e.row for e in entries])
+
+
+def _check_callable(loader: object, shape: str) -> None:
+    if not callable(loader):
+        raise TypeError(f"loader must be callable: {shape}")
+
+
+def _check_batch(responses: object, expected: int) -> list[str]:
+    """A batch loader's answer: a list of ``expected`` str, or a clear error."""
+    if isinstance(responses, (str, bytes)) or not isinstance(responses, Iterable):
+        raise TypeError(f"loader must return a list of str, got {type(responses).__name__}")
+    responses = list(responses)
+    if len(responses) != expected:
+        raise ValueError(f"loader returned {len(responses)} responses for {expected} prompts")
+    return [check_response(r, f"loader's response [{i}]") for i, r in enumerate(responses)]
+
+
+def _iterate(source: object) -> Iterator[str]:
+    if isinstance(source, (str, bytes)) or not isinstance(source, Iterable):
+        raise TypeError(
+            f"a streaming loader must return an iterable of str chunks, got {type(source).__name__}"
+        )
+    return iter(source)

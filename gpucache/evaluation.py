@@ -287,7 +287,7 @@ def render_report(
                 "|---:|---:|---:|---:|---:|---:|---:|"]
         for t in THRESHOLDS:
             p, g = r.rates(t, False), r.rates(t, True)
-            out.append(f"| {t:.2f} | {p.false_hit:.1%} | {p.hit:.1%} | {g.false_hit:.1%} | "
+            out.append(f"| {t:g} | {p.false_hit:.1%} | {p.hit:.1%} | {g.false_hit:.1%} | "
                        f"{g.hit:.1%} | {p.near_miss_false_hit:.1%} | {g.near_miss_false_hit:.1%} |")
         rules = ", ".join(f"{k} {v}" for k, v in sorted(r.rejected_by_rule.items(),
                                                          key=lambda kv: -kv[1]))
@@ -299,7 +299,7 @@ def render_report(
                 "| threshold | top_k | verifier | asked | served (hit rate) | wrong / served |",
                 "|---:|---:|---|---:|---:|---:|"]
         for p in replay:
-            out.append(f"| {p.threshold:.2f} | {p.top_k} | {'yes' if p.guarded else 'no'} | "
+            out.append(f"| {p.threshold:g} | {p.top_k} | {'yes' if p.guarded else 'no'} | "
                        f"{p.asked} | {p.served} ({p.hit_rate:.1%}) | {p.wrong} "
                        f"({p.wrong_share:.1%}) |")
         out.append("")

@@ -12,7 +12,9 @@ class CacheStats:
 
     ``hits == exact_hits + semantic_hits``; every lookup is counted once, as a hit or a miss.
     ``rejections`` counts candidates the verifier refused, by the rule that fired: one lookup
-    can add several when it tries several candidates.
+    can add several when it tries several candidates. ``refusals`` counts answers the cache
+    policy would not store, by reason; ``admissions_deferred`` counts answers not stored
+    because their prompt had not been seen often enough yet.
     """
 
     hits: int = 0
@@ -25,6 +27,8 @@ class CacheStats:
     evictions: int = 0
     expirations: int = 0
     rejections: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
+    admissions_deferred: int = 0
 
     @property
     def lookups(self) -> int:
@@ -47,6 +51,8 @@ class StatsCounter:
     evictions: int = 0
     expirations: int = 0
     rejections: Counter[str] = field(default_factory=Counter)
+    refusals: Counter[str] = field(default_factory=Counter)
+    admissions_deferred: int = 0
 
     def snapshot(self, entries: int) -> CacheStats:
         return CacheStats(
@@ -60,4 +66,6 @@ class StatsCounter:
             evictions=self.evictions,
             expirations=self.expirations,
             rejections=dict(self.rejections),
+            refusals=dict(self.refusals),
+            admissions_deferred=self.admissions_deferred,
         )

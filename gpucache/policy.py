@@ -1,0 +1,185 @@
+"""CachePolicy: may this answer be stored at all?
+
+A promise about what must never be persisted, so it covers every write path: ``put``,
+``warm``, ``get_or_put``, ``get_or_put_all``, ``get_or_put_streaming`` and the async forms. (The
+admission policy is the opposite: an optimisation about what is worth storing, applied only to
+the writes that follow a miss.) A refused answer is still returned to whoever asked; it is just
+not kept, so it is never replayed to anyone else.
+
+``ContentPolicy`` is the default. Its rules, each with its reason string for ``stats()``:
+
+    empty-response     the response is empty or whitespace
+    too-large          the response is longer than ``max_response_chars``
+    error-response     the response matches an error/refusal pattern: a model's "I'm sorry, I
+                       can't" or an upstream "rate limit exceeded" must not be served to others
+    secret             prompt or response carries a credential: private key blocks, AWS, GitHub,
+                       Slack, Google and OpenAI-style keys, JWTs, bearer tokens
+    personal-data      prompt or response carries an email address, a phone number, or a
+                       payment card number that passes the Luhn check
+
+Pattern checks are regular expressions over the text, bounded in cost by ``max_scan_chars``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    """Whether an answer may be stored, and the rule that said no."""
+
+    allowed: bool
+    reason: str = "allowed"
+
+
+ALLOWED = PolicyDecision(True)
+
+
+@runtime_checkable
+class CachePolicy(Protocol):
+    """Decides from content alone whether (prompt, response) may be stored."""
+
+    name: str
+
+    def decide(self, prompt: str, response: str, scope: str) -> PolicyDecision: ...
+
+
+class StoreEverything:
+    """A policy that allows every write (for caches of trusted, synthetic content)."""
+
+    name = "store-everything"
+
+    def decide(self, prompt: str, response: str, scope: str) -> PolicyDecision:
+        return ALLOWED
+
+
+DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
+    r"^\s*(?:i'?m sorry|i am sorry|sorry, (?:but )?i (?:can(?:no|')t|am unable))",
+    r"^\s*(?:i can(?:no|')t|i am unable to|i'm unable to) (?:help|assist|comply|do that|answer)",
+    r"^\s*as an ai(?: language model)?,? i",
+    r"\b(?:rate limit(?:ed)? exceeded|too many requests|internal server error|"
+    r"service unavailable|bad gateway|gateway time-?out|context length exceeded)\b",
+    r"^\s*(?:error|exception|traceback \(most recent call last\))\s*[:\-]",
+)
+
+_SECRET_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p)
+    for p in (
+        r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----",
+        r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key id
+        r"\bgh[pousr]_[A-Za-z0-9]{36,}\b",  # GitHub tokens
+        r"\bgithub_pat_[A-Za-z0-9_]{22,}\b",
+        r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b",  # Slack
+        r"\bAIza[0-9A-Za-z_\-]{35}\b",  # Google API key
+        r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{20,}\b",  # OpenAI / Anthropic style
+        r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\b",  # JWT
+        r"(?i)\bbearer\s+[A-Za-z0-9_\-.=]{20,}",
+        r"(?i)\b(?:api[_-]?key|secret|password|passwd|token)\s*[:=]\s*['\"]?[^\s'\"]{8,}",
+    )
+)
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")
+# +country code or (area code) forms, 9 to 15 digits with the usual separators
+_PHONE = re.compile(
+    r"(?<![\w.])(?:\+\d{1,3}[\s.\-]?)?(?:\(\d{2,4}\)[\s.\-]?)?\d{2,4}(?:[\s.\-]\d{2,4}){1,4}(?!\w|\.\d)"
+    r"|(?<![\w.])\+\d{9,15}(?!\w|\.\d)"
+)
+_CARD = re.compile(r"(?<!\d)(?:\d[ \-]?){12,18}\d(?!\d)")
+
+
+def luhn_valid(digits: str) -> bool:
+    """The Luhn checksum every payment card number passes."""
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2 == 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _has_card(text: str) -> bool:
+    for match in _CARD.finditer(text):
+        digits = re.sub(r"\D", "", match.group(0))
+        if 13 <= len(digits) <= 19 and luhn_valid(digits):
+            return True
+    return False
+
+
+def _has_phone(text: str) -> bool:
+    for match in _PHONE.finditer(text):
+        digits = re.sub(r"\D", "", match.group(0))
+        if 9 <= len(digits) <= 15 and not _looks_like_date_or_number(match.group(0)):
+            return True
+    return False
+
+
+def _looks_like_date_or_number(text: str) -> bool:
+    # "2024-01-15", "1.000.000" and "10 000 000" are not phone numbers
+    return bool(re.fullmatch(r"\d{4}-\d{2}-\d{2}", text.strip())) or bool(
+        re.fullmatch(r"\d{1,3}(?:[ .,]\d{3})+", text.strip())
+    )
+
+
+class ContentPolicy:
+    """The default ``CachePolicy``: refuse empty, oversized, error and sensitive answers.
+
+    Args:
+        max_response_chars: longest response stored (characters).
+        error_patterns: case-insensitive regular expressions; a response matching any is an
+            error or refusal and is not stored. Defaults to ``DEFAULT_ERROR_PATTERNS``.
+        refuse_secrets: refuse prompts or responses carrying credentials.
+        refuse_personal_data: refuse prompts or responses carrying emails, phone numbers or
+            Luhn-valid card numbers.
+        max_scan_chars: characters of each text scanned by the patterns (bounds the cost).
+    """
+
+    name = "content"
+
+    def __init__(
+        self,
+        *,
+        max_response_chars: int = 200_000,
+        error_patterns: Iterable[str] | None = None,
+        refuse_secrets: bool = True,
+        refuse_personal_data: bool = True,
+        max_scan_chars: int = 200_000,
+    ) -> None:
+        if isinstance(max_response_chars, bool) or not isinstance(max_response_chars, int) or (
+            max_response_chars < 1
+        ):
+            raise ValueError(f"max_response_chars must be an int >= 1, got {max_response_chars!r}")
+        if isinstance(max_scan_chars, bool) or not isinstance(max_scan_chars, int) or (
+            max_scan_chars < 1
+        ):
+            raise ValueError(f"max_scan_chars must be an int >= 1, got {max_scan_chars!r}")
+        patterns = DEFAULT_ERROR_PATTERNS if error_patterns is None else tuple(error_patterns)
+        try:
+            self._errors = [re.compile(p, re.IGNORECASE) for p in patterns]
+        except re.error as exc:
+            raise ValueError(f"error_patterns holds an invalid regular expression: {exc}") from exc
+        self.max_response_chars = max_response_chars
+        self.error_patterns = patterns
+        self.refuse_secrets = refuse_secrets
+        self.refuse_personal_data = refuse_personal_data
+        self.max_scan_chars = max_scan_chars
+
+    def decide(self, prompt: str, response: str, scope: str) -> PolicyDecision:
+        if not response.strip():
+            return PolicyDecision(False, "empty-response")
+        if len(response) > self.max_response_chars:
+            return PolicyDecision(False, "too-large")
+        head = response[: self.max_scan_chars]
+        if any(p.search(head) for p in self._errors):
+            return PolicyDecision(False, "error-response")
+        texts = (prompt[: self.max_scan_chars], head)
+        if self.refuse_secrets and any(p.search(t) for p in _SECRET_PATTERNS for t in texts):
+            return PolicyDecision(False, "secret")
+        if self.refuse_personal_data and any(
+            _EMAIL.search(t) or _has_card(t) or _has_phone(t) for t in texts
+        ):
+            return PolicyDecision(False, "personal-data")
+        return ALLOWED

@@ -1,0 +1,147 @@
+"""AdmissionPolicy: a count-min sketch checked against an exact Counter."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpucache import AdmissionPolicy
+
+keys = st.tuples(st.sampled_from(["default", "tenant-a", "tenant-b"]), st.text(max_size=12))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(keys, max_size=300))
+def test_never_under_counts_before_a_reset(stream):
+    sketch = AdmissionPolicy(sketch_width=64, sketch_depth=4, reset_after=10_000)
+    exact = Counter(stream)
+    for scope, prompt in stream:
+        sketch.record(scope, prompt)
+    for (scope, prompt), count in exact.items():
+        assert sketch.estimate(scope, prompt) >= count
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(keys, min_size=50, max_size=400))
+def test_over_counts_stay_within_the_count_min_bound(stream):
+    width, depth = 128, 4
+    sketch = AdmissionPolicy(sketch_width=width, sketch_depth=depth, reset_after=10_000)
+    exact = Counter(stream)
+    for scope, prompt in stream:
+        sketch.record(scope, prompt)
+    bound = math.e * len(stream) / width  # exceeded with probability <= e^-depth per key
+    over = [k for k, c in exact.items() if sketch.estimate(*k) - c > bound]
+    assert len(over) <= max(1, len(exact) // 10)
+
+
+def test_halving_halves_every_counter():
+    sketch = AdmissionPolicy(sketch_width=1024, sketch_depth=4, reset_after=10)
+    for _ in range(9):
+        sketch.record("s", "often")
+    assert sketch.estimate("s", "often") == 9
+    sketch.record("s", "often")  # the 10th sighting triggers the halving
+    assert sketch.estimate("s", "often") == 5
+    assert sketch.admits("s", "often")
+
+
+def test_admits_on_the_min_sightings_th_sighting():
+    sketch = AdmissionPolicy(min_sightings=3)
+    assert [sketch.record("s", "p") for _ in range(3)] == [1, 2, 3]
+    fresh = AdmissionPolicy(min_sightings=3)
+    fresh.record("s", "p")
+    assert not fresh.admits("s", "p")
+    fresh.record("s", "p")
+    assert not fresh.admits("s", "p")
+    fresh.record("s", "p")
+    assert fresh.admits("s", "p")
+    assert AdmissionPolicy(min_sightings=1).admits("s", "never seen")
+
+
+def test_keyed_on_exact_text_and_scope_never_on_similarity():
+    sketch = AdmissionPolicy()
+    sketch.record("s", "How do I reset my password?")
+    assert sketch.estimate("s", "How do I reset my password?") == 1
+    assert sketch.estimate("s", "how do I reset my password?") == 0
+    assert sketch.estimate("other", "How do I reset my password?") == 0
+
+
+def test_rows_use_independent_hashes():
+    """The bug this catches: every row indexing with the same hash, so two keys that collide
+    in one row collide in all of them and the minimum protects nothing."""
+    width = 64
+    sketch = AdmissionPolicy(sketch_width=width, sketch_depth=4)
+    columns = [[i % width for i in sketch.slots("s", f"prompt {n}")] for n in range(500)]
+    same_in_all_rows = sum(len(set(c)) == 1 for c in columns)
+    assert same_in_all_rows < 5  # independent rows: about 500 / 64^3 expected
+    # two keys sharing row 0's counter almost never share every row's
+    by_row0: dict[int, list[list[int]]] = {}
+    for c in columns:
+        by_row0.setdefault(c[0], []).append(c)
+    shared_everywhere = sum(
+        1 for group in by_row0.values() for i, a in enumerate(group) for b in group[i + 1 :]
+        if a == b
+    )
+    assert shared_everywhere == 0
+
+
+def test_memory_is_fixed_at_width_times_depth_times_four_bytes():
+    sketch = AdmissionPolicy()
+    assert sketch.nbytes == 4096 * 4 * 4 == 65536
+    for n in range(5000):
+        sketch.record("s", f"prompt {n}")
+    assert sketch.nbytes == 65536
+    assert AdmissionPolicy(sketch_width=100, sketch_depth=3).nbytes == 1200
+
+
+def test_default_reset_period_is_ten_times_the_width():
+    assert AdmissionPolicy().reset_after == 40960
+    assert AdmissionPolicy(sketch_width=100).reset_after == 1000
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"min_sightings": 0}, {"sketch_width": 0}, {"sketch_depth": 0}, {"sketch_depth": 9},
+     {"reset_after": 1}, {"min_sightings": 2.5}, {"sketch_width": True}],
+)
+def test_bad_settings_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        AdmissionPolicy(**kwargs)
+
+
+def test_state_round_trips_through_json():
+    sketch = AdmissionPolicy(min_sightings=3, sketch_width=32, sketch_depth=2, reset_after=100)
+    for n in range(40):
+        sketch.record("s", f"p{n % 7}")
+    copy = AdmissionPolicy.from_state(json.loads(json.dumps(sketch.state())))
+    assert [copy.estimate("s", f"p{n}") for n in range(7)] == [
+        sketch.estimate("s", f"p{n}") for n in range(7)
+    ]
+    assert copy.state() == sketch.state()
+    broken = {**sketch.state(), "counters": "00"}
+    with pytest.raises(ValueError, match="bytes of counters"):
+        AdmissionPolicy.from_state(broken)
+
+
+def test_the_same_counters_in_processes_with_different_hash_seeds():
+    code = (
+        "from gpucache.admission import AdmissionPolicy\n"
+        "s = AdmissionPolicy(sketch_width=256)\n"
+        "for n in range(300): s.record(f'scope{n % 3}', f'prompt number {n % 50} ünïcode')\n"
+        "print(s.state()['counters'])"
+    )
+    outputs = set()
+    for seed in ("0", "7", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        outputs.add(out.stdout)
+    assert len(outputs) == 1

@@ -1,0 +1,80 @@
+"""ContentPolicy: what may never be stored, each rule with its reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpucache import ContentPolicy, PolicyDecision, StoreEverything
+from gpucache.policy import luhn_valid
+
+P = ContentPolicy()
+
+
+@pytest.mark.parametrize(
+    "prompt, response, reason",
+    [
+        ("q", "", "empty-response"),
+        ("q", "   \n\t", "empty-response"),
+        ("q", "x" * 200_001, "too-large"),
+        ("q", "I'm sorry, but I can't help with that.", "error-response"),
+        ("q", "I cannot assist with that request.", "error-response"),
+        ("q", "As an AI language model, I do not have opinions.", "error-response"),
+        ("q", "Error: upstream returned 502 Bad Gateway", "error-response"),
+        ("q", "Rate limit exceeded, retry later", "error-response"),
+        ("q", "Traceback (most recent call last):\n  File ...", "error-response"),
+        ("q", "Use this key: AKIAIOSFODNN7EXAMPLE", "secret"),
+        ("q", "token ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789", "secret"),
+        ("q", "-----BEGIN RSA PRIVATE KEY-----\nMIIE...", "secret"),
+        ("q", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N", "secret"),
+        ("my api_key = sk-abcdefghijklmnopqrstuvwx, why does it fail?", "Check the key.", "secret"),
+        ("q", "Authorization: Bearer abcdefghijklmnopqrstuvwxyz012345", "secret"),
+        ("q", "Write to jane.doe@example.com for access.", "personal-data"),
+        ("Email me at bob@example.org", "Sure.", "personal-data"),
+        ("q", "Call +1 415 555 0132 tomorrow.", "personal-data"),
+        ("q", "Her number is (020) 7946 0958.", "personal-data"),
+        ("q", "Card 4111 1111 1111 1111 was charged.", "personal-data"),
+        ("q", "Card 4111-1111-1111-1111 was charged.", "personal-data"),
+    ],
+)
+def test_refuses_with_a_reason(prompt, response, reason):
+    assert P.decide(prompt, response, "default") == PolicyDecision(False, reason)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "Paris is the capital of France.",
+        "Use lst.reverse() or lst[::-1].",
+        "The order number 4111 1111 1111 1112 fails the Luhn check, so it is no card.",
+        "In 2024-01-15 the population was 1 000 000.",
+        "Sorry to hear that! Here is how to reset your password: ...",
+        "An error in your code: you forgot a colon.",
+        "Version 3.11.7 was released on 2023-12-04.",
+    ],
+)
+def test_allows_ordinary_answers(response):
+    assert P.decide("a question", response, "default").allowed, response
+
+
+def test_rules_can_be_configured():
+    lenient = ContentPolicy(
+        max_response_chars=20, error_patterns=[r"^nope"], refuse_secrets=False,
+        refuse_personal_data=False,
+    )
+    assert lenient.decide("q", "x" * 21, "s").reason == "too-large"
+    assert lenient.decide("q", "nope, not today", "s").reason == "error-response"
+    assert lenient.decide("q", "I'm sorry", "s").allowed
+    assert lenient.decide("q", "a@b.co", "s").allowed
+    with pytest.raises(ValueError, match="regular expression"):
+        ContentPolicy(error_patterns=["("])
+    with pytest.raises(ValueError):
+        ContentPolicy(max_response_chars=0)
+
+
+def test_luhn():
+    assert luhn_valid("4111111111111111") and luhn_valid("79927398713")
+    assert not luhn_valid("4111111111111112")
+
+
+def test_store_everything_allows_all():
+    assert StoreEverything().decide("q", "", "s").allowed
