@@ -10,6 +10,7 @@ from gpucache.embedder import Embedder, TransformerEmbedder
 from gpucache.lexical import LexicalNearMissVerifier
 from gpucache.policy import CachePolicy, ContentPolicy, PolicyDecision, StoreEverything
 from gpucache.keys import DEFAULT_SCOPE, prompt_key
+from gpucache.snapshot import SnapshotError
 from gpucache.stats import CacheStats
 from gpucache.store import ExactScanStore
 from gpucache.verifier import HitVerifier, ThresholdOnly, Verdict
@@ -31,6 +32,7 @@ __all__ = [
     "HitVerifier",
     "LexicalNearMissVerifier",
     "SemanticCache",
+    "SnapshotError",
     "ThresholdOnly",
     "TransformerEmbedder",
     "Verdict",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -40,9 +41,10 @@ import torch
 
 from gpucache.admission import AdmissionPolicy
 from gpucache.devices import DeviceLike, resolve_device
-from gpucache.embedder import Embedder, TransformerEmbedder
+from gpucache.embedder import DEFAULT_MODEL_NAME, Embedder, TransformerEmbedder
 from gpucache.flight import SingleFlight
 from gpucache.keys import prompt_key
+from gpucache.snapshot import Snapshot, SnapshotEntry, SnapshotError, read_snapshot, write_snapshot
 from gpucache.stats import CacheStats, StatsCounter
 from gpucache.store import NEVER, ExactScanStore
 from gpucache.validation import (
@@ -203,6 +205,7 @@ class SemanticCache:
         self._scope_ids: dict[str, int] = {}
         self._stats = StatsCounter()
         self._flights: SingleFlight[bytes, str] = SingleFlight()
+        self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
 
     def __repr__(self) -> str:
         return (
@@ -450,19 +453,125 @@ class SemanticCache:
     def purge_expired(self) -> int:
         """Drop expired entries now (they are never served either way); returns how many."""
         with self._lock:
-            return self._purge_expired(self.timer())
+            return self._purge_expired(self._now())
 
     def __len__(self) -> int:
         with self._lock:
-            self._purge_expired(self.timer())
+            self._purge_expired(self._now())
             return len(self._entries)
 
     def stats(self) -> CacheStats:
         with self._lock:
-            self._purge_expired(self.timer())
-            return self._stats.snapshot(entries=len(self._entries))
+            self._purge_expired(self._now())
+            return self._stats.snapshot(
+                entries=len(self._entries),
+                scan_retries=self.store.scan_retries,
+                cpu_fallbacks=self.store.cpu_fallbacks,
+            )
+
+    # ----------------------------------------------------------------------------- snapshots
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the cache to one file, atomically (see ``gpucache.snapshot``): entries,
+        vectors, settings, counters and the admission sketch. Expired entries are left out."""
+        with self._lock:
+            self._purge_expired(self._now())
+            entries = list(self._entries.values())  # least recently used first
+            rows = [e.row for e in entries]
+            vectors = (
+                self.store.vectors(rows).cpu()
+                if rows else torch.empty((0, self.embedder.dim), dtype=torch.float32)
+            )
+            snapshot = Snapshot(
+                model=self.embedder.name,
+                dim=self.embedder.dim,
+                settings={
+                    "threshold": self.threshold,
+                    "top_k": self.top_k,
+                    "capacity": self.capacity,
+                    "ttl": self.ttl,
+                    "replay_chunk_chars": self.replay_chunk_chars,
+                },
+                entries=[SnapshotEntry(e.scope, e.prompt, e.response, e.expires_at) for e in entries],
+                vectors=vectors,
+                stats=self._stats.to_json(),
+                admission=self.admission.state() if self.admission is not None else None,
+            )
+        write_snapshot(snapshot, path)  # file I/O with no lock held
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        embedder: Embedder | None = None,
+        device: DeviceLike = "auto",
+        **overrides: Any,
+    ) -> SemanticCache:
+        """A cache from a snapshot written by ``save``, on ``device`` (any device: vectors are
+        stored on the CPU). ``overrides`` replace saved settings or add collaborators
+        (``verifier=``, ``cache_policy=``, ``timer=``...). Entries already expired are dropped.
+
+        Raises ``SnapshotError`` for a missing, corrupt, truncated or other-version file, and
+        for one written with another model or dimension than ``embedder``'s.
+        """
+        snapshot = read_snapshot(path)
+        if embedder is None:
+            if snapshot.model != DEFAULT_MODEL_NAME:
+                raise SnapshotError(
+                    f"{path} was written with model {snapshot.model!r}: pass embedder= that model"
+                )
+            embedder = TransformerEmbedder(device=device)
+        if embedder.dim != snapshot.dim:
+            raise SnapshotError(
+                f"{path} holds {snapshot.dim}-dimensional vectors, the embedder makes {embedder.dim}"
+            )
+        if embedder.name != snapshot.model:
+            raise SnapshotError(
+                f"{path} was written with model {snapshot.model!r}, the embedder is {embedder.name!r}"
+            )
+        settings: dict[str, Any] = {**snapshot.settings, **overrides}
+        if snapshot.admission is not None and "admission" not in overrides:
+            try:
+                settings["admission"] = AdmissionPolicy.from_state(snapshot.admission)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SnapshotError(f"{path} is corrupt: bad admission sketch ({exc})") from exc
+        cache = cls(embedder, device=device, **settings)
+        cache._restore(snapshot)
+        return cache
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            now = self._now()
+            live = [i for i, e in enumerate(snapshot.entries) if e.expires_at > now]
+            live = live[-self.capacity :]
+            by_scope: dict[str, list[int]] = {}
+            for i in live:
+                by_scope.setdefault(snapshot.entries[i].scope, []).append(i)
+            row_of: dict[int, int] = {}
+            for scope, items in by_scope.items():
+                scope_id = self._scope_ids.setdefault(scope, len(self._scope_ids))
+                rows = self.store.add(
+                    snapshot.vectors[items], scope_id, [snapshot.entries[i].expires_at for i in items]
+                )
+                row_of.update(zip(items, rows))
+            for i in live:  # in saved order, so the least recently used stays first
+                e = snapshot.entries[i]
+                entry = _Entry(prompt_key(e.scope, e.prompt), e.scope, e.prompt, e.response,
+                               row_of[i], e.expires_at)
+                self._entries[entry.key] = entry
+                self._by_row[entry.row] = entry
+            self._stats = StatsCounter.from_json(snapshot.stats)
+            self._stats.expirations += len(snapshot.entries) - len(live)
 
     # ----------------------------------------------------------------------------- internals
+
+    def _now(self) -> float:
+        """The cache's clock: the injected timer, but never earlier than a time already seen,
+        so a clock stepped backwards cannot bring an expired entry back."""
+        now = self.timer()
+        if now > self._clock:
+            self._clock = now
+        return self._clock
 
     def _begin(self, prompts: list[str], scope: str, count: bool = True) -> _Plan:
         """Look every prompt up, record sightings, and claim the misses to load."""
@@ -616,7 +725,7 @@ class SemanticCache:
         found: dict[str, Hit | None] = {}
         need: list[str] = []
         with self._lock:
-            now = self.timer()
+            now = self._now()
             for prompt in prompts:
                 entry = self._exact(scope, prompt, now)
                 if entry is None:
@@ -631,7 +740,7 @@ class SemanticCache:
         index = {p: i for i, p in enumerate(prompts)}
         vectors[torch.tensor([index[p] for p in need], device=embedded.device)] = embedded
         with self._lock:
-            now = self.timer()
+            now = self._now()
             scope_id = self._scope_ids.get(scope)
             if scope_id is None or len(self.store) == 0:
                 found.update(dict.fromkeys(need))
@@ -695,7 +804,7 @@ class SemanticCache:
         ttl: float | None,
     ) -> int:
         """Write (prompt, response) pairs with their (M, D) vectors; lock held. Returns M."""
-        now = self.timer()
+        now = self._now()
         expires_at = NEVER if ttl is None else now + ttl
         fresh: list[int] = []
         updated = 0

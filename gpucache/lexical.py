@@ -166,7 +166,6 @@ for _a, _b in ANTONYM_PAIRS:
 _SPECIAL = NEGATIONS | DIRECTIONAL
 
 
-@lru_cache(maxsize=65536)
 def _stem(word: str) -> str:
     """Light suffix normalisation: plural and verb endings, enough to match "resets"/"reset"."""
     if len(word) <= 3 or not word.isalpha():
@@ -222,10 +221,13 @@ def _number(text: str) -> str:
     return format(value, "f")
 
 
-@lru_cache(maxsize=65536)
 def _token(tok: str) -> tuple[str, tuple[str, ...], bool]:
-    """(canonical form, numbers it carries, whether they are soft) of one token; cached,
-    since prompts reuse a small vocabulary and this is the verifier's inner loop."""
+    """(canonical form, numbers it carries, whether they are soft) of one token; memoised for
+    ordinary words, since prompts reuse a small vocabulary and this is the inner loop."""
+    return _token_memo(tok) if len(tok) <= 64 else _token_uncached(tok)
+
+
+def _token_uncached(tok: str) -> tuple[str, tuple[str, ...], bool]:
     ordinal = _ORDINAL.match(tok)
     if ordinal:
         return _canonical(tok), (f"#{int(ordinal.group(1))}",), False
@@ -240,8 +242,18 @@ def _token(tok: str) -> tuple[str, tuple[str, ...], bool]:
     return _canonical(tok), (), False
 
 
-@lru_cache(maxsize=4096)
+MEMO_MAX_CHARS = 4096  # longer prompts are parsed in full each time, never kept in the memo
+
+
 def _parse(prompt: str) -> _Parsed:
+    """The parsed prompt; memoised for prompts of ordinary length only, so a few megabyte-long
+    prompts cannot pin gigabytes in the memo."""
+    if len(prompt) > MEMO_MAX_CHARS:
+        return _parse_uncached(prompt)
+    return _parse_memo(prompt)
+
+
+def _parse_uncached(prompt: str) -> _Parsed:
     norm = prompt.casefold() if prompt.isascii() else unicodedata.normalize("NFKC", prompt)
     norm = norm.translate(_QUOTES).casefold()
     if "," in norm or "_" in norm or " " in norm:
@@ -250,6 +262,10 @@ def _parse(prompt: str) -> _Parsed:
     if "'" not in norm:
         return _build(raw)
     return _build(_split_contractions(raw))
+
+
+_parse_memo = lru_cache(maxsize=4096)(_parse_uncached)
+_token_memo = lru_cache(maxsize=65536)(_token_uncached)
 
 
 def _split_contractions(raw: list[str]) -> list[str]:
@@ -333,9 +349,8 @@ def _exchanged(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | None
 
 def clear_caches() -> None:
     """Forget parsed prompts and tokens (for benchmarks that time a cold verifier)."""
-    _parse.cache_clear()
-    _token.cache_clear()
-    _stem.cache_clear()
+    _parse_memo.cache_clear()
+    _token_memo.cache_clear()
 
 
 class LexicalNearMissVerifier:

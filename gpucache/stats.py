@@ -14,7 +14,9 @@ class CacheStats:
     ``rejections`` counts candidates the verifier refused, by the rule that fired: one lookup
     can add several when it tries several candidates. ``refusals`` counts answers the cache
     policy would not store, by reason; ``admissions_deferred`` counts answers not stored
-    because their prompt had not been seen often enough yet.
+    because their prompt had not been seen often enough yet. ``scan_retries`` and
+    ``cpu_fallbacks`` count scans that ran out of device memory and were retried in smaller
+    chunks, or ran on the CPU instead.
     """
 
     hits: int = 0
@@ -29,6 +31,8 @@ class CacheStats:
     rejections: dict[str, int] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)
     admissions_deferred: int = 0
+    scan_retries: int = 0
+    cpu_fallbacks: int = 0
 
     @property
     def lookups(self) -> int:
@@ -54,7 +58,7 @@ class StatsCounter:
     refusals: Counter[str] = field(default_factory=Counter)
     admissions_deferred: int = 0
 
-    def snapshot(self, entries: int) -> CacheStats:
+    def snapshot(self, entries: int, scan_retries: int = 0, cpu_fallbacks: int = 0) -> CacheStats:
         return CacheStats(
             hits=self.exact_hits + self.semantic_hits,
             exact_hits=self.exact_hits,
@@ -68,4 +72,32 @@ class StatsCounter:
             rejections=dict(self.rejections),
             refusals=dict(self.refusals),
             admissions_deferred=self.admissions_deferred,
+            scan_retries=scan_retries,
+            cpu_fallbacks=cpu_fallbacks,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "exact_hits": self.exact_hits,
+            "semantic_hits": self.semantic_hits,
+            "misses": self.misses,
+            "stores": self.stores,
+            "loads": self.loads,
+            "evictions": self.evictions,
+            "expirations": self.expirations,
+            "rejections": dict(self.rejections),
+            "refusals": dict(self.refusals),
+            "admissions_deferred": self.admissions_deferred,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, object]) -> StatsCounter:
+        counts = {k: int(doc.get(k, 0)) for k in (  # type: ignore[call-overload]
+            "exact_hits", "semantic_hits", "misses", "stores", "loads", "evictions",
+            "expirations", "admissions_deferred",
+        )}
+        return cls(
+            **counts,
+            rejections=Counter({str(k): int(v) for k, v in dict(doc.get("rejections", {})).items()}),  # type: ignore[call-overload]
+            refusals=Counter({str(k): int(v) for k, v in dict(doc.get("refusals", {})).items()}),  # type: ignore[call-overload]
         )

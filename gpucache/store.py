@@ -22,6 +22,7 @@ evict and tells the store to ``remove`` it.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -30,6 +31,7 @@ from gpucache.devices import DeviceLike, resolve_device
 
 FREE = -1
 NEVER = math.inf
+MIN_SCAN_ROWS = 256  # below this a smaller chunk saves too little memory to be worth a retry
 
 
 class ExactScanStore:
@@ -65,6 +67,9 @@ class ExactScanStore:
         self._free: list[int] = []  # freed rows below the high-water mark, reused first
         self._high = 0  # rows [0, high) have been used at least once
         self._count = 0
+        self.scan_retries = 0  # scans retried in smaller chunks after running out of memory
+        self.cpu_fallbacks = 0  # scans that ran on the CPU because the device ran out of memory
+        self._falling_back = False
 
     def __len__(self) -> int:
         return self._count
@@ -139,17 +144,53 @@ class ExactScanStore:
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
         q = queries.shape[0]
-        best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=self.device)
-        best_rows = torch.full((q, k), -1, dtype=torch.int64, device=self.device)
         if q == 0 or self._count == 0:
-            return best_scores, best_rows
-        queries = queries.to(self.device, torch.float32)
+            return (
+                torch.full((q, k), -math.inf, dtype=torch.float32, device=self.device),
+                torch.full((q, k), -1, dtype=torch.int64, device=self.device),
+            )
         chunk = max(1, self.scan_budget_bytes // (4 * q))
+        while True:
+            try:
+                return self._scan(queries.to(self.device, torch.float32), k, scope_id, now, chunk,
+                                  self._vectors, self._scopes, self._expires)
+            except torch.OutOfMemoryError:
+                # The cache shares the device with a model, whose memory use moves: retry with
+                # half the scratch, then scan CPU copies rather than fail the lookup.
+                if chunk > MIN_SCAN_ROWS:
+                    chunk //= 2
+                    self.scan_retries += 1
+                    continue
+                break  # on a CPU store the copies may fail too: then that error propagates
+        warnings.warn(
+            f"gpucache: {self.device} ran out of memory during the similarity scan; this scan "
+            "ran on the CPU", RuntimeWarning, stacklevel=2,
+        )
+        self.cpu_fallbacks += 1
+        self._falling_back = True
+        try:
+            high = self._high
+            scores, rows = self._scan(
+                queries.to("cpu", torch.float32), k, scope_id, now, chunk,
+                self._vectors[:high].cpu(), self._scopes[:high].cpu(), self._expires[:high].cpu(),
+            )
+        finally:
+            self._falling_back = False
+        return scores.to(self.device), rows.to(self.device)
+
+    def _scan(
+        self, queries: torch.Tensor, k: int, scope_id: int, now: float, chunk: int,
+        vectors: torch.Tensor, scopes: torch.Tensor, expires: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chunked scan with a running top-k over rows [0, high) of the given tensors."""
+        q, device = queries.shape[0], queries.device
+        best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)
+        best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)
         for start in range(0, self._high, chunk):
             stop = min(start + chunk, self._high)
-            scores = queries @ self._vectors[start:stop].T  # (Q, D) @ (D, C) -> (Q, C)
-            dead = (self._scopes[start:stop] != scope_id) | (self._expires[start:stop] <= now)
-            scores.masked_fill_(dead, -math.inf)  # (Q, C), broadcast over queries
+            scores = self._score(queries, vectors[start:stop])  # (Q, C)
+            dead = (scopes[start:stop] != scope_id) | (expires[start:stop] <= now)  # (C,)
+            scores.masked_fill_(dead, -math.inf)  # broadcast over queries
             top, idx = scores.topk(min(k, stop - start), dim=1)  # (Q, k'), (Q, k')
             merged_scores = torch.cat([best_scores, top], dim=1)  # (Q, K + k')
             merged_rows = torch.cat([best_rows, idx + start], dim=1)  # (Q, K + k')
@@ -157,6 +198,9 @@ class ExactScanStore:
             best_rows = merged_rows.gather(1, pick)  # (Q, K)
         best_rows.masked_fill_(best_scores == -math.inf, -1)
         return best_scores, best_rows
+
+    def _score(self, queries: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        return queries @ block.T  # (Q, D) @ (D, C) -> (Q, C)
 
     def _take_rows(self, m: int) -> list[int]:
         reused = [self._free.pop() for _ in range(min(m, len(self._free)))]
