@@ -133,7 +133,19 @@ class TransformerEmbedder:
                 out[idx] = self._encode_batch([texts[i] for i in idx])
         return out
 
+    def _clean(self, text: str) -> str:
+        """What the tokenizer can take. Only the first ``max_length`` tokens matter and no
+        token spans more than ~100 characters (longer words become [UNK]), so the text is cut
+        at 128 characters a token first: a 1 MB prompt costs no more than a 32 KB one. Lone
+        surrogates (legal in a Python str, not in UTF-8) become '?' for embedding only; the
+        exact tier and the verifier still see the prompt as given."""
+        text = text[: self.max_length * 128]
+        if not text.isascii():
+            text = text.encode("utf-8", "replace").decode("utf-8")
+        return text
+
     def _encode_batch(self, batch: list[str]) -> torch.Tensor:
+        batch = [self._clean(t) for t in batch]
         tokens = self._tokenizer(
             batch,
             padding=True,

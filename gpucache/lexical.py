@@ -143,6 +143,10 @@ ORDINAL_WORDS = {
 SOFT_NUMBERS = frozenset({"one"})
 
 REORDER_MIN_SHARED = 5
+# Beyond these sizes the pairwise rules switch to bounded work, so a megabyte prompt is
+# still compared in full (numbers, negation, polarity, substitution) in linear-ish time.
+LONG_ALIGNMENT = 2000  # tokens in the differing middle before difflib's autojunk heuristic
+CROSSED_MAX_SHARED = 200  # shared words the pairwise crossed rule examines
 
 # Wh-words that name what is asked for: "who wrote X" and "when was X published" share every
 # other word and still ask different questions.
@@ -461,7 +465,7 @@ def _crossed(pa: _Parsed, pb: _Parsed) -> tuple[str, str] | None:
     identical. A phrase moved whole keeps its directional word ("from London to Paris" /
     "to Paris from London") and does not count."""
     shared = set(pa.content) & set(pb.content)
-    if len(shared) < 2:
+    if not 2 <= len(shared) <= CROSSED_MAX_SHARED:
         return None
     first_a = _first_positions(pa.skeleton, shared)
     first_b = _first_positions(pb.skeleton, shared)
@@ -557,17 +561,29 @@ def _substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, st
     """The substitutions aligning a to b, if that is all it takes (seed rule 4), else []."""
     if not a or not b:
         return []
-    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    # Common prefix and suffix first (linear), so two long prompts that differ in a few words
+    # leave difflib a short middle; difflib itself is quadratic in the worst case.
+    lo = 0
+    while lo < min(len(a), len(b)) and a[lo] == b[lo]:
+        lo += 1
+    hi = 0
+    while hi < min(len(a), len(b)) - lo and a[-1 - hi] == b[-1 - hi]:
+        hi += 1
+    mid_a, mid_b = a[lo : len(a) - hi], b[lo : len(b) - hi]
+    matcher = difflib.SequenceMatcher(
+        a=mid_a, b=mid_b, autojunk=max(len(mid_a), len(mid_b)) > LONG_ALIGNMENT
+    )
     subs: list[tuple[str, str]] = []
-    common = 0
+    common = lo + hi
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        a_part, b_part = mid_a[i1:i2], mid_b[j1:j2]
         if op == "equal":
             common += i2 - i1
         elif op == "replace" and i2 - i1 <= 2 and j2 - j1 <= 2:
-            if i2 - i1 == j2 - j1 and all(map(_variants, a[i1:i2], b[j1:j2])):
+            if i2 - i1 == j2 - j1 and all(map(_variants, a_part, b_part)):
                 common += i2 - i1  # "help"/"helpful": one word in two forms, not a substitution
                 continue
-            subs.append((" ".join(a[i1:i2]), " ".join(b[j1:j2])))
+            subs.append((" ".join(a_part), " ".join(b_part)))
         else:
             return []
     return subs if common else []

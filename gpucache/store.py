@@ -149,7 +149,7 @@ class ExactScanStore:
                 torch.full((q, k), -math.inf, dtype=torch.float32, device=self.device),
                 torch.full((q, k), -1, dtype=torch.int64, device=self.device),
             )
-        chunk = max(1, self.scan_budget_bytes // (4 * q))
+        chunk = max(1, min(self._high, self.scan_budget_bytes // (4 * q)))
         while True:
             try:
                 return self._scan(queries.to(self.device, torch.float32), k, scope_id, now, chunk,
