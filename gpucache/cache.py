@@ -151,6 +151,10 @@ class SemanticCache:
         admission: is an answer worth storing (``AdmissionPolicy``), on the writes after a
             miss only; None stores every miss.
         replay_chunk_chars: characters per chunk when a cached answer is replayed as a stream.
+        quantization: device storage of the vectors: None/"fp32", "fp16", "bf16" or "int8";
+            candidates are rescored in full precision, so it can cost a miss, never cause a hit.
+        max_device_bytes: the most device memory the store may take (the cache shares the GPU
+            with a model); the cache evicts to stay within it. None: bounded by capacity only.
     """
 
     def __init__(
@@ -168,6 +172,8 @@ class SemanticCache:
         cache_policy: CachePolicy | None = None,
         admission: AdmissionPolicy | None = None,
         replay_chunk_chars: int = 64,
+        quantization: str | None = None,
+        max_device_bytes: int | None = None,
     ) -> None:
         self.threshold = check_threshold(threshold)
         self.top_k = check_positive_int(top_k, "top_k")
@@ -197,8 +203,17 @@ class SemanticCache:
             embedder if embedder is not None else TransformerEmbedder(device=self.device)
         )
         self.store = ExactScanStore(
-            self.embedder.dim, device=self.device, scan_budget_bytes=scan_budget_bytes
+            self.embedder.dim,
+            device=self.device,
+            scan_budget_bytes=scan_budget_bytes,
+            quantization=quantization,
+            max_device_bytes=max_device_bytes,
+            initial_rows=min(1024, self.capacity),
         )
+        self.quantization = self.store.quantization
+        self.max_device_bytes = max_device_bytes
+        # the most entries kept: the capacity, or fewer where the device budget says so
+        self._limit = min(self.capacity, self.store.max_rows or self.capacity)
         self._lock = threading.RLock()
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
         self._by_row: dict[int, _Entry] = {}
@@ -491,6 +506,8 @@ class SemanticCache:
                     "capacity": self.capacity,
                     "ttl": self.ttl,
                     "replay_chunk_chars": self.replay_chunk_chars,
+                    "quantization": self.quantization,
+                    "max_device_bytes": self.max_device_bytes,
                 },
                 entries=[SnapshotEntry(e.scope, e.prompt, e.response, e.expires_at) for e in entries],
                 vectors=vectors,
@@ -543,7 +560,7 @@ class SemanticCache:
         with self._lock:
             now = self._now()
             live = [i for i, e in enumerate(snapshot.entries) if e.expires_at > now]
-            live = live[-self.capacity :]
+            live = live[-self._limit :]
             by_scope: dict[str, list[int]] = {}
             for i in live:
                 by_scope.setdefault(snapshot.entries[i].scope, []).append(i)
@@ -817,7 +834,7 @@ class SemanticCache:
             entry.response, entry.expires_at = response, expires_at
             self.store.set_expiry([entry.row], [expires_at])
             self._entries.move_to_end(entry.key)
-        fresh = fresh[-self.capacity :]  # more than fit: the earliest would be evicted at once
+        fresh = fresh[-self._limit :]  # more than fit: the earliest would be evicted at once
         if fresh:
             self._make_room(len(fresh), now)
             scope_id = self._scope_ids.setdefault(scope, len(self._scope_ids))
@@ -832,10 +849,10 @@ class SemanticCache:
         return updated + len(fresh)
 
     def _make_room(self, needed: int, now: float) -> None:
-        if len(self._entries) + needed <= self.capacity:
+        if len(self._entries) + needed <= self._limit:
             return
         self._purge_expired(now)
-        excess = len(self._entries) + needed - self.capacity
+        excess = len(self._entries) + needed - self._limit
         if excess > 0:
             victims = [entry for _, entry in zip(range(excess), self._entries.values())]
             self._drop(victims)

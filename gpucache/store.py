@@ -15,6 +15,22 @@ free row has scope id -1, so masking by scope also masks free rows. The scan wal
 chunks so the ``(Q, chunk)`` score block never exceeds ``scan_budget_bytes``, and keeps a running
 top-K, so a million rows can be scanned with a few megabytes of scratch.
 
+Quantized storage (``quantization=``) keeps the device copy in fp16, bf16 or int8 (one fp32
+scale per row) to save device memory and bandwidth, and a full-precision fp32 copy in host
+memory. The quantized scan over-fetches candidates (``4K + 16``), which are then rescored in
+full precision, so the scores the cache sees are exact: quantization can only cost a miss (a
+true best row that the quantized scan ranked below the over-fetch), never cause a hit.
+
+    mode    device bytes per row      host bytes per row
+    fp32    4D + 16                   0
+    fp16    2D + 16                   4D
+    bf16    2D + 16                   4D
+    int8    D + 20 (scale)            4D
+
+(the 16 are the scope id and the expiry time; D = 384 for MiniLM: 1552, 784, 784, 404 bytes.)
+``max_device_bytes`` caps the allocation; the store then holds at most ``max_rows`` rows and the
+cache evicts to stay within them.
+
 The store is mechanism only: it never decides what to keep. The cache decides which row to
 evict and tells the store to ``remove`` it.
 """
@@ -32,6 +48,14 @@ from gpucache.devices import DeviceLike, resolve_device
 FREE = -1
 NEVER = math.inf
 MIN_SCAN_ROWS = 256  # below this a smaller chunk saves too little memory to be worth a retry
+QUANTIZATIONS = ("fp32", "fp16", "bf16", "int8")
+_STORAGE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+            "int8": torch.int8}
+
+
+def overfetch(k: int) -> int:
+    """Candidates a quantized scan keeps for the full-precision rescore of its top ``k``."""
+    return 4 * k + 16
 
 
 class ExactScanStore:
@@ -42,6 +66,8 @@ class ExactScanStore:
         device: where the vectors live ("auto", "cpu", "cuda[:N]").
         initial_rows: rows allocated up front; the tensor doubles when it fills.
         scan_budget_bytes: the most memory one (Q, chunk) fp32 score block may take.
+        quantization: None or "fp32" (full precision on the device), "fp16", "bf16" or "int8".
+        max_device_bytes: the most device memory the store's tensors may take; None: no cap.
     """
 
     def __init__(
@@ -51,6 +77,8 @@ class ExactScanStore:
         device: DeviceLike = "auto",
         initial_rows: int = 1024,
         scan_budget_bytes: int = 64 * 2**20,
+        quantization: str | None = None,
+        max_device_bytes: int | None = None,
     ) -> None:
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be an int >= 1, got {dim!r}")
@@ -58,10 +86,34 @@ class ExactScanStore:
             raise ValueError(f"initial_rows must be an int >= 1, got {initial_rows!r}")
         if not isinstance(scan_budget_bytes, int) or scan_budget_bytes < 4:
             raise ValueError(f"scan_budget_bytes must be an int >= 4, got {scan_budget_bytes!r}")
+        mode = "fp32" if quantization is None else quantization
+        if mode not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
         self.dim = dim
         self.device = resolve_device(device)
         self.scan_budget_bytes = scan_budget_bytes
-        self._vectors = torch.zeros((initial_rows, dim), dtype=torch.float32, device=self.device)
+        self.quantization = mode
+        self._dtype = _STORAGE[mode]
+        self.row_bytes = dim * torch.empty((), dtype=self._dtype).element_size() + 16 + (
+            4 if mode == "int8" else 0
+        )
+        if max_device_bytes is None:
+            self.max_rows: int | None = None
+        else:
+            if isinstance(max_device_bytes, bool) or not isinstance(max_device_bytes, int) or (
+                max_device_bytes < self.row_bytes
+            ):
+                raise ValueError(
+                    f"max_device_bytes must be an int >= {self.row_bytes} (one row), "
+                    f"got {max_device_bytes!r}"
+                )
+            self.max_rows = max_device_bytes // self.row_bytes
+            initial_rows = min(initial_rows, self.max_rows)
+        self.max_device_bytes = max_device_bytes
+        self._vectors = torch.zeros((initial_rows, dim), dtype=self._dtype, device=self.device)
+        self._scales = torch.ones(initial_rows if mode == "int8" else 0, device=self.device)
+        # full-precision host copy for the rescore (quantized modes only)
+        self._full = torch.zeros((initial_rows if mode != "fp32" else 0, dim), dtype=torch.float32)
         self._scopes = torch.full((initial_rows,), FREE, dtype=torch.int64, device=self.device)
         self._expires = torch.full((initial_rows,), NEVER, dtype=torch.float64, device=self.device)
         self._free: list[int] = []  # freed rows below the high-water mark, reused first
@@ -77,7 +129,15 @@ class ExactScanStore:
     @property
     def nbytes(self) -> int:
         """Device bytes held by the allocated tensors (used and spare rows)."""
-        return sum(t.numel() * t.element_size() for t in (self._vectors, self._scopes, self._expires))
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self._vectors, self._scales, self._scopes, self._expires)
+        )
+
+    @property
+    def host_nbytes(self) -> int:
+        """Host bytes held by the full-precision copy (quantized modes only)."""
+        return self._full.numel() * self._full.element_size()
 
     def add(self, vectors: torch.Tensor, scope_id: int, expires_at: Sequence[float]) -> list[int]:
         """Store (M, D) vectors in ``scope_id``; returns the M row numbers they took."""
@@ -90,7 +150,15 @@ class ExactScanStore:
             raise ValueError(f"scope_id must be >= 0, got {scope_id}")
         rows = self._take_rows(m)
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        self._vectors[index] = vectors.to(self.device, torch.float32)
+        full = vectors.to(self.device, torch.float32)
+        if self.quantization == "int8":
+            scales = full.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (M,)
+            self._vectors[index] = (full / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+            self._scales[index] = scales
+        else:
+            self._vectors[index] = full.to(self._dtype)
+        if self.quantization != "fp32":
+            self._full[torch.tensor(rows, dtype=torch.int64)] = full.cpu()
         self._scopes[index] = scope_id
         self._expires[index] = torch.tensor(list(expires_at), dtype=torch.float64).to(self.device)
         self._count += m
@@ -127,7 +195,10 @@ class ExactScanStore:
         self._count = 0
 
     def vectors(self, rows: Sequence[int]) -> torch.Tensor:
-        """(M, D) copies of stored rows (for rescoring and persistence)."""
+        """(M, D) full-precision copies of stored rows (for persistence): fp32, on the device
+        for fp32 storage, on the host for quantized storage."""
+        if self.quantization != "fp32":
+            return self._full[torch.tensor(list(rows), dtype=torch.int64)]
         return self._vectors[torch.tensor(list(rows), dtype=torch.int64, device=self.device)]
 
     def search(
@@ -149,11 +220,39 @@ class ExactScanStore:
                 torch.full((q, k), -math.inf, dtype=torch.float32, device=self.device),
                 torch.full((q, k), -1, dtype=torch.int64, device=self.device),
             )
+        if self.quantization != "fp32":
+            wide = min(overfetch(k), max(self._high, 1))
+            _, rows = self._search(queries, wide, scope_id, now)  # (Q, wide) by quantized score
+            return self._rescore(queries, rows, k)
+        return self._search(queries, k, scope_id, now)
+
+    def _rescore(
+        self, queries: torch.Tensor, rows: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact fp32 scores for the candidate ``rows`` (Q, W) from the host copy; top ``k``."""
+        rows_host = rows.cpu()  # (Q, W)
+        valid = rows_host >= 0
+        cand = self._full[rows_host.clamp(min=0)]  # (Q, W, D)
+        exact = torch.einsum("qwd,qd->qw", cand, queries.to("cpu", torch.float32))  # (Q, W)
+        exact.masked_fill_(~valid, -math.inf)
+        kk = min(k, exact.shape[1])
+        top, pick = exact.topk(kk, dim=1)  # (Q, kk)
+        picked = rows_host.gather(1, pick)  # (Q, kk)
+        if kk < k:  # pad to (Q, K)
+            top = torch.cat([top, top.new_full((top.shape[0], k - kk), -math.inf)], dim=1)
+            picked = torch.cat([picked, picked.new_full((picked.shape[0], k - kk), -1)], dim=1)
+        picked.masked_fill_(top == -math.inf, -1)
+        return top.to(self.device), picked.to(self.device)
+
+    def _search(
+        self, queries: torch.Tensor, k: int, scope_id: int, now: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q = queries.shape[0]
         chunk = max(1, min(self._high, self.scan_budget_bytes // (4 * q)))
         while True:
             try:
                 return self._scan(queries.to(self.device, torch.float32), k, scope_id, now, chunk,
-                                  self._vectors, self._scopes, self._expires)
+                                  self._vectors, self._scopes, self._expires, self._scales)
             except torch.OutOfMemoryError:
                 # The cache shares the device with a model, whose memory use moves: retry with
                 # half the scratch, then scan CPU copies rather than fail the lookup.
@@ -173,6 +272,7 @@ class ExactScanStore:
             scores, rows = self._scan(
                 queries.to("cpu", torch.float32), k, scope_id, now, chunk,
                 self._vectors[:high].cpu(), self._scopes[:high].cpu(), self._expires[:high].cpu(),
+                self._scales[:high].cpu(),
             )
         finally:
             self._falling_back = False
@@ -181,6 +281,7 @@ class ExactScanStore:
     def _scan(
         self, queries: torch.Tensor, k: int, scope_id: int, now: float, chunk: int,
         vectors: torch.Tensor, scopes: torch.Tensor, expires: torch.Tensor,
+        scales: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Chunked scan with a running top-k over rows [0, high) of the given tensors."""
         q, device = queries.shape[0], queries.device
@@ -188,7 +289,13 @@ class ExactScanStore:
         best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)
         for start in range(0, self._high, chunk):
             stop = min(start + chunk, self._high)
-            scores = self._score(queries, vectors[start:stop])  # (Q, C)
+            block = vectors[start:stop]  # (C, D)
+            if self.quantization == "int8":
+                scores = self._score(queries, block.float()) * scales[start:stop]  # (Q, C)
+            elif self.quantization == "fp32":
+                scores = self._score(queries, block)  # (Q, C)
+            else:
+                scores = self._score(queries.to(block.dtype), block).float()  # (Q, C)
             dead = (scopes[start:stop] != scope_id) | (expires[start:stop] <= now)  # (C,)
             scores.masked_fill_(dead, -math.inf)  # broadcast over queries
             top, idx = scores.topk(min(k, stop - start), dim=1)  # (Q, k'), (Q, k')
@@ -212,8 +319,18 @@ class ExactScanStore:
         return rows
 
     def _grow(self, needed: int) -> None:
+        if self.max_rows is not None and needed > self.max_rows:
+            raise RuntimeError(
+                f"gpucache bug: {needed} rows asked of a store capped at {self.max_rows} rows"
+            )
         size = max(needed, 2 * self._vectors.shape[0])
+        if self.max_rows is not None:
+            size = min(size, self.max_rows)
         extra = size - self._vectors.shape[0]
+        if self.quantization == "int8":
+            self._scales = torch.cat([self._scales, self._scales.new_ones(extra)])
+        if self.quantization != "fp32":
+            self._full = torch.cat([self._full, self._full.new_zeros((extra, self.dim))])
         self._vectors = torch.cat(
             [self._vectors, self._vectors.new_zeros((extra, self.dim))], dim=0
         )

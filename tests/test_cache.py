@@ -508,3 +508,32 @@ def test_waiters_receive_the_loaders_error(fake_embedder):
     second.join(10)
     assert len(errors) == 2 and errors[0] is errors[1]
     assert len(cache) == 0
+
+
+# --------------------------------------------------------------------- device budget
+
+
+def test_a_device_budget_makes_the_cache_evict_instead_of_growing(fake_embedder):
+    row = 4 * 64 + 16  # fp32 row of the 64-dim fake embedder
+    cache = SemanticCache(fake_embedder, device="cpu", max_device_bytes=5 * row,
+                          verifier=ThresholdOnly(), threshold=0.8)
+    cache.warm([(f"prompt {w}", w) for w in "abcde"])
+    for w in "fgh":
+        cache.put(f"prompt {w}", w)
+    assert len(cache) == 5 and cache.store.nbytes <= 5 * row
+    assert cache.stats().evictions == 3
+    assert cache.get("prompt h").response == "h" and cache.get("prompt a") is None
+
+
+@pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
+def test_quantized_caches_serve_the_same_hits(fake_embedder, mode):
+    plain = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8)
+    quant = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8,
+                          quantization=mode)
+    pairs = [(f"topic {i} question about item {i * 7}", str(i)) for i in range(50)]
+    for cache in (plain, quant):
+        cache.warm(pairs)
+    asks = [f"Topic {i} question about item {i * 7}?" for i in range(50)] + ["unrelated words"]
+    assert [h and (h.response, round(h.similarity, 5)) for h in quant.get_all(asks)] == [
+        h and (h.response, round(h.similarity, 5)) for h in plain.get_all(asks)
+    ]

@@ -133,3 +133,62 @@ def test_bad_shapes_and_arguments_raise_value_error(device):
         store.search(torch.zeros(2, 8), 0, 0)
     with pytest.raises(ValueError, match="dim"):
         ExactScanStore(0)
+
+
+# --------------------------------------------------------------------- quantized storage
+
+
+@pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
+def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode):
+    d, n, q, k = 32, 2000, 40, 4
+    vectors = unit_rows(n, d, seed=11)
+    # queries near stored rows, so the top candidates are close together: the hard case
+    queries = torch.nn.functional.normalize(vectors[:q] + 0.3 * unit_rows(q, d, seed=12), dim=1)
+    exact = ExactScanStore(d, device=device)
+    quant = ExactScanStore(d, device=device, quantization=mode, scan_budget_bytes=4 * q * 97)
+    for store in (exact, quant):
+        store.add(vectors, 0, [math.inf] * n)
+    want_scores, want_rows = exact.search(queries.to(device), k, 0)
+    got_scores, got_rows = quant.search(queries.to(device), k, 0)
+    # every score the cache sees is the full-precision one: quantization cannot cause a hit
+    true = (queries @ vectors.T).gather(1, got_rows.cpu().clamp(min=0))
+    torch.testing.assert_close(got_scores.cpu(), true, rtol=0, atol=1e-5)
+    recall = sum(len(set(a) & set(b)) for a, b in zip(got_rows.tolist(), want_rows.tolist()))
+    assert recall / (q * k) >= 0.99
+
+
+@pytest.mark.parametrize("mode", ["fp32", "fp16", "bf16", "int8"])
+def test_quantized_modes_keep_scopes_expiry_and_padding(device, mode):
+    store = ExactScanStore(8, device=device, quantization=mode)
+    vectors = unit_rows(3, 8, 21)
+    store.add(vectors[:2], 0, [math.inf, 5.0])
+    store.add(vectors[2:], 1, [math.inf])
+    scores, rows = store.search(vectors.to(device), 3, 0, now=10.0)
+    assert rows[0].tolist() == [0, -1, -1]
+    assert scores[0, 1:].tolist() == [-math.inf, -math.inf]
+    assert 2 not in rows.flatten().tolist()
+    torch.testing.assert_close(store.vectors([0]).cpu(), vectors[:1], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode, device_bytes, host_bytes", [
+    ("fp32", 4 * 384 + 16, 0), ("fp16", 2 * 384 + 16, 4 * 384),
+    ("bf16", 2 * 384 + 16, 4 * 384), ("int8", 384 + 20, 4 * 384),
+])
+def test_memory_per_row_is_as_documented(mode, device_bytes, host_bytes):
+    store = ExactScanStore(384, device="cpu", quantization=mode, initial_rows=100)
+    assert store.row_bytes == device_bytes
+    assert store.nbytes == 100 * device_bytes
+    assert store.host_nbytes == 100 * host_bytes
+
+
+def test_max_device_bytes_caps_the_allocation():
+    store = ExactScanStore(16, device="cpu", initial_rows=4, max_device_bytes=80 * 10 + 5)
+    assert store.max_rows == 10
+    store.add(unit_rows(10, 16, 1), 0, [math.inf] * 10)
+    assert store.nbytes <= 80 * 10 + 5
+    with pytest.raises(RuntimeError, match="capped"):
+        store.add(unit_rows(1, 16, 2), 0, [math.inf])
+    with pytest.raises(ValueError, match="one row"):
+        ExactScanStore(16, max_device_bytes=10)
+    with pytest.raises(ValueError, match="quantization"):
+        ExactScanStore(16, quantization="fp8")
