@@ -2,6 +2,7 @@
 
     gpucache demo [--device auto] [--batch-size 16] [--limit N]
     gpucache eval PAIRS.jsonl [...] [--replay INTENTS.jsonl] [--out REPORT.md]
+    gpucache bench [--quick] [--device all|cpu|cuda] [--out bench/reports/bench.md]
     gpucache info
 """
 
@@ -114,6 +115,34 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from gpucache.benchmark import run_bench, write
+
+    hf_logging.disable_progress_bar()
+    if args.device == "all":
+        devices = [torch.device("cpu")] + (
+            [torch.device("cuda")] if torch.cuda.is_available() else []
+        )
+    else:
+        from gpucache.devices import resolve_device
+
+        devices = [resolve_device(args.device)]
+    repeat = args.repeat or (2 if args.quick else 5)
+    reports = run_bench(devices, quick=args.quick, repeat=repeat)
+    command = "gpucache bench" + (" --quick" if args.quick else "") + (
+        f" --device {args.device}" if args.device != "all" else "") + f" --out {shlex.quote(args.out)}"
+    for path in write(reports, Path(args.out), command):
+        print(f"wrote {path}", file=sys.stderr)
+    print(Path(args.out).read_text())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpucache", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report path (a PNG plot is written beside it)")
     ev.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     ev.set_defaults(run=_cmd_eval)
+
+    bench = sub.add_parser("bench", help="GPU-vs-CPU benchmark: embedder, scan, end to end")
+    bench.add_argument("--quick", action="store_true", help="small sizes: a smoke test for CI")
+    bench.add_argument("--device", default="all", help="all (default: cpu and cuda), cpu, cuda")
+    bench.add_argument("--repeat", type=int, default=None, help="timed runs per measurement")
+    bench.add_argument("--out", default="bench/reports/bench.md",
+                       help="report path (JSON and PNG are written beside it)")
+    bench.set_defaults(run=_cmd_bench)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")
     info.set_defaults(run=_cmd_info)

@@ -1,0 +1,380 @@
+"""``gpucache bench``: the same work on every available device, beside the tools a user would
+pick instead, measured in one run.
+
+What it measures (medians of ``repeat`` synchronized timings after a warm-up):
+
+* machine limits: memory read bandwidth (a large ``sum``) and dense matmul rate per dtype, so
+  every scan figure is also a fraction of what the machine can do;
+* the embedder: prompts/s of ``TransformerEmbedder`` against sentence-transformers on the same
+  prompts and model, with the cosine agreement between the two;
+* the scan: queries/s and effective GB/s of ``ExactScanStore.search`` for each N x Q x storage
+  mode, with recall@K of each quantized mode against fp32, against FAISS ``IndexFlatIP``
+  configured at its best (BLAS for every batch size) where faiss is installed;
+* ``get_or_put_all`` end to end on the demo workload (paraphrase-heavy);
+* on CUDA, NVML telemetry (memory used, utilisation, power) read during the scan runs.
+
+Data are seeded random unit vectors (the scan's cost does not depend on their meaning).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpucache.store import QUANTIZATIONS, ExactScanStore
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeat: int) -> tuple[float, float]:
+    """Median and spread (max - min) seconds of ``fn`` over ``repeat`` runs, after a warm-up."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), max(times) - min(times)
+
+
+@dataclass
+class ScanResult:
+    device: str
+    engine: str  # "gpucache" or "faiss"
+    mode: str
+    n: int
+    q: int
+    seconds: float
+    spread: float
+    queries_per_s: float
+    gb_per_s: float  # bytes the storage mode holds for N rows, read once per batch
+    recall_at_k: float | None = None
+
+
+@dataclass
+class BenchReport:
+    device: str
+    versions: dict[str, str]
+    read_gb_per_s: float
+    matmul_tflops: dict[str, float]
+    embed: dict[str, Any] = field(default_factory=dict)
+    scans: list[ScanResult] = field(default_factory=list)
+    end_to_end: dict[str, Any] = field(default_factory=dict)
+    telemetry: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_bandwidth(device: torch.device, repeat: int, megabytes: int = 1024) -> float:
+    """GB/s of reading a large fp32 tensor once (a reduction: one read, almost no writes)."""
+    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    seconds, _ = timed(lambda: x.sum(), device, repeat)
+    return x.numel() * 4 / seconds / 1e9
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, repeat: int, size: int) -> float:
+    """TFLOP/s of a square matmul in ``dtype``."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    seconds, _ = timed(lambda: a @ b, device, repeat)
+    return 2 * size**3 / seconds / 1e12
+
+
+def bench_embedder(device: torch.device, prompts: list[str], repeat: int) -> dict[str, Any]:
+    from gpucache.embedder import TransformerEmbedder, default_model_path
+
+    ours = TransformerEmbedder(device=device)
+    seconds, spread = timed(lambda: ours.encode(prompts), device, repeat)
+    result: dict[str, Any] = {
+        "prompts": len(prompts),
+        "gpucache_prompts_per_s": len(prompts) / seconds,
+        "gpucache_spread_s": spread,
+        "dtype": str(ours.dtype),
+    }
+    if device.type == "cpu":  # the CPU fast path, where the CPU has bf16 instructions
+        fast = TransformerEmbedder(device=device, dtype=torch.bfloat16)
+        fast_seconds, _ = timed(lambda: fast.encode(prompts), device, repeat)
+        result["bf16_prompts_per_s"] = len(prompts) / fast_seconds
+        result["bf16_min_cosine_vs_fp32"] = float(
+            (fast.encode(prompts) * ours.encode(prompts)).sum(dim=1).min()
+        )
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        result["sentence_transformers"] = "not installed"
+        return result
+    st = SentenceTransformer(str(default_model_path()), device=str(device))
+    st_seconds, st_spread = timed(
+        lambda: st.encode(prompts, batch_size=64, convert_to_tensor=True), device, repeat
+    )
+    theirs = st.encode(prompts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True)
+    cosine = (ours.encode(prompts) * theirs.float().to(device)).sum(dim=1)
+    result.update(
+        sentence_transformers_prompts_per_s=len(prompts) / st_seconds,
+        sentence_transformers_spread_s=st_spread,
+        speedup=st_seconds / seconds,
+        min_cosine=float(cosine.min()),
+    )
+    return result
+
+
+def bench_scan(
+    device: torch.device, ns: list[int], qs: list[int], modes: list[str], k: int, repeat: int,
+    dim: int = 384, telemetry: list[dict[str, Any]] | None = None,
+) -> list[ScanResult]:
+    results: list[ScanResult] = []
+    gen = torch.Generator().manual_seed(0)
+    for n in ns:
+        data = torch.nn.functional.normalize(torch.randn(n, dim, generator=gen), dim=1)
+        queries_all = torch.nn.functional.normalize(
+            data[torch.randint(0, n, (max(qs),), generator=gen)]
+            + 0.2 * torch.randn(max(qs), dim, generator=gen),
+            dim=1,
+        )
+        reference: dict[int, torch.Tensor] = {}
+        for mode in modes:
+            store = ExactScanStore(dim, device=device, quantization=mode, initial_rows=n,
+                                   scan_budget_bytes=256 * 2**20)
+            store.add(data, 0, [float("inf")] * n)
+            for q in qs:
+                queries = queries_all[:q].to(device)
+                seconds, spread = timed(lambda: store.search(queries, k, 0), device, repeat)
+                rows = store.search(queries, k, 0)[1].cpu()
+                if mode == "fp32":
+                    reference[q] = rows
+                recall = None
+                if q in reference and mode != "fp32":
+                    hits = sum(len(set(a) & set(b))
+                               for a, b in zip(rows.tolist(), reference[q].tolist()))
+                    recall = hits / (q * k)
+                nbytes = n * (store.row_bytes - 16)
+                results.append(ScanResult(str(device), "gpucache", mode, n, q, seconds, spread,
+                                          q / seconds, nbytes / seconds / 1e9, recall))
+                if telemetry is not None and device.type == "cuda":
+                    from gpucache.telemetry import gpu_readings
+
+                    telemetry += [{"n": n, "q": q, "mode": mode, **asdict(r)}
+                                  for r in gpu_readings()[:1]]
+            del store
+        results += _bench_faiss(data, queries_all, ns=[n], qs=qs, k=k, repeat=repeat,
+                                reference=reference)
+    return results
+
+
+def _bench_faiss(data, queries_all, ns, qs, k, repeat, reference) -> list[ScanResult]:  # type: ignore[no-untyped-def]
+    try:
+        import faiss
+    except ImportError:
+        return []
+    # faiss-cpu only switches to BLAS at Q >= 20 by default (distance_compute_blas_threshold);
+    # below it a scalar loop runs. Compare against it at its best: BLAS for every batch size.
+    faiss.cvar.distance_compute_blas_threshold = 1
+    results = []
+    n, dim = data.shape
+    x = data.numpy()
+    variants = [("fp32", faiss.IndexFlatIP(dim))]
+    for name, qtype in (("fp16", faiss.ScalarQuantizer.QT_fp16), ("int8", faiss.ScalarQuantizer.QT_8bit)):
+        variants.append((name, faiss.IndexScalarQuantizer(dim, qtype, faiss.METRIC_INNER_PRODUCT)))
+    cpu = torch.device("cpu")
+    for mode, index in variants:
+        if not index.is_trained:
+            index.train(x)
+        index.add(x)
+        bytes_per_row = {"fp32": 4 * dim, "fp16": 2 * dim, "int8": dim}[mode]
+        for q in qs:
+            queries = queries_all[:q].numpy()
+            seconds, spread = timed(lambda: index.search(queries, k), cpu, repeat)
+            _, rows = index.search(queries, k)
+            recall = None
+            if q in reference:
+                hits = sum(len(set(a) & set(b)) for a, b in zip(rows.tolist(), reference[q].tolist()))
+                recall = hits / (q * k)
+            results.append(ScanResult("cpu", "faiss", mode, n, q, seconds, spread, q / seconds,
+                                      n * bytes_per_row / seconds / 1e9, recall))
+    return results
+
+
+def bench_end_to_end(device: torch.device, repeat: int) -> dict[str, Any]:
+    from gpucache import SemanticCache
+    from gpucache.demo import load_workload
+    from gpucache.embedder import TransformerEmbedder
+
+    prompts = [item.prompt for item in load_workload()]
+    embedder = TransformerEmbedder(device=device)
+    times = []
+    for _ in range(repeat):
+        cache = SemanticCache(embedder, device=device)
+        start = time.perf_counter()
+        for i in range(0, len(prompts), 32):
+            cache.get_or_put_all(prompts[i : i + 32], lambda ms: [f"answer: {m}" for m in ms])
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    stats = cache.stats()
+    seconds = statistics.median(times)
+    return {"prompts": len(prompts), "seconds": seconds, "prompts_per_s": len(prompts) / seconds,
+            "hit_rate": stats.hit_rate}
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "cuda": str(torch.version.cuda),
+           "machine": platform.machine(), "processor": platform.processor() or "unknown",
+           "cpu_threads": str(torch.get_num_threads())}
+    try:
+        import faiss
+
+        out["faiss"] = faiss.__version__
+    except ImportError:
+        out["faiss"] = "not installed"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    out["commit"] = commit or "unknown"
+    return out
+
+
+def run_bench(
+    devices: list[torch.device], *, quick: bool, repeat: int
+) -> list[BenchReport]:
+    from gpucache.demo import load_workload
+
+    ns = [10_000] if quick else [10_000, 100_000, 1_000_000]
+    qs = [1, 64] if quick else [1, 64, 1024]
+    prompts = [item.prompt for item in load_workload()][: 64 if quick else 304]
+    reports = []
+    for device in devices:
+        telemetry: list[dict[str, Any]] = []
+        report = BenchReport(
+            device=str(device),
+            versions=versions(),
+            read_gb_per_s=read_bandwidth(device, repeat, 256 if quick else 1024),
+            matmul_tflops={
+                name: matmul_rate(device, dtype, repeat, 512 if quick else 2048)
+                for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16),
+                                    ("fp16", torch.float16))
+            },  # TFLOP/s
+        )
+        report.embed = bench_embedder(device, prompts, repeat)
+        report.scans = bench_scan(device, ns, qs, list(QUANTIZATIONS), 4, repeat,
+                                  telemetry=telemetry)
+        report.end_to_end = bench_end_to_end(device, 1 if quick else repeat)
+        report.telemetry = telemetry
+        reports.append(report)
+    return reports
+
+
+def render(reports: list[BenchReport], command: str) -> str:
+    lines = ["# gpucache bench", "", f"Reproduce: `{command}`", ""]
+    for r in reports:
+        v = r.versions
+        lines += [
+            f"## {r.device}", "",
+            f"Commit {v['commit']}; Python {v['python']}, torch {v['torch']} (CUDA {v['cuda']}), "
+            f"transformers {v['transformers']}, faiss {v['faiss']}; {v['machine']}, "
+            f"{v['cpu_threads']} torch threads.", "",
+            f"Machine limits measured in this run: read bandwidth {r.read_gb_per_s:.1f} GB/s; "
+            "dense matmul " + ", ".join(f"{k} {1000 * t:.1f} GFLOP/s" for k, t in r.matmul_tflops.items())
+            + ".", "",
+            "### Embedder", "",
+        ]
+        e = r.embed
+        lines.append(f"{e['prompts']} prompts: gpucache {e['gpucache_prompts_per_s']:.0f} prompts/s "
+                     f"({e['dtype']})" + (
+                         f"; sentence-transformers {e['sentence_transformers_prompts_per_s']:.0f} "
+                         f"prompts/s; ratio {e['speedup']:.2f}x; min cosine agreement "
+                         f"{e['min_cosine']:.6f}." if "speedup" in e else "."))
+        if "bf16_prompts_per_s" in e:
+            lines.append(f"\nWith `dtype=torch.bfloat16` on this CPU: {e['bf16_prompts_per_s']:.0f} "
+                         f"prompts/s, min cosine against fp32 {e['bf16_min_cosine_vs_fp32']:.6f}.")
+        lines += ["", "### Scan (top-4, D = 384)", "",
+                  "GB/s = bytes the mode stores for N rows / seconds per batch; fraction = of "
+                  "the read bandwidth above (Q = 1) or of the matching matmul rate (Q >= 64, "
+                  "2QND FLOPs).", "",
+                  "| engine | mode | N | Q | ms / batch (spread) | queries/s | GB/s | fraction | "
+                  "recall@4 vs fp32 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for s in r.scans:
+            if s.q == 1:
+                frac = s.gb_per_s / r.read_gb_per_s
+            else:
+                # int8 rows are widened to fp32 for the matmul, so fp32 is their roofline
+                rate = r.matmul_tflops.get(s.mode if s.mode in r.matmul_tflops else "fp32", 0.0)
+                frac = (2 * s.q * s.n * 384 / s.seconds / 1e12) / rate if rate else 0.0
+            recall = "-" if s.recall_at_k is None else f"{s.recall_at_k:.4f}"
+            lines.append(f"| {s.engine} | {s.mode} | {s.n} | {s.q} | {1000 * s.seconds:.2f} "
+                         f"({1000 * s.spread:.2f}) | {s.queries_per_s:.0f} | {s.gb_per_s:.1f} | "
+                         f"{frac:.0%} | {recall} |")
+        ee = r.end_to_end
+        lines += ["", "### get_or_put_all end to end", "",
+                  f"{ee['prompts']} demo prompts in batches of 32 (embed, scan, verify, store; "
+                  f"instant loader): {ee['seconds']:.2f} s, {ee['prompts_per_s']:.0f} prompts/s, "
+                  f"hit rate {ee['hit_rate']:.1%}.", ""]
+        if r.telemetry:
+            lines += ["### NVML telemetry during the scans", "",
+                      "| N | Q | mode | memory used GiB | utilisation | power W |",
+                      "|---:|---:|---|---:|---:|---:|"]
+            for t in r.telemetry:
+                lines.append(f"| {t['n']} | {t['q']} | {t['mode']} | "
+                             f"{t['memory_used_bytes'] / 2**30:.1f} | {t['utilization_percent']} | "
+                             f"{t['power_watts']} |")
+            lines.append("")
+    if len(reports) > 1:
+        cpu = next(r for r in reports if r.device == "cpu")
+        lines += ["## GPU vs CPU (same run)", "", "| measure | ratio |", "|---|---:|"]
+        for r in reports:
+            if r is cpu:
+                continue
+            lines.append(f"| embed prompts/s, {r.device} / cpu | "
+                         f"{r.embed['gpucache_prompts_per_s'] / cpu.embed['gpucache_prompts_per_s']:.1f}x |")
+            lines.append(f"| get_or_put_all prompts/s, {r.device} / cpu | "
+                         f"{r.end_to_end['prompts_per_s'] / cpu.end_to_end['prompts_per_s']:.1f}x |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(reports: list[BenchReport], out: Path, command: str) -> list[Path]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(reports, command), encoding="utf-8")
+    written = [out]
+    data = out.with_suffix(".json")
+    data.write_text(json.dumps([asdict(r) for r in reports], indent=1), encoding="utf-8")
+    written.append(data)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return written
+    fig, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 4), squeeze=False)
+    for ax, r in zip(axes[0], reports):
+        for engine, mode in sorted({(s.engine, s.mode) for s in r.scans}):
+            pts = sorted((s.n, s.queries_per_s) for s in r.scans
+                         if s.engine == engine and s.mode == mode and s.q == max(x.q for x in r.scans))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if engine == "gpucache" else "s--",
+                    label=f"{engine} {mode}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("stored rows N")
+        ax.set_ylabel("queries/s (largest Q)")
+        ax.set_title(f"scan on {r.device}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    png = out.with_suffix(".png")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    written.append(png)
+    return written
