@@ -144,23 +144,28 @@ def bench_scan(
             dim=1,
         )
         reference: dict[int, torch.Tensor] = {}
-        for mode in modes:
+        variants = [("gpucache", mode, "torch") for mode in modes]
+        from gpucache.kernels import triton_available
+
+        if device.type == "cuda" and triton_available():  # the fused kernel, on a GPU only
+            variants += [("gpucache-triton", m, "triton") for m in modes if m != "int8"]
+        for engine, mode, kernel in variants:
             store = ExactScanStore(dim, device=device, quantization=mode, initial_rows=n,
-                                   scan_budget_bytes=256 * 2**20)
+                                   scan_budget_bytes=256 * 2**20, scan_kernel=kernel)
             store.add(data, 0, [float("inf")] * n)
             for q in qs:
                 queries = queries_all[:q].to(device)
                 seconds, spread = timed(lambda: store.search(queries, k, 0), device, repeat)
                 rows = store.search(queries, k, 0)[1].cpu()
-                if mode == "fp32":
+                if mode == "fp32" and kernel == "torch":
                     reference[q] = rows
                 recall = None
-                if q in reference and mode != "fp32":
+                if q in reference and (mode != "fp32" or kernel != "torch"):
                     hits = sum(len(set(a) & set(b))
                                for a, b in zip(rows.tolist(), reference[q].tolist()))
                     recall = hits / (q * k)
                 nbytes = n * (store.row_bytes - 16)
-                results.append(ScanResult(str(device), "gpucache", mode, n, q, seconds, spread,
+                results.append(ScanResult(str(device), engine, mode, n, q, seconds, spread,
                                           q / seconds, nbytes / seconds / 1e9, recall))
                 if telemetry is not None and device.type == "cuda":
                     from gpucache.telemetry import gpu_readings

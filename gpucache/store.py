@@ -68,6 +68,9 @@ class ExactScanStore:
         scan_budget_bytes: the most memory one (Q, chunk) fp32 score block may take.
         quantization: None or "fp32" (full precision on the device), "fp16", "bf16" or "int8".
         max_device_bytes: the most device memory the store's tensors may take; None: no cap.
+        scan_kernel: "torch" (chunked matmul + topk) or "triton" (the fused kernel of
+            ``gpucache.kernels``; fp32/fp16/bf16 storage, CUDA or Triton's CPU interpreter).
+            torch stays the default until a GPU benchmark shows the kernel faster.
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class ExactScanStore:
         scan_budget_bytes: int = 64 * 2**20,
         quantization: str | None = None,
         max_device_bytes: int | None = None,
+        scan_kernel: str = "torch",
     ) -> None:
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be an int >= 1, got {dim!r}")
@@ -89,6 +93,16 @@ class ExactScanStore:
         mode = "fp32" if quantization is None else quantization
         if mode not in QUANTIZATIONS:
             raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
+        if scan_kernel not in ("torch", "triton"):
+            raise ValueError(f"scan_kernel must be 'torch' or 'triton', got {scan_kernel!r}")
+        if scan_kernel == "triton":
+            from gpucache.kernels import triton_available
+
+            if not triton_available():
+                raise ValueError("scan_kernel='triton' needs triton: pip install 'gpucache[kernels]'")
+            if mode == "int8":
+                raise ValueError("scan_kernel='triton' supports fp32, fp16 and bf16 storage")
+        self.scan_kernel = scan_kernel
         self.dim = dim
         self.device = resolve_device(device)
         self.scan_budget_bytes = scan_budget_bytes
@@ -284,6 +298,12 @@ class ExactScanStore:
         scales: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Chunked scan with a running top-k over rows [0, high) of the given tensors."""
+        if self.scan_kernel == "triton" and not self._falling_back:
+            from gpucache.kernels import scan_topk
+
+            high = self._high
+            live = (scopes[:high] == scope_id) & (expires[:high] > now)  # (N,)
+            return scan_topk(queries.to(vectors.dtype), vectors[:high], live, k)
         q, device = queries.shape[0], queries.device
         best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)
         best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)

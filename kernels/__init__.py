@@ -2,10 +2,11 @@
 
 Installed as ``gpucache.kernels`` (the top-level ``kernels/`` folder of the repository is mapped
 onto that name in ``pyproject.toml``), so it never clashes with another distribution's
-``kernels`` package. The fused score + top-k kernel lands with the performance work; until then
-the scan runs on torch alone (``gpucache.store``).
+``kernels`` package. Triton is optional (the ``kernels`` extra): without it the references run.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from gpucache.kernels.scan_topk import scan_topk, scan_topk_ref, triton_available
+
+__all__ = ["scan_topk", "scan_topk_ref", "triton_available"]

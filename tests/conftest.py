@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
+import os
+
+import torch
+
+# Triton kernels run on a CPU machine through Triton's interpreter; the variable must be set
+# before triton decorates the kernels (at import of gpucache.kernels).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import hashlib  # noqa: E402
 import re
 from collections.abc import Sequence
 
-import pytest
-import torch
+import pytest  # noqa: E402
 
-from gpucache import TransformerEmbedder
+from gpucache import TransformerEmbedder  # noqa: E402
 
 _DEVICES = [pytest.param("cpu", id="cpu")]
 if torch.cuda.is_available():

@@ -33,17 +33,24 @@ def chunk_budget(rows_per_chunk: int, q: int) -> int:
     return 4 * q * rows_per_chunk
 
 
+from gpucache.kernels import triton_available  # noqa: E402
+
+KERNELS = ["torch"] + (["triton"] if triton_available() else [])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("rows_per_chunk", [1, 7, 64, 10_000])
 @pytest.mark.parametrize("n", [1, 2, 50, 131])
-@pytest.mark.parametrize("k", [1, 4, 200])
-def test_search_matches_brute_force_for_awkward_chunks(device, rows_per_chunk, n, k):
+@pytest.mark.parametrize("k", [1, 4, 60])
+def test_search_matches_brute_force_for_awkward_chunks(device, kernel, rows_per_chunk, n, k):
     d, q = 16, 5
     vectors = unit_rows(n, d, seed=n)
     queries = unit_rows(q, d, seed=1000 + n)
     scopes = [i % 3 for i in range(n)]
     expires = [math.inf if i % 5 else 10.0 for i in range(n)]
     store = ExactScanStore(
-        d, device=device, initial_rows=3, scan_budget_bytes=chunk_budget(rows_per_chunk, q)
+        d, device=device, initial_rows=3, scan_budget_bytes=chunk_budget(rows_per_chunk, q),
+        scan_kernel=kernel,
     )
     for i in range(n):
         assert store.add(vectors[i : i + 1], scopes[i], [expires[i]]) == [i]
@@ -69,8 +76,10 @@ def test_zero_queries_give_empty_results(device):
     assert scores.shape == rows.shape == (0, 3)
 
 
-def test_ties_keep_every_tied_row_once(device):
-    store = ExactScanStore(4, device=device, scan_budget_bytes=chunk_budget(2, 1))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_ties_keep_every_tied_row_once(device, kernel):
+    store = ExactScanStore(4, device=device, scan_budget_bytes=chunk_budget(2, 1),
+                           scan_kernel=kernel)
     v = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     store.add(v.repeat(5, 1), 0, [math.inf] * 5)
     scores, rows = store.search(v.to(device), 5, scope_id=0)
@@ -99,8 +108,9 @@ def test_removing_a_free_row_is_a_bug_not_silence(device):
         store.remove([0])
 
 
-def test_expired_rows_are_masked_and_listed(device):
-    store = ExactScanStore(8, device=device)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_expired_rows_are_masked_and_listed(device, kernel):
+    store = ExactScanStore(8, device=device, scan_kernel=kernel)
     vectors = unit_rows(3, 8, 5)
     store.add(vectors, 0, [5.0, math.inf, 10.0])
     _, rows = store.search(vectors[:1].to(device), 3, scope_id=0, now=7.0)
