@@ -7,9 +7,9 @@ from gpucache.admission import AdmissionPolicy
 from gpucache.cache import Hit, LoadAbandoned, SemanticCache
 from gpucache.devices import resolve_device
 from gpucache.embedder import Embedder, TransformerEmbedder
+from gpucache.keys import DEFAULT_SCOPE, prompt_key
 from gpucache.lexical import LexicalNearMissVerifier
 from gpucache.policy import CachePolicy, ContentPolicy, PolicyDecision, StoreEverything
-from gpucache.keys import DEFAULT_SCOPE, prompt_key
 from gpucache.snapshot import SnapshotError
 from gpucache.stats import CacheStats
 from gpucache.store import ExactScanStore

@@ -18,6 +18,7 @@ Data are seeded random unit vectors (the scan's cost does not depend on their me
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
@@ -155,7 +156,7 @@ def bench_scan(
             store.add(data, 0, [float("inf")] * n)
             for q in qs:
                 queries = queries_all[:q].to(device)
-                seconds, spread = timed(lambda: store.search(queries, k, 0), device, repeat)
+                seconds, spread = timed(functools.partial(store.search, queries, k, 0), device, repeat)
                 rows = store.search(queries, k, 0)[1].cpu()
                 if mode == "fp32" and kernel == "torch":
                     reference[q] = rows
@@ -172,7 +173,6 @@ def bench_scan(
 
                     telemetry += [{"n": n, "q": q, "mode": mode, **asdict(r)}
                                   for r in gpu_readings()[:1]]
-            del store
         results += _bench_faiss(data, queries_all, ns=[n], qs=qs, k=k, repeat=repeat,
                                 reference=reference)
     return results
@@ -189,7 +189,7 @@ def _bench_faiss(data, queries_all, ns, qs, k, repeat, reference) -> list[ScanRe
     results = []
     n, dim = data.shape
     x = data.numpy()
-    variants = [("fp32", faiss.IndexFlatIP(dim))]
+    variants: list[tuple[str, Any]] = [("fp32", faiss.IndexFlatIP(dim))]
     for name, qtype in (("fp16", faiss.ScalarQuantizer.QT_fp16), ("int8", faiss.ScalarQuantizer.QT_8bit)):
         variants.append((name, faiss.IndexScalarQuantizer(dim, qtype, faiss.METRIC_INNER_PRODUCT)))
     cpu = torch.device("cpu")
@@ -200,7 +200,7 @@ def _bench_faiss(data, queries_all, ns, qs, k, repeat, reference) -> list[ScanRe
         bytes_per_row = {"fp32": 4 * dim, "fp16": 2 * dim, "int8": dim}[mode]
         for q in qs:
             queries = queries_all[:q].numpy()
-            seconds, spread = timed(lambda: index.search(queries, k), cpu, repeat)
+            seconds, spread = timed(functools.partial(index.search, queries, k), cpu, repeat)
             _, rows = index.search(queries, k)
             recall = None
             if q in reference:

@@ -44,6 +44,8 @@ from gpucache.devices import DeviceLike, resolve_device
 from gpucache.embedder import DEFAULT_MODEL_NAME, Embedder, TransformerEmbedder
 from gpucache.flight import SingleFlight
 from gpucache.keys import prompt_key
+from gpucache.lexical import LexicalNearMissVerifier
+from gpucache.policy import CachePolicy, ContentPolicy
 from gpucache.snapshot import Snapshot, SnapshotEntry, SnapshotError, read_snapshot, write_snapshot
 from gpucache.stats import CacheStats, StatsCounter
 from gpucache.store import NEVER, ExactScanStore
@@ -56,8 +58,6 @@ from gpucache.validation import (
     check_threshold,
     check_ttl,
 )
-from gpucache.lexical import LexicalNearMissVerifier
-from gpucache.policy import CachePolicy, ContentPolicy
 from gpucache.verifier import HitVerifier
 
 log = logging.getLogger("gpucache")

@@ -112,7 +112,8 @@ def evaluate_pairs(
     vectors = embedder.encode(a + b)  # one batch per file: (2P, D)
     sims = (vectors[: len(a)] * vectors[len(a) :]).sum(dim=1).clamp(max=1.0).cpu().tolist()
     explain = getattr(verifier, "explain", None)
-    accepted, rules = [], {}
+    accepted: list[bool] = []
+    rules: dict[str, int] = {}
     for x, y, s in zip(a, b, sims):
         ok = verifier.verify(x, y, s)
         accepted.append(ok)
@@ -298,10 +299,10 @@ def render_report(
                 "Wrong = served an answer stored for another intent.", "",
                 "| threshold | top_k | verifier | asked | served (hit rate) | wrong / served |",
                 "|---:|---:|---|---:|---:|---:|"]
-        for p in replay:
-            out.append(f"| {p.threshold:g} | {p.top_k} | {'yes' if p.guarded else 'no'} | "
-                       f"{p.asked} | {p.served} ({p.hit_rate:.1%}) | {p.wrong} "
-                       f"({p.wrong_share:.1%}) |")
+        for point in replay:
+            out.append(f"| {point.threshold:g} | {point.top_k} | "
+                       f"{'yes' if point.guarded else 'no'} | {point.asked} | {point.served} "
+                       f"({point.hit_rate:.1%}) | {point.wrong} ({point.wrong_share:.1%}) |")
         out.append("")
     if plot:
         out += [f"![hit rate against false-hit rate]({plot})", ""]

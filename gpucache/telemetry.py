@@ -44,9 +44,9 @@ def gpu_readings() -> list[GpuReading]:
                     memory_total_bytes=int(memory.total),
                     memory_used_bytes=int(memory.used),
                     utilization_percent=_optional(
-                        lambda: int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                        lambda h=handle: int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
                     ),
-                    power_watts=_optional(lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+                    power_watts=_optional(lambda h=handle: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
                 )
             )
         return readings

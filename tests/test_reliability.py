@@ -5,16 +5,14 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import warnings
 
 import pytest
 import torch
+from conftest import FakeEmbedder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucache import ExactScanStore, SemanticCache, StoreEverything, ThresholdOnly
-
-from conftest import FakeEmbedder
 
 
 class Clock:

@@ -11,10 +11,9 @@ import time
 
 import pytest
 import torch
+from conftest import FakeEmbedder
 
 from gpucache import AdmissionPolicy, SemanticCache, SnapshotError, ThresholdOnly
-
-from conftest import FakeEmbedder
 
 
 class Clock:

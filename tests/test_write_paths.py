@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gpucache import AdmissionPolicy, ContentPolicy, SemanticCache, ThresholdOnly
+from gpucache import AdmissionPolicy, SemanticCache, ThresholdOnly
 
 SECRET = "Use AKIAIOSFODNN7EXAMPLE as the key"
 
