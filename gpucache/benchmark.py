@@ -306,16 +306,17 @@ def render(reports: list[BenchReport], command: str) -> str:
                          f"prompts/s, min cosine against fp32 {e['bf16_min_cosine_vs_fp32']:.6f}.")
         lines += ["", "### Scan (top-4, D = 384)", "",
                   "GB/s = bytes the mode stores for N rows / seconds per batch; fraction = of "
-                  "the read bandwidth above (Q = 1) or of the matching matmul rate (Q >= 64, "
-                  "2QND FLOPs).", "",
+                  "the read bandwidth above (Q = 1) or of the faster of the mode's and fp32's "
+                  "matmul rate (Q >= 64, 2QND FLOPs).", "",
                   "| engine | mode | N | Q | ms / batch (spread) | queries/s | GB/s | fraction | "
                   "recall@4 vs fp32 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for s in r.scans:
             if s.q == 1:
                 frac = s.gb_per_s / r.read_gb_per_s
             else:
-                # int8 rows are widened to fp32 for the matmul, so fp32 is their roofline
-                rate = r.matmul_tflops.get(s.mode if s.mode in r.matmul_tflops else "fp32", 0.0)
+                # the roofline: the faster of the mode's own matmul and fp32 (int8 rows are
+                # widened to fp32; CPU fp16 matmuls can be far slower than fp32 ones)
+                rate = max(r.matmul_tflops.get(s.mode, 0.0), r.matmul_tflops.get("fp32", 0.0))
                 frac = (2 * s.q * s.n * 384 / s.seconds / 1e12) / rate if rate else 0.0
             recall = "-" if s.recall_at_k is None else f"{s.recall_at_k:.4f}"
             lines.append(f"| {s.engine} | {s.mode} | {s.n} | {s.q} | {1000 * s.seconds:.2f} "
@@ -383,3 +384,12 @@ def write(reports: list[BenchReport], out: Path, command: str) -> list[Path]:
     plt.close(fig)
     written.append(png)
     return written
+
+
+def load_reports(path: Path) -> list[BenchReport]:
+    """Reports from a ``bench.json`` written by ``write`` (to re-render without re-running)."""
+    reports = []
+    for doc in json.loads(path.read_text(encoding="utf-8")):
+        doc["scans"] = [ScanResult(**scan) for scan in doc["scans"]]
+        reports.append(BenchReport(**doc))
+    return reports
