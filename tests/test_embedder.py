@@ -82,3 +82,14 @@ def test_bad_settings_raise_value_error(kwargs):
 def test_a_missing_model_folder_is_a_clear_error(tmp_path):
     with pytest.raises(OSError):
         TransformerEmbedder(str(tmp_path / "no-such-model"), device="cpu")
+
+
+def test_the_default_model_folder_can_be_redirected(monkeypatch, tmp_path):
+    """GPUCACHE_MODEL_DIR points the default at a copy of the model (say an fp16 copy carried to
+    a machine without the weights package); a wrong folder is a clear error."""
+    monkeypatch.setenv("GPUCACHE_MODEL_DIR", str(default_model_path()))
+    assert TransformerEmbedder(device="cpu").dim == 384
+    monkeypatch.setenv("GPUCACHE_MODEL_DIR", str(tmp_path / "missing"))
+    assert default_model_path() == tmp_path / "missing"
+    with pytest.raises(OSError):
+        TransformerEmbedder(device="cpu")

@@ -11,7 +11,9 @@ import pytest
 import torch
 from gpucache.kernels import scan_topk, scan_topk_ref, triton_available
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+pytestmark = [pytest.mark.skipif(not triton_available(), reason="triton is not installed")]
+if torch.cuda.is_available():
+    pytestmark.append(pytest.mark.gpu)  # native on the GPU, so `pytest -m gpu` runs them
 
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
