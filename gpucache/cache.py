@@ -334,13 +334,14 @@ class SemanticCache:
 
         The full response is stored only after the loader's stream completes, through the cache
         policy and admission. A consumer that stops reading (closes the iterator) or a loader
-        that raises stores nothing; the loader's error reaches the consumer unchanged. The
-        lookup happens when this is called; loading starts at the first ``next()``.
+        that raises stores nothing; the loader's error reaches the consumer unchanged. Input is
+        checked when this is called; the lookup and the load start at the first ``next()``, so
+        an iterator that is never started holds nothing and blocks no one.
         """
         prompt = check_prompt(prompt)
         scope = check_scope(scope)
         _check_callable(loader, "loader(prompt) -> iterable of str chunks")
-        return self._stream(self._begin([prompt], scope), loader)
+        return self._stream(prompt, scope, loader)
 
     # ----------------------------------------------------------------------------- async
 
@@ -390,14 +391,21 @@ class SemanticCache:
 
         return await self._aget_or_load(prompts, load_batch, scope)
 
-    async def aget_or_put_streaming(
+    def aget_or_put_streaming(
         self, prompt: str, loader: AsyncStreamLoader, *, scope: str | None = None
     ) -> AsyncIterator[str]:
         """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
-        of chunks (an async generator, say); a plain iterable is accepted too."""
+        of chunks (an async generator, say); a plain iterable is accepted too. Use it with
+        ``async for``. Input is checked when this is called, the lookup starts at the first
+        ``__anext__``."""
         prompt = check_prompt(prompt)
         scope = check_scope(scope)
         _check_callable(loader, "loader(prompt) -> async iterable of str chunks")
+        return self._astream(prompt, scope, loader)
+
+    async def _astream(
+        self, prompt: str, scope: str, loader: AsyncStreamLoader
+    ) -> AsyncIterator[str]:
         plan = await asyncio.to_thread(self._begin, [prompt], scope)
         while plan.theirs:  # another call is loading it: replay its answer when it completes
             future = next(iter(plan.theirs.values()))
@@ -681,8 +689,8 @@ class SemanticCache:
             again.prompts = prompts
             plan = again
 
-    def _stream(self, plan: _Plan, loader: StreamLoader) -> Iterator[str]:
-        prompt = plan.prompts[0]
+    def _stream(self, prompt: str, scope: str, loader: StreamLoader) -> Iterator[str]:
+        plan = self._begin([prompt], scope)
         while plan.theirs:  # another call is loading it: replay its answer when it completes
             try:
                 answer = next(iter(plan.theirs.values())).result()

@@ -128,6 +128,7 @@ def _entry_points(cache, bad):
             cache.aget_or_put(bad, _async_const("r")))
         yield "aget_or_put_all", lambda: loop.run_until_complete(
             cache.aget_or_put_all([bad], _async_list))
+        yield "aget_or_put_streaming", lambda: cache.aget_or_put_streaming(bad, lambda p: ["r"])
     finally:
         loop.close()
 

@@ -411,3 +411,14 @@ def test_the_event_loop_keeps_serving_while_a_large_batch_is_embedded(real_embed
     # the batch took a while; the loop kept ticking through it (were it blocked, one tick)
     assert took > 0.3
     assert len(ticks) >= 10
+
+
+def test_a_stream_that_is_never_started_holds_nothing(make):
+    cache = make()
+    abandoned = cache.get_or_put_streaming("q", lambda p: iter(["never read"]))
+    result = []
+    t = threading.Thread(target=lambda: result.append(cache.get_or_put("q", lambda p: "other")))
+    t.start()
+    t.join(5)
+    assert result == ["other"]  # not blocked behind the unstarted stream
+    del abandoned
