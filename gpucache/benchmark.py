@@ -232,6 +232,64 @@ def bench_end_to_end(device: torch.device, repeat: int) -> dict[str, Any]:
             "hit_rate": stats.hit_rate}
 
 
+class _FillRouter:
+    """The real embedder for real prompts; seeded random unit vectors for synthetic fill
+    prompts, so a store of N entries can be built in seconds to measure the lookup path."""
+
+    prefix = "\x00fill "
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.name = real.name
+        self._gen = torch.Generator().manual_seed(7)
+
+    @property
+    def dim(self) -> int:
+        return int(self.real.dim)
+
+    @property
+    def device(self) -> torch.device:
+        return self.real.device  # type: ignore[no-any-return]
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        if texts and all(t.startswith(self.prefix) for t in texts):
+            rand = torch.randn(len(texts), self.dim, generator=self._gen)
+            return torch.nn.functional.normalize(rand, dim=1).to(self.device)
+        return self.real.encode(texts)  # type: ignore[no-any-return]
+
+
+def bench_overhead(device: torch.device, n: int, repeat: int) -> dict[str, Any]:
+    """get_or_put_all on a cache of ``n`` entries, minus the embedding of its batch and its
+    (instant) loader: the cache's own work per batch, as a fraction of the embedding time."""
+    from gpucache import SemanticCache, StoreEverything
+    from gpucache.demo import load_workload
+    from gpucache.embedder import TransformerEmbedder
+
+    router = _FillRouter(TransformerEmbedder(device=device))
+    cache = SemanticCache(router, device=device, capacity=n + 10_000,  # type: ignore[arg-type]
+                          cache_policy=StoreEverything())
+    for start in range(0, n, 50_000):
+        cache.warm([(f"{router.prefix}{i}", "x") for i in range(start, min(n, start + 50_000))])
+    base = list(dict.fromkeys(item.prompt for item in load_workload()))[:64]
+    embed_times, total_times = [], []
+    for run in range(repeat + 1):
+        batch = [f"{p} (variant {run})" for p in base]  # new text each run: no exact-tier hits
+        start = time.perf_counter()
+        router.real.encode(batch)
+        _sync(device)
+        embed = time.perf_counter() - start
+        start = time.perf_counter()
+        cache.get_or_put_all(batch, lambda ms: ["answer"] * len(ms))
+        _sync(device)
+        total = time.perf_counter() - start
+        if run:  # the first run warms up
+            embed_times.append(embed)
+            total_times.append(total)
+    embed_s, total_s = statistics.median(embed_times), statistics.median(total_times)
+    return {"n": n, "batch": len(base), "embed_s": embed_s, "get_or_put_all_s": total_s,
+            "overhead_fraction": (total_s - embed_s) / embed_s}
+
+
 def versions() -> dict[str, str]:
     import transformers
 
@@ -276,6 +334,8 @@ def run_bench(
         report.scans = bench_scan(device, ns, qs, list(QUANTIZATIONS), 4, repeat,
                                   telemetry=telemetry)
         report.end_to_end = bench_end_to_end(device, 1 if quick else repeat)
+        report.end_to_end["overhead"] = bench_overhead(device, 10_000 if quick else 100_000,
+                                                       1 if quick else repeat)
         report.telemetry = telemetry
         reports.append(report)
     return reports
@@ -327,6 +387,13 @@ def render(reports: list[BenchReport], command: str) -> str:
                   f"{ee['prompts']} demo prompts in batches of 32 (embed, scan, verify, store; "
                   f"instant loader): {ee['seconds']:.2f} s, {ee['prompts_per_s']:.0f} prompts/s, "
                   f"hit rate {ee['hit_rate']:.1%}.", ""]
+        if "overhead" in ee:
+            o = ee["overhead"]
+            lines += [f"Cache overhead at N = {o['n']} stored entries (synthetic vectors), batches "
+                      f"of {o['batch']} new demo prompts: embedding {1000 * o['embed_s']:.0f} ms, "
+                      f"get_or_put_all {1000 * o['get_or_put_all_s']:.0f} ms, overhead beyond "
+                      f"embedding and the (instant) loader {o['overhead_fraction']:.1%} of the "
+                      "embedding time.", ""]
         if r.telemetry:
             lines += ["### NVML telemetry during the scans", "",
                       "| N | Q | mode | memory used GiB | utilisation | power W |",
