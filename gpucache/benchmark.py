@@ -268,10 +268,11 @@ def bench_overhead(device: torch.device, n: int, repeat: int) -> dict[str, Any]:
     router = _FillRouter(TransformerEmbedder(device=device))
     cache = SemanticCache(router, device=device, capacity=n + 10_000,  # type: ignore[arg-type]
                           cache_policy=StoreEverything())
-    for start in range(0, n, 50_000):
-        cache.warm([(f"{router.prefix}{i}", "x") for i in range(start, min(n, start + 50_000))])
+    for first in range(0, n, 50_000):
+        cache.warm([(f"{router.prefix}{i}", "x") for i in range(first, min(n, first + 50_000))])
     base = list(dict.fromkeys(item.prompt for item in load_workload()))[:64]
-    embed_times, total_times = [], []
+    embed_times: list[float] = []
+    total_times: list[float] = []
     for run in range(repeat + 1):
         batch = [f"{p} (variant {run})" for p in base]  # new text each run: no exact-tier hits
         start = time.perf_counter()
