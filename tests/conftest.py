@@ -13,6 +13,8 @@ if not torch.cuda.is_available():
 
 import hashlib  # noqa: E402
 import re
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 from collections.abc import Sequence
 
 import pytest  # noqa: E402
@@ -82,3 +84,16 @@ def fake_embedder() -> FakeEmbedder:
 def real_embedder() -> TransformerEmbedder:
     """The packaged all-MiniLM-L6-v2 on the CPU, loaded once per test session."""
     return TransformerEmbedder(device="cpu")
+
+
+def outputs_under_hash_seeds(code: str, stdin: str = "", seeds=("0", "1", "12345")) -> set[str]:
+    """What ``python -c code`` prints under each PYTHONHASHSEED: one element when the code's
+    output does not depend on Python's per-process string hashing."""
+    outputs = set()
+    for seed in seeds:
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True,
+                             text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        outputs.add(out.stdout)
+    return outputs

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -137,11 +134,7 @@ def test_the_same_counters_in_processes_with_different_hash_seeds():
         "for n in range(300): s.record(f'scope{n % 3}', f'prompt number {n % 50} ünïcode')\n"
         "print(s.state()['counters'])"
     )
-    outputs = set()
-    for seed in ("0", "7", "4242"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=env, timeout=300)
-        assert out.returncode == 0, out.stderr
-        outputs.add(out.stdout)
+    from conftest import outputs_under_hash_seeds
+
+    outputs = outputs_under_hash_seeds(code, seeds=("0", "7", "4242"))
     assert len(outputs) == 1

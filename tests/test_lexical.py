@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -252,14 +248,9 @@ def test_same_verdicts_in_processes_with_different_hash_seeds():
     )
     import json
 
-    outputs = set()
-    for seed in ("0", "1", "12345"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", code], input=json.dumps(pairs),
-                             capture_output=True, text=True, env=env, timeout=300)
-        assert out.returncode == 0, out.stderr
-        outputs.add(out.stdout)
-    assert len(outputs) == 1
+    from conftest import outputs_under_hash_seeds
+
+    assert len(outputs_under_hash_seeds(code, stdin=json.dumps(pairs))) == 1
 
 
 @settings(max_examples=300, deadline=None)
