@@ -202,3 +202,20 @@ def test_max_device_bytes_caps_the_allocation():
         ExactScanStore(16, max_device_bytes=10)
     with pytest.raises(ValueError, match="quantization"):
         ExactScanStore(16, quantization="fp8")
+
+
+@pytest.mark.parametrize("via_numpy", [True, False])
+def test_both_cpu_matmul_paths_give_the_same_results(monkeypatch, via_numpy):
+    """The fp32 CPU scan multiplies through numpy's BLAS on AMD CPUs and through torch
+    elsewhere; both paths are exercised here whatever this machine is."""
+    import gpucache.store as store_module
+
+    monkeypatch.setattr(store_module, "FP32_MATMUL_VIA_NUMPY", via_numpy)
+    vectors = unit_rows(300, 24, 31)
+    queries = unit_rows(7, 24, 32)
+    store = ExactScanStore(24, device="cpu", scan_budget_bytes=chunk_budget(64, 7))
+    store.add(vectors, 0, [math.inf] * 300)
+    scores, rows = store.search(queries, 5, 0)
+    want_scores, want_rows = brute_force(queries, vectors, [0] * 300, [math.inf] * 300, 5, 0, 0.0)
+    torch.testing.assert_close(scores, want_scores, rtol=0, atol=1e-5)
+    assert torch.equal(rows, want_rows)
