@@ -219,3 +219,22 @@ def test_both_cpu_matmul_paths_give_the_same_results(monkeypatch, via_numpy):
     want_scores, want_rows = brute_force(queries, vectors, [0] * 300, [math.inf] * 300, 5, 0, 0.0)
     torch.testing.assert_close(scores, want_scores, rtol=0, atol=1e-5)
     assert torch.equal(rows, want_rows)
+
+
+@pytest.mark.parametrize("int8_matmul", [True, False])
+def test_both_int8_scan_paths_keep_recall_and_exact_scores(monkeypatch, int8_matmul):
+    """int8 rows are scanned with an int8 x int8 matmul where torch has one on the CPU, else
+    widened to fp32; both rank well enough for the fp32 rescore to find the true top-k."""
+    import gpucache.store as store_module
+
+    monkeypatch.setattr(store_module, "INT8_MATMUL", int8_matmul)
+    d, n, q, k = 48, 3000, 30, 4
+    vectors = unit_rows(n, d, seed=41)
+    queries = torch.nn.functional.normalize(vectors[:q] + 0.3 * unit_rows(q, d, seed=42), dim=1)
+    store = ExactScanStore(d, device="cpu", quantization="int8")
+    store.add(vectors, 0, [math.inf] * n)
+    scores, rows = store.search(queries, k, 0)
+    want = (queries @ vectors.T).topk(k, dim=1)
+    torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
+    recall = sum(len(set(a) & set(b)) for a, b in zip(rows.tolist(), want.indices.tolist()))
+    assert recall / (q * k) >= 0.99
