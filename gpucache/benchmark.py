@@ -425,18 +425,17 @@ def write(reports: list[BenchReport], out: Path, command: str) -> list[Path]:
     data = out.with_suffix(".json")
     data.write_text(json.dumps([asdict(r) for r in reports], indent=1), encoding="utf-8")
     written.append(data)
-    try:
-        import matplotlib
+    from gpucache.plotting import headless_pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = headless_pyplot()
+    if plt is None:
         return written
     fig, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 4), squeeze=False)
     for ax, r in zip(axes[0], reports):
+        q_max = max(s.q for s in r.scans)
         for engine, mode in sorted({(s.engine, s.mode) for s in r.scans}):
             pts = sorted((s.n, s.queries_per_s) for s in r.scans
-                         if s.engine == engine and s.mode == mode and s.q == max(x.q for x in r.scans))
+                         if s.engine == engine and s.mode == mode and s.q == q_max)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if engine == "gpucache" else "s--",
                     label=f"{engine} {mode}")
         ax.set_xscale("log")

@@ -312,12 +312,10 @@ def render_report(
 def plot_curves(results: Sequence[PairResult], path: str | Path) -> bool:
     """Hit rate against false-hit rate over the thresholds, both modes; False without
     matplotlib (the ``bench`` extra)."""
-    try:
-        import matplotlib
+    from gpucache.plotting import headless_pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = headless_pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 4), squeeze=False)
     for ax, r in zip(axes[0], results):
