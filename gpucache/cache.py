@@ -610,7 +610,16 @@ class SemanticCache:
                 if self.admission is not None:
                     for prompt in prompts:  # every request is a sighting, hit or miss
                         self.admission.record(scope, prompt)
-            plan.keys = {prompt_key(scope, p): p for p in unique if found[p] is None}
+            # The lookup ran without the lock: a call that loaded one of these misses may have
+            # stored it since. Re-read the exact tier before claiming, or that prompt would be
+            # loaded a second time by a new leader.
+            now = self._now()
+            misses = [p for p in unique if found[p] is None]
+            for prompt in misses:
+                entry = self._exact(scope, prompt, now)
+                if entry is not None:
+                    plan.answers[prompt] = entry.response
+            plan.keys = {prompt_key(scope, p): p for p in misses if p not in plan.answers}
             plan.mine, plan.theirs = self._flights.claim(plan.keys)
             if plan.mine:
                 self._stats.loads += 1

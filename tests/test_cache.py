@@ -537,3 +537,41 @@ def test_quantized_caches_serve_the_same_hits(fake_embedder, mode):
     assert [h and (h.response, round(h.similarity, 5)) for h in quant.get_all(asks)] == [
         h and (h.response, round(h.similarity, 5)) for h in plain.get_all(asks)
     ]
+
+
+def test_a_miss_stored_while_another_call_was_embedding_is_not_loaded_again():
+    """Call B misses the exact tier and is still embedding when call A loads and stores the
+    same prompt. B must find A's entry when it claims the load, not become a second loader."""
+    import torch
+
+    b_started, a_done = threading.Event(), threading.Event()
+
+    class SlowForB:
+        name, dim, device = "slow-for-b", 8, torch.device("cpu")
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def encode(self, texts):
+            self.calls += 1
+            if self.calls == 1:  # B's embedding: wait until A has stored the answer
+                b_started.set()
+                a_done.wait(5)
+            # a different random vector each call: B's semantic scan cannot find A's entry
+            return torch.nn.functional.normalize(torch.randn(len(texts), 8), dim=1)
+
+    cache = SemanticCache(SlowForB(), device="cpu", threshold=0.999, verifier=ThresholdOnly())
+    loads: list[str] = []
+
+    def loader(prompt: str) -> str:
+        loads.append(prompt)
+        return "answer"
+
+    results: list[str] = []
+    b = threading.Thread(target=lambda: results.append(cache.get_or_put("hot", loader)))
+    b.start()
+    assert b_started.wait(5)
+    results.append(cache.get_or_put("hot", loader))  # call A, while B is embedding
+    a_done.set()
+    b.join(5)
+    assert results == ["answer", "answer"] and loads == ["hot"]
