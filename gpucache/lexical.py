@@ -25,6 +25,8 @@ the named additions measured in bench/reports/semantic-false-hits.md):
     reordered     most content words shared (>= 5, Jaccard >= 0.6), some moved -> reject  [addition]
     substitution  content words align with only substitutions of <= 2 words each, no
                   insertions or deletions, and at least one word in common -> reject
+                  (two forms of one word, "movie"/"movies", and words of one interchangeable
+                  class, "good"/"best", are not substitutions)                     [addition]
 
 It is conservative by design: a one-word synonym swap ("cancel" vs "end") is also rejected and
 costs a miss, never a wrong answer. Everything here is a pure function of the two strings:
@@ -38,6 +40,7 @@ import difflib
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import NamedTuple
@@ -61,7 +64,7 @@ STOPWORDS = frozenset(
 )
 
 NEGATIONS = frozenset(
-    "not no never nor none nothing nobody neither nowhere cannot without".split()
+    "not no non never nor none nothing nobody neither nowhere cannot without".split()
 )
 
 # Pairs of opposites that turn one question into another. "to"/"from" style words are common
@@ -110,6 +113,18 @@ ANTONYM_PAIRS = [
     ("uppercase", "lowercase"), ("horizontal", "vertical"), ("vertically", "horizontally"),
     ("row", "column"), ("rows", "columns"), ("ceil", "floor"), ("sum", "difference"),
     ("multiply", "divide"), ("celsius", "fahrenheit"), ("km", "mile"), ("kg", "lb"),
+]
+
+# Words that ask the same question in any prompt: swapping one for another of its class is a
+# rewording, not a substitution ("the best laptop" / "a good laptop", "movie" / "film"). Short
+# on purpose: every other one-word swap still rejects (the seed's conservative default), and a
+# class joins only when no question changes with the word. Measured in the false-hit report.
+INTERCHANGEABLE_CLASSES = [
+    "good best great top nice excellent finest greatest awesome ideal",
+    "movie film", "website site", "photo picture pic image", "buy purchase", "begin start",
+    "fix repair", "kid child", "cost price", "phone smartphone cellphone mobile",
+    "help assist", "job career", "earn make", "learn study", "car vehicle", "email mail",
+    "quickest fastest", "easiest simplest", "big large huge", "small little tiny", "ocean sea",
 ]
 
 # Words whose object says where something goes or comes from: moving a content word across
@@ -188,6 +203,11 @@ def _stem(word: str) -> str:
     return word
 
 
+_INTERCHANGEABLE: dict[str, int] = {
+    _stem(word): n for n, words in enumerate(INTERCHANGEABLE_CLASSES) for word in words.split()
+}
+
+
 class _Parsed(NamedTuple):
     """A prompt reduced to what the rules compare."""
 
@@ -225,25 +245,38 @@ def _number(text: str) -> str:
     return format(value, "f")
 
 
-def _token(tok: str) -> tuple[str, tuple[str, ...], bool]:
-    """(canonical form, numbers it carries, whether they are soft) of one token; memoised for
-    ordinary words, since prompts reuse a small vocabulary and this is the inner loop."""
-    return _token_memo(tok) if len(tok) <= 64 else _token_uncached(tok)
+# What a token is to the rules; "without" is directional ("coffee with/without sugar") and
+# not counted as a negation.
+_CONTENT, _DIRECTIONAL, _NEGATION, _STOPWORD = "content", "directional", "negation", "stopword"
+_TokenInfo = tuple[str, tuple[str, ...], bool, str, tuple[tuple[int, int], ...]]
 
 
-def _token_uncached(tok: str) -> tuple[str, tuple[str, ...], bool]:
+def _token_uncached(tok: str) -> _TokenInfo:
+    """(canonical form, numbers it carries, whether they are soft, its kind, its polarity
+    poles) of one token. Memoised for ordinary words (``_token_memo``), since prompts reuse a
+    small vocabulary and this is the inner loop of parsing."""
+    canonical = _canonical(tok)
+    if canonical in DIRECTIONAL:
+        kind = _DIRECTIONAL
+    elif canonical in NEGATIONS:
+        kind = _NEGATION
+    elif canonical in STOPWORDS:
+        kind = _STOPWORD
+    else:
+        kind = _CONTENT
+    polar = tuple(_POLAR.get(canonical, ()))
     ordinal = _ORDINAL.match(tok)
     if ordinal:
-        return _canonical(tok), (f"#{int(ordinal.group(1))}",), False
+        return canonical, (f"#{int(ordinal.group(1))}",), False, kind, polar
     if tok in ORDINAL_WORDS:
-        return _canonical(tok), (ORDINAL_WORDS[tok],), False
+        return canonical, (ORDINAL_WORDS[tok],), False, kind, polar
     if tok in SOFT_NUMBERS:
-        return _canonical(tok), (NUMBER_WORDS[tok],), True
+        return canonical, (NUMBER_WORDS[tok],), True, kind, polar
     if tok in NUMBER_WORDS:
-        return _canonical(tok), (NUMBER_WORDS[tok],), False
+        return canonical, (NUMBER_WORDS[tok],), False, kind, polar
     if not tok.isalpha():
-        return _canonical(tok), tuple(_number(d) for d in _DIGITS.findall(tok)), False
-    return _canonical(tok), (), False
+        return canonical, tuple(_number(d) for d in _DIGITS.findall(tok)), False, kind, polar
+    return canonical, (), False, kind, polar
 
 
 MEMO_MAX_CHARS = 4096  # longer prompts are parsed in full each time, never kept in the memo
@@ -292,39 +325,50 @@ def _split_contractions(raw: list[str]) -> list[str]:
 
 
 def _build(tokens: list[str]) -> _Parsed:
+    """One pass over the tokens: this runs once per new prompt on every candidate check."""
     numbers: list[str] = []
     soft: list[str] = []
     stemmed: list[str] = []
-    for tok in tokens:
-        canonical, hard, is_soft = _token(tok)
-        stemmed.append(canonical)
-        if is_soft:
-            soft.extend(hard)
-        else:
-            numbers.extend(hard)
-    content = tuple(t for t in stemmed if t not in STOPWORDS and t not in _SPECIAL)
-    content_set = set(content)
-    attachments = []
+    content: list[str] = []
+    skeleton: list[str] = []
+    attachments: list[tuple[str, str]] = []
+    polarity: list[tuple[int, int]] = []
     pending: list[str] = []  # directional words waiting for their object
-    for tok in stemmed:
-        if tok in DIRECTIONAL:
-            pending.append(tok)
-        elif tok in content_set and pending:
-            attachments += [(d, tok) for d in pending]
-            pending = []
+    negations = 0
+    for tok in tokens:
+        canonical, hard, is_soft, kind, polar = (
+            _token_memo(tok) if len(tok) <= 64 else _token_uncached(tok)
+        )
+        stemmed.append(canonical)
+        if hard:
+            (soft if is_soft else numbers).extend(hard)
+        if polar:
+            polarity += polar
+        if kind is _CONTENT:
+            content.append(canonical)
+            skeleton.append(canonical)
+            if pending:
+                attachments += [(d, canonical) for d in pending]
+                pending = []
+        elif kind is _DIRECTIONAL:
+            pending.append(canonical)
+            skeleton.append(canonical)
+        elif kind is _NEGATION:
+            negations += 1
+    bag = sorted(content)
     return _Parsed(
         norm=" ".join(stemmed),
         tokens=tuple(stemmed),
-        surface=frozenset(tokens) | frozenset(stemmed),
-        content=content,
-        core=tuple(sorted(t for t in content if t not in _POLAR)),
-        bag=tuple(sorted(content)),
+        surface=frozenset(tokens).union(stemmed),
+        content=tuple(content),
+        core=tuple(t for t in bag if t not in _POLAR),
+        bag=tuple(bag),
         directions=tuple(sorted(d for d, _ in attachments)),
-        skeleton=tuple(t for t in stemmed if t in DIRECTIONAL or t in content_set),
+        skeleton=tuple(skeleton),
         numbers=tuple(sorted(numbers)),
         soft_numbers=tuple(sorted(soft)),
-        negations=sum(t in NEGATIONS and t != "without" for t in stemmed),
-        polarity=tuple(sorted(p for t in stemmed for p in _POLAR.get(t, ()))),
+        negations=negations,
+        polarity=tuple(sorted(polarity)),
         attachments=tuple(sorted(attachments)),
     )
 
@@ -452,10 +496,37 @@ def _split_antonym(set_a: frozenset[str], set_b: frozenset[str]) -> tuple[str, s
     return None
 
 
+def _root(word: str) -> str:
+    """The word less up to two final vowels of its ending ("movie"/"movy" -> "mov"), since the
+    light stemmer leaves "movies" and "movie", "dating" and "date" in different forms."""
+    for _ in range(2):
+        if len(word) > 3 and word[-1] in "eiy":
+            word = word[:-1]
+    return word
+
+
 def _variants(x: str, y: str) -> bool:
-    """Two forms of one word: one is a prefix of the other, sharing at least 4 letters."""
+    """Two forms of one word, or two words of one interchangeable class: not a substitution.
+
+    Forms of one word: one is a prefix of the other sharing at least 4 letters ("help" /
+    "helpful"), the same root ("movie" / "movies"), or a common prefix of 6 letters or more
+    covering at least 80% of the shorter word ("defragmentation" / "defragmenter"; but not
+    "internship" / "internet").
+    """
+    if x in _INTERCHANGEABLE and _INTERCHANGEABLE.get(y) == _INTERCHANGEABLE[x]:
+        return True
     short, long_ = sorted((x, y), key=len)
-    return len(short) >= 4 and long_.startswith(short) and short.isalpha()
+    if not short.isalpha():
+        return False
+    if len(short) >= 4 and long_.startswith(short):
+        return True
+    root = _root(short)
+    if len(root) >= 3 and root == _root(long_):
+        return True
+    common = 0
+    while common < len(short) and short[common] == long_[common]:
+        common += 1
+    return common >= 6 and 5 * common >= 4 * len(short)
 
 
 def _crossed(pa: _Parsed, pb: _Parsed) -> tuple[str, str] | None:
@@ -570,12 +641,19 @@ def _substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, st
     while hi < min(len(a), len(b)) - lo and a[-1 - hi] == b[-1 - hi]:
         hi += 1
     mid_a, mid_b = a[lo : len(a) - hi], b[lo : len(b) - hi]
-    matcher = difflib.SequenceMatcher(
-        a=mid_a, b=mid_b, autojunk=max(len(mid_a), len(mid_b)) > LONG_ALIGNMENT
-    )
+    if set(mid_a).isdisjoint(mid_b):
+        # Nothing to align inside: difflib would answer one replace (or an insertion), so skip
+        # building its matcher, the larger part of this rule's cost on ordinary prompts.
+        opcodes: Sequence[tuple[str, int, int, int, int]] = [
+            ("replace" if mid_a and mid_b else "insert", 0, len(mid_a), 0, len(mid_b))
+        ]
+    else:
+        opcodes = difflib.SequenceMatcher(
+            a=mid_a, b=mid_b, autojunk=max(len(mid_a), len(mid_b)) > LONG_ALIGNMENT
+        ).get_opcodes()
     subs: list[tuple[str, str]] = []
     common = lo + hi
-    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+    for op, i1, i2, j1, j2 in opcodes:
         a_part, b_part = mid_a[i1:i2], mid_b[j1:j2]
         if op == "equal":
             common += i2 - i1

@@ -20,6 +20,7 @@ MUST_REJECT = [
     ("flights to London", "flights from London", "polarity"),
     ("turn the lights on", "turn the lights off", "polarity"),
     ("coffee with sugar", "coffee without sugar", "polarity"),
+    ("Can I get a virtual card?", "Can I get a non virtual card?", "negation"),
     # numbers: digits, words, decimals, groupings, versions, ordinals, dates, times, money
     ("Convert 10 miles to km", "Convert 20 miles to km", "numbers"),
     ("How much is 100 USD in EUR?", "How much is 500 USD in EUR?", "numbers"),
@@ -172,6 +173,23 @@ MUST_ACCEPT = [
     ("In 1965 he moved to Boston to study law at Harvard", "He moved to Boston in 1965 to study law at Harvard"),
     ("Why do people believe the earth is flat?", "Why are there still people who believe the earth is flat?"),
     ("Flights from London to Paris tomorrow", "Tomorrow's flights to Paris from London"),
+    # two forms of one word are not a substitution
+    ("Which is your favorite movie?", "Which are your favorite movies?"),
+    ("What is disk defragmentation?", "What is a disk defragmenter?"),
+    ("Tips for dating an Australian", "Tips to date an Australian"),
+    # nor are two words of one interchangeable class
+    ("What are good pick up lines?", "What are the best pick up lines?"),
+    ("Recommend a movie about space", "Recommend a film about space"),
+    ("Where can I buy a used car?", "Where can I purchase a used car?"),
+]
+
+# The exemptions stay narrow: a shared prefix alone does not make two words one word, and a
+# word outside the interchangeable classes still counts as a substitution.
+STILL_SUBSTITUTIONS = [
+    ("How do I find an internship?", "How do I find an internet?"),
+    ("How do I reset my password?", "How do I reset my passport?"),
+    ("What is a good laptop?", "What is a cheap laptop?"),
+    ("Recommend a movie about space", "Recommend a book about space"),
 ]
 
 
@@ -181,6 +199,11 @@ def test_must_reject(cached, new, rule):
     assert verdict.rejected and verdict.rule == rule, verdict
     assert V.verify(cached, new, 0.99) is False
     assert V.explain(new, cached).rejected  # a near-miss is a near-miss both ways
+
+
+@pytest.mark.parametrize("cached, new", STILL_SUBSTITUTIONS)
+def test_exemptions_from_substitution_stay_narrow(cached, new):
+    assert V.explain(cached, new).rule == "substitution"
 
 
 @pytest.mark.parametrize("cached, new", MUST_ACCEPT)
