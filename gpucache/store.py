@@ -13,7 +13,12 @@ Memory: the vectors live in one preallocated ``(capacity_alloc, D)`` device tens
 as it fills (amortised O(1) adds), with a scope id and an expiry time per row beside it. A
 free row has scope id -1, so masking by scope also masks free rows. The scan walks the rows in
 chunks so the ``(Q, chunk)`` score block never exceeds ``scan_budget_bytes``, and keeps a running
-top-K, so a million rows can be scanned with a few megabytes of scratch.
+top-K, so a million rows can be scanned with a few megabytes of scratch. Each block's top-K goes
+through its block maxima (``gpucache.topk``), and the scope/expiry mask is applied only to a
+block that has a dead row: on the CPU both passes used to cost as much as the matmul.
+
+On a CPU, fp16 storage answers batches (Q > 1) from its fp32 host copy, which sits in the same
+memory: x86 has no fast fp16 matmul, and a single query's fp16 scan is still the faster one.
 
 Quantized storage (``quantization=``) keeps the device copy in fp16, bf16 or int8 (one fp32
 scale per row) to save device memory and bandwidth, and a full-precision fp32 copy in host
@@ -44,6 +49,7 @@ from collections.abc import Sequence
 import torch
 
 from gpucache.devices import DeviceLike, resolve_device
+from gpucache.topk import block_topk
 
 FREE = -1
 NEVER = math.inf
@@ -294,10 +300,17 @@ class ExactScanStore:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         q = queries.shape[0]
         chunk = max(1, min(self._high, self.scan_budget_bytes // (4 * q)))
+        vectors = self._vectors
+        if (self.quantization == "fp16" and self.device.type == "cpu" and q > 1
+                and self.scan_kernel == "torch"):
+            # x86 CPUs have no fast fp16 matmul (0.4 GFLOP/s here, against 171 in fp32), and
+            # widening the rows costs more than the product; a CPU store's fp32 copy is in the
+            # same memory, so a batch scans that (exact scores; the rescore then changes nothing)
+            vectors = self._full
         while True:
             try:
                 return self._scan(queries.to(self.device, torch.float32), k, scope_id, now, chunk,
-                                  self._vectors, self._scopes, self._expires, self._scales)
+                                  vectors, self._scopes, self._expires, self._scales)
             except torch.OutOfMemoryError:
                 # The cache shares the device with a model, whose memory use moves: retry with
                 # half the scratch, then scan CPU copies rather than fail the lookup.
@@ -339,7 +352,7 @@ class ExactScanStore:
         best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)
         best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)
         int8_queries = None
-        if self.quantization == "int8" and device.type == "cpu" and INT8_MATMUL:
+        if vectors.dtype == torch.int8 and device.type == "cpu" and INT8_MATMUL:
             # int8 x int8 -> int32 on the CPU (oneDNN VNNI): 1M x 384 rows in 31 ms here, where
             # widening the rows to fp32 first took 490 ms. The queries are quantized per row
             # too; the ranking is approximate and the candidates are rescored in fp32 anyway.
@@ -350,17 +363,22 @@ class ExactScanStore:
             block = vectors[start:stop]  # (C, D)
             if int8_queries is not None:
                 dots = torch._int_mm(int8_queries, block.T)  # (Q, D) @ (D, C) -> (Q, C) int32
-                scores = dots.float() * q_scale[:, None] * scales[start:stop]  # (Q, C)
-            elif self.quantization == "int8":
+                # ranked without the query's own scale, which is the same along a row: these
+                # scores only choose candidates for the fp32 rescore (one pass fewer)
+                scores = dots.float().mul_(scales[start:stop])  # (Q, C)
+            elif vectors.dtype == torch.int8:
                 scores = self._score(queries, block.float()) * scales[start:stop]  # (Q, C)
-            elif self.quantization == "fp32":
+            elif vectors.dtype == torch.float32:
                 scores = self._score(queries, block)  # (Q, C)
             else:
-                scores = self._score(queries.to(block.dtype), block).float()  # (Q, C)
+                # fp16/bf16 scores, ranked as they are: converting the whole block to fp32
+                # first cost more than the topk (the candidates are rescored in fp32 anyway)
+                scores = self._score(queries.to(block.dtype), block)  # (Q, C)
             dead = (scopes[start:stop] != scope_id) | (expires[start:stop] <= now)  # (C,)
-            scores.masked_fill_(dead, -math.inf)  # broadcast over queries
-            top, idx = scores.topk(min(k, stop - start), dim=1)  # (Q, k'), (Q, k')
-            merged_scores = torch.cat([best_scores, top], dim=1)  # (Q, K + k')
+            if bool(dead.any()):  # one pass over C, saving a pass over Q x C when all are live
+                scores.masked_fill_(dead, -math.inf)  # broadcast over queries
+            top, idx = block_topk(scores, min(k, stop - start))  # (Q, k'), (Q, k')
+            merged_scores = torch.cat([best_scores, top.float()], dim=1)  # (Q, K + k')
             merged_rows = torch.cat([best_rows, idx + start], dim=1)  # (Q, K + k')
             best_scores, pick = merged_scores.topk(k, dim=1)  # (Q, K)
             best_rows = merged_rows.gather(1, pick)  # (Q, K)
@@ -368,8 +386,14 @@ class ExactScanStore:
         return best_scores, best_rows
 
     def _score(self, queries: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-        if FP32_MATMUL_VIA_NUMPY and block.device.type == "cpu" and block.dtype == torch.float32:
-            return torch.from_numpy(queries.numpy() @ block.numpy().T)  # (Q, C), no copies
+        """(Q, C) dot products of the queries with a block of rows, on the fastest path."""
+        if block.device.type == "cpu":
+            if FP32_MATMUL_VIA_NUMPY and block.dtype == torch.float32:
+                return torch.from_numpy(queries.numpy() @ block.numpy().T)  # (Q, C), no copies
+            if queries.shape[0] == 1 and block.dtype != torch.float32:
+                # a half-precision (1, D) x (D, C) product takes a slow path on the CPU (8 ms
+                # for 10k bf16 rows here); the same numbers as (C, D) x (D, 1) took 0.5 ms
+                return (block @ queries.T).T  # (C, 1) -> (1, C)
         return queries @ block.T  # (Q, D) @ (D, C) -> (Q, C)
 
     def _take_rows(self, m: int) -> list[int]:
