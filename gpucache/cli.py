@@ -98,7 +98,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     plot = out.with_suffix(".png")
     plotted = plot_curves(results, plot) if results else False
     about = (
-        f"Model {embedder.name} on {embedder.device} ({embedder.dtype}); torch {torch.__version__}, "
+        f"Model {embedder.name} on {embedder.device} ({embedder.dtype}"
+        + (f", matmuls in {embedder.autocast_dtype}" if embedder.autocast_dtype else "")
+        + f"); torch {torch.__version__}, "
         f"transformers {transformers.__version__}; verifier {verifier.name}."
     )
     command = "gpucache eval " + " ".join(shlex.quote(str(p)) for p in args.pairs)

@@ -33,3 +33,22 @@ def resolve_device(device: DeviceLike = "auto") -> torch.device:
     if resolved.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
     return resolved
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this machine's CPU (Linux ``/proc/cpuinfo``; empty
+    elsewhere, which reads as "no special fast paths")."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), where a bf16 model
+    runs faster than fp32; elsewhere bf16 is emulated and slower."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())

