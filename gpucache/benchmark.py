@@ -261,7 +261,9 @@ class _FillRouter:
         return self.real.encode(texts)  # type: ignore[no-any-return]
 
 
-def bench_overhead(device: torch.device, n: int, repeat: int) -> dict[str, Any]:
+def bench_overhead(
+    device: torch.device, n: int, repeat: int, quantization: str | None = None
+) -> dict[str, Any]:
     """get_or_put_all on a cache of ``n`` entries, minus the embedding of its batch and its
     (instant) loader: the cache's own work per batch, as a fraction of the embedding time."""
     from gpucache import SemanticCache, StoreEverything
@@ -270,7 +272,7 @@ def bench_overhead(device: torch.device, n: int, repeat: int) -> dict[str, Any]:
 
     router = _FillRouter(TransformerEmbedder(device=device))
     cache = SemanticCache(router, device=device, capacity=n + 10_000,  # type: ignore[arg-type]
-                          cache_policy=StoreEverything())
+                          cache_policy=StoreEverything(), quantization=quantization)
     for first in range(0, n, 50_000):
         cache.warm([(f"{router.prefix}{i}", "x") for i in range(first, min(n, first + 50_000))])
     base = list(dict.fromkeys(item.prompt for item in load_workload()))[:64]
@@ -291,6 +293,7 @@ def bench_overhead(device: torch.device, n: int, repeat: int) -> dict[str, Any]:
             total_times.append(total)
     embed_s, total_s = statistics.median(embed_times), statistics.median(total_times)
     return {"n": n, "batch": len(base), "embed_s": embed_s, "get_or_put_all_s": total_s,
+            "quantization": quantization or "fp32",
             "overhead_fraction": (total_s - embed_s) / embed_s}
 
 
@@ -338,8 +341,10 @@ def run_bench(
         report.scans = bench_scan(device, ns, qs, list(QUANTIZATIONS), 4, repeat,
                                   telemetry=telemetry)
         report.end_to_end = bench_end_to_end(device, 1 if quick else repeat)
-        report.end_to_end["overhead"] = bench_overhead(device, 10_000 if quick else 100_000,
-                                                       1 if quick else repeat)
+        report.end_to_end["overhead"] = [
+            bench_overhead(device, 10_000 if quick else 100_000, 1 if quick else repeat, mode)
+            for mode in (None, "bf16")
+        ]
         report.telemetry = telemetry
         reports.append(report)
     return reports
@@ -392,9 +397,10 @@ def render(reports: list[BenchReport], command: str) -> str:
                   f"{ee['prompts']} demo prompts in batches of 32 (embed, scan, verify, store; "
                   f"instant loader): {ee['seconds']:.2f} s, {ee['prompts_per_s']:.0f} prompts/s, "
                   f"hit rate {ee['hit_rate']:.1%}.", ""]
-        if "overhead" in ee:
-            o = ee["overhead"]
-            lines += [f"Cache overhead at N = {o['n']} stored entries (synthetic vectors), batches "
+        overheads = ee.get("overhead", [])
+        for o in [overheads] if isinstance(overheads, dict) else overheads:  # old reports: one
+            lines += [f"Cache overhead at N = {o['n']} stored entries (synthetic vectors, "
+                      f"{o.get('quantization', 'fp32')} storage), batches "
                       f"of {o['batch']} new demo prompts: embedding {1000 * o['embed_s']:.0f} ms, "
                       f"get_or_put_all {1000 * o['get_or_put_all_s']:.0f} ms, overhead beyond "
                       f"embedding and the (instant) loader {o['overhead_fraction']:.1%} of the "
