@@ -46,10 +46,11 @@ import math
 import warnings
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from gpucache.devices import DeviceLike, resolve_device
-from gpucache.topk import block_topk
+from gpucache.topk import block_topk, block_topk_numpy
 
 FREE = -1
 NEVER = math.inf
@@ -348,6 +349,8 @@ class ExactScanStore:
             high = self._high
             live = (scopes[:high] == scope_id) & (expires[:high] > now)  # (N,)
             return scan_topk(queries.to(vectors.dtype), vectors[:high], live, k)
+        if FP32_MATMUL_VIA_NUMPY and vectors.dtype == torch.float32 and vectors.device.type == "cpu":
+            return self._scan_numpy(queries, k, scope_id, now, chunk, vectors, scopes, expires)
         q, device = queries.shape[0], queries.device
         best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)
         best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)
@@ -384,6 +387,31 @@ class ExactScanStore:
             best_rows = merged_rows.gather(1, pick)  # (Q, K)
         best_rows.masked_fill_(best_scores == -math.inf, -1)
         return best_scores, best_rows
+
+    def _scan_numpy(
+        self, queries: torch.Tensor, k: int, scope_id: int, now: float, chunk: int,
+        vectors: torch.Tensor, scopes: torch.Tensor, expires: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_scan`` for fp32 rows on a CPU whose fp32 products go through numpy's BLAS: the
+        whole loop stays in numpy (see ``block_topk_numpy`` for why), on the same memory."""
+        high, q = self._high, queries.shape[0]
+        dead = ((scopes[:high] != scope_id) | (expires[:high] <= now)).numpy()  # (N,)
+        any_dead = bool(dead.any())
+        best_scores = np.full((q, k), -np.inf, dtype=np.float32)
+        best_rows = np.full((q, k), -1, dtype=np.int64)
+        for start in range(0, high, chunk):
+            stop = min(start + chunk, high)
+            scores = self._score(queries, vectors[start:stop]).numpy()  # (Q, C), shared memory
+            if any_dead:
+                scores[:, dead[start:stop]] = -np.inf  # dead rows, broadcast over queries
+            top, idx = block_topk_numpy(scores, min(k, stop - start))  # (Q, k'), (Q, k')
+            merged_scores = np.concatenate([best_scores, top], axis=1)  # (Q, K + k')
+            merged_rows = np.concatenate([best_rows, idx + start], axis=1)  # (Q, K + k')
+            pick = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]  # (Q, K)
+            best_scores = np.take_along_axis(merged_scores, pick, axis=1)
+            best_rows = np.take_along_axis(merged_rows, pick, axis=1)
+        best_rows[best_scores == -np.inf] = -1
+        return torch.from_numpy(best_scores), torch.from_numpy(best_rows)
 
     def _score(self, queries: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         """(Q, C) dot products of the queries with a block of rows, on the fastest path."""

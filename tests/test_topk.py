@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucache.topk import BLOCK, block_topk
+from gpucache.topk import BLOCK, block_topk, block_topk_numpy
 
 
 def _check(scores: torch.Tensor, k: int) -> None:
@@ -73,3 +73,32 @@ def test_property_same_values_as_topk(q, c, k, seed, levels):
     # few distinct levels: many ties, the hard case for a selection by block maxima
     scores = torch.randint(0, levels, (q, c), generator=generator).float()
     _check(scores, k)
+
+
+@pytest.mark.parametrize("q", [1, 8, 33])
+@pytest.mark.parametrize("c", [1, BLOCK - 1, BLOCK, BLOCK + 1, 10 * BLOCK, 1000, 4099])
+@pytest.mark.parametrize("k", [1, 4, 20])
+def test_the_numpy_twin_matches_torch_topk(q, c, k):
+    k = min(k, c)
+    torch.manual_seed(q * 10_000 + c * 10 + k + 1)
+    scores = torch.randn(q, c)
+    scores[:, ::5] = -math.inf
+    values, columns = block_topk_numpy(scores.numpy(), k)
+    expected = scores.topk(k, dim=1).values
+    assert torch.equal(torch.from_numpy(values), expected)
+    assert torch.equal(scores.gather(1, torch.from_numpy(columns)), expected)
+    assert all(len(set(row)) == k for row in columns.tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    q=st.integers(1, 20), c=st.integers(1, 600), k=st.integers(1, 40), seed=st.integers(0, 999),
+    levels=st.integers(2, 50),
+)
+def test_property_numpy_twin_same_values_as_topk(q, c, k, seed, levels):
+    k = min(k, c)
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, levels, (q, c), generator=generator).float()
+    values, columns = block_topk_numpy(scores.numpy(), k)
+    assert torch.equal(torch.from_numpy(values), scores.topk(k, dim=1).values)
+    assert torch.equal(scores.gather(1, torch.from_numpy(columns)), torch.from_numpy(values))
