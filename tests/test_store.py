@@ -205,6 +205,35 @@ def test_max_device_bytes_caps_the_allocation():
 
 
 @pytest.mark.parametrize("via_numpy", [True, False])
+@pytest.mark.parametrize("q", [1, 7, 40, 300])
+@pytest.mark.parametrize("chunk_rows", [64, 1000, 5000])
+def test_both_scan_loops_agree_with_brute_force_on_masked_rows(monkeypatch, via_numpy, q, chunk_rows):
+    """Wide blocks (the block-maxima top-k), both product orientations (Q <= 256 and above),
+    several scopes and expired rows, on the numpy loop and on the torch loop."""
+    import gpucache.store as store_module
+
+    monkeypatch.setattr(store_module, "FP32_MATMUL_VIA_NUMPY", via_numpy)
+    n = 4099
+    vectors = unit_rows(n, 24, 41)
+    queries = unit_rows(q, 24, 42)
+    scopes = [i % 3 for i in range(n)]
+    expires = [5.0 if i % 7 == 0 else math.inf for i in range(n)]
+    store = ExactScanStore(24, device="cpu", scan_budget_bytes=chunk_budget(chunk_rows, q))
+    for scope in range(3):
+        rows = [i for i in range(n) if scopes[i] == scope]
+        store.add(vectors[rows], scope, [expires[i] for i in rows])
+    order = [i for scope in range(3) for i in range(n) if scopes[i] == scope]  # store row -> input
+    for scope in (0, 2):
+        scores, rows = store.search(queries, 6, scope, now=10.0)
+        want_scores, _ = brute_force(queries, vectors, scopes, expires, 6, scope, 10.0)
+        torch.testing.assert_close(scores, want_scores, rtol=0, atol=1e-5)
+        for i, row in enumerate(rows[0].tolist()):  # each row found holds its score
+            original = order[row]
+            assert scopes[original] == scope and expires[original] > 10.0
+            assert abs(float(queries[0] @ vectors[original]) - float(scores[0, i])) < 1e-5
+
+
+@pytest.mark.parametrize("via_numpy", [True, False])
 def test_both_cpu_matmul_paths_give_the_same_results(monkeypatch, via_numpy):
     """The fp32 CPU scan multiplies through numpy's BLAS on AMD CPUs and through torch
     elsewhere; both paths are exercised here whatever this machine is."""
