@@ -35,17 +35,27 @@ def resolve_device(device: DeviceLike = "auto") -> torch.device:
     return resolved
 
 
-def cpu_flags() -> frozenset[str]:
-    """The instruction-set flags of this machine's CPU (Linux ``/proc/cpuinfo``; empty
-    elsewhere, which reads as "no special fast paths")."""
+def _cpuinfo(field: str) -> str:
+    """The first value of ``field`` in Linux's ``/proc/cpuinfo``; "" elsewhere, which reads as
+    "no special fast paths"."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return frozenset()
+    return ""
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id (such as AuthenticAMD or GenuineIntel); empty where unknown."""
+    return _cpuinfo("vendor_id")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this machine's CPU (empty where unknown)."""
+    return frozenset(_cpuinfo("flags").split())
 
 
 def cpu_has_native_bf16() -> bool:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import os
 import re
 import unicodedata
 from collections import Counter
@@ -344,16 +345,16 @@ def _build(tokens: list[str]) -> _Parsed:
             (soft if is_soft else numbers).extend(hard)
         if polar:
             polarity += polar
-        if kind is _CONTENT:
+        if kind == _CONTENT:
             content.append(canonical)
             skeleton.append(canonical)
             if pending:
                 attachments += [(d, canonical) for d in pending]
                 pending = []
-        elif kind is _DIRECTIONAL:
+        elif kind == _DIRECTIONAL:
             pending.append(canonical)
             skeleton.append(canonical)
-        elif kind is _NEGATION:
+        elif kind == _NEGATION:
             negations += 1
     bag = sorted(content)
     return _Parsed(
@@ -523,9 +524,7 @@ def _variants(x: str, y: str) -> bool:
     root = _root(short)
     if len(root) >= 3 and root == _root(long_):
         return True
-    common = 0
-    while common < len(short) and short[common] == long_[common]:
-        common += 1
+    common = len(os.path.commonprefix((short, long_)))
     return common >= 6 and 5 * common >= 4 * len(short)
 
 

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gpucache.devices import DeviceLike, resolve_device
+from gpucache.devices import DeviceLike, cpu_vendor, resolve_device
 from gpucache.topk import block_topk, block_topk_numpy
 
 FREE = -1
@@ -60,23 +60,12 @@ _STORAGE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16
             "int8": torch.int8}
 
 
-def _cpu_vendor() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 # torch's CPU builds use MKL, which takes slow generic code paths on AMD processors: on this
 # project's 2-core AMD EPYC an fp32 (1, 384) x (384, 1M) product took 193 ms in torch and 69 ms
 # through numpy's OpenBLAS, and (1024, 384) x (384, 100k) 559 ms against 415 ms (the bench
 # report measures both). On AMD CPUs the fp32 scan therefore multiplies through numpy, on the
 # same memory (torch.from_numpy shares it); elsewhere it stays in torch.
-FP32_MATMUL_VIA_NUMPY = _cpu_vendor() == "AuthenticAMD"
+FP32_MATMUL_VIA_NUMPY = cpu_vendor() == "AuthenticAMD"
 
 
 # Up to this many queries, BLAS answers (C, D) x (D, Q) faster than (Q, D) x (D, C) (FAISS
