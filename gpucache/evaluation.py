@@ -72,6 +72,7 @@ class PairResult:
     accepted: list[bool]  # verifier's answer per pair
     near_miss: list[bool]
     rejected_by_rule: dict[str, int] = field(default_factory=dict)
+    rule: list[str] = field(default_factory=list)  # the rule that rejected each pair, "" if none
     verify_us_cold: float = 0.0  # median, neither prompt seen before
     verify_us_warm: float = 0.0  # median, the cached prompt seen before (as in a running cache)
 
@@ -97,6 +98,21 @@ class PairResult:
         threshold = positives[k - 1] if k > 0 else 1.0 + 1e-6
         return threshold, self.rates(threshold, guarded=False).false_hit
 
+    def rule_yield(self, threshold: float) -> dict[str, tuple[int, int]]:
+        """Per rule, the (label-0, label-1) pairs at or above ``threshold`` it rejected: the
+        false hits it prevented and the hits it cost where the threshold had served them."""
+        out: dict[str, list[int]] = {}
+        for s, lab, rule in zip(self.similarity, self.labels, self.rule):
+            if rule and s >= threshold:
+                out.setdefault(rule, [0, 0])[lab] += 1
+        return {k: (v[0], v[1]) for k, v in out.items()}
+
+    def threshold_yield(self, low: float, high: float) -> tuple[int, int]:
+        """(label-0, label-1) pairs with ``low <= similarity < high``: what raising the
+        threshold from ``low`` to ``high`` stops serving, the yardstick for a rule."""
+        band = [lab for s, lab in zip(self.similarity, self.labels) if low <= s < high]
+        return band.count(0), band.count(1)
+
 
 def evaluate_pairs(
     path: str | Path, embedder: Embedder, verifier: HitVerifier, name: str | None = None
@@ -114,11 +130,13 @@ def evaluate_pairs(
     explain = getattr(verifier, "explain", None)
     accepted: list[bool] = []
     rules: dict[str, int] = {}
+    rule_of: list[str] = []
     for x, y, s in zip(a, b, sims):
         ok = verifier.verify(x, y, s)
         accepted.append(ok)
-        if not ok and explain is not None:
-            rule = explain(x, y).rule
+        rule = "" if ok else (explain(x, y).rule if explain is not None else "rejected")
+        rule_of.append(rule)
+        if rule:
             rules[rule] = rules.get(rule, 0) + 1
     cold, warm = time_verifier(verifier, a, b, sims)
     labels = [int(r["label"]) for r in rows]  # type: ignore[call-overload]
@@ -134,6 +152,7 @@ def evaluate_pairs(
         accepted=accepted,
         near_miss=near,
         rejected_by_rule=rules,
+        rule=rule_of,
         verify_us_cold=cold,
         verify_us_warm=warm,
     )
@@ -281,6 +300,7 @@ def render_report(
             "(above 1: the verifier buys fewer false hits than a higher threshold would). "
             "verify: median microseconds per call, cold = neither prompt parsed before, warm = "
             "the cached prompt parsed before (as in a running cache).", ""]
+    out += _rule_yield_section(results, threshold)
     for r in results:
         out += [f"## {r.name}: by threshold", "",
                 "| threshold | only: false hits | only: hits | verifier: false hits | "
@@ -307,6 +327,28 @@ def render_report(
     if plot:
         out += [f"![hit rate against false-hit rate]({plot})", ""]
     return "\n".join(out)
+
+
+def _rule_yield_section(results: Sequence[PairResult], threshold: float) -> list[str]:
+    """What each rule stops at the default threshold, against what a higher threshold stops
+    for the same hits: the evidence for keeping a rule, file by file."""
+    out = [f"## What each rule stops at threshold {threshold}", "",
+           "Pairs at or above the threshold that a rule rejected, as label-0 (false hits "
+           "prevented) / label-1 (hits lost). The last column is what raising the threshold "
+           "to the same hit rate stops instead: a rule whose label-0 share is higher than that "
+           "band's earns its place on that file; one whose share is lower acts worse than a "
+           "higher threshold there.", ""]
+    names = sorted({k for r in results for k in r.rule_yield(threshold)})
+    out += ["| set | " + " | ".join(names) + " | threshold raised to the same hit rate |",
+            "|---|" + "---:|" * (len(names) + 1)]
+    for r in results:
+        got = r.rule_yield(threshold)
+        t_eq, _ = r.threshold_only_at_hit_rate(r.rates(threshold, True).hit)
+        band = r.threshold_yield(threshold, t_eq)
+        cells = [f"{got[n][0]} / {got[n][1]}" if n in got else "-" for n in names]
+        out.append(f"| {r.name} | " + " | ".join(cells) + f" | {band[0]} / {band[1]} "
+                   f"({threshold:g} to {t_eq:.3f}) |")
+    return out + [""]
 
 
 def plot_curves(results: Sequence[PairResult], path: str | Path) -> bool:

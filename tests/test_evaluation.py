@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpucache import LexicalNearMissVerifier, ThresholdOnly
-from gpucache.evaluation import evaluate_pairs, render_report, replay_intents, word_jaccard
+from gpucache.evaluation import PairResult, evaluate_pairs, render_report, replay_intents, word_jaccard
 
 
 def write_jsonl(path, rows):
@@ -33,12 +33,29 @@ def test_pairs_rates_through_the_real_model(tmp_path, real_embedder):
     assert guarded.false_hit == 0.0 and guarded.near_miss_false_hit == 0.0
     assert guarded.hit == plain.hit == 1.0
     assert result.rejected_by_rule == {"direction": 1}
+    assert result.rule_yield(0.85) == {"direction": (1, 0)}  # one false hit stopped, no hit lost
+    assert result.rule_yield(1.0) == {}  # above every pair's similarity nothing was at stake
     threshold, fh = result.threshold_only_at_hit_rate(1.0)
     assert threshold <= min(s for s, lab in zip(result.similarity, result.labels) if lab == 1)
     assert fh == 0.5
     text = render_report([result], [], threshold=0.85, top_k=1, command="cmd", about="about",
                          plot=None)
     assert "| pairs | 4 |" in text and "50.0% / 100.0%" in text
+    assert "| set | direction | threshold raised to the same hit rate |" in text
+
+
+def test_rule_and_threshold_yields_count_by_label():
+    result = PairResult(
+        name="t", pairs=5, label0=3, label1=2, near_misses=0,
+        similarity=[0.95, 0.91, 0.88, 0.86, 0.70], labels=[0, 1, 0, 1, 0],
+        accepted=[False, False, True, True, True], near_miss=[False] * 5,
+        rule=["numbers", "substitution", "", "", ""],
+    )
+    assert result.rule_yield(0.9) == {"numbers": (1, 0), "substitution": (0, 1)}
+    assert result.rule_yield(0.96) == {}
+    # raising the threshold from 0.85 to 0.9 stops the pairs at 0.88 (label 0) and 0.86 (label 1)
+    assert result.threshold_yield(0.85, 0.9) == (1, 1)
+    assert result.threshold_yield(0.9, 0.9) == (0, 0)
 
 
 def test_replay_counts_answers_from_another_intent(tmp_path, fake_embedder):
