@@ -7,6 +7,7 @@ from gpucache.admission import AdmissionPolicy
 from gpucache.cache import Hit, LoadAbandoned, SemanticCache
 from gpucache.devices import resolve_device
 from gpucache.embedder import Embedder, TransformerEmbedder
+from gpucache.kernel_choice import ScanKernelChooser
 from gpucache.keys import DEFAULT_SCOPE, prompt_key
 from gpucache.lexical import LexicalNearMissVerifier
 from gpucache.policy import CachePolicy, ContentPolicy, PolicyDecision, StoreEverything
@@ -24,6 +25,7 @@ __all__ = [
     "ContentPolicy",
     "LoadAbandoned",
     "PolicyDecision",
+    "ScanKernelChooser",
     "StoreEverything",
     "CacheStats",
     "Embedder",

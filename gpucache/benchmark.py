@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from gpucache.kernel_choice import bucket, size_class
 from gpucache.store import QUANTIZATIONS, ExactScanStore
 
 
@@ -158,6 +159,8 @@ def bench_scan(
 
         if device.type == "cuda" and triton_available():  # the fused kernel, on a GPU only
             variants += [("gpucache-triton", m, "triton") for m in modes if m != "int8"]
+            # the default, which times both kernels on its first scan of each shape
+            variants += [("gpucache-auto", m, "auto") for m in modes if m != "int8"]
         for engine, mode, kernel in variants:
             store = ExactScanStore(dim, device=device, quantization=mode, initial_rows=n,
                                    scan_budget_bytes=256 * 2**20, scan_kernel=kernel)
@@ -174,7 +177,11 @@ def bench_scan(
                                for a, b in zip(rows.tolist(), reference[q].tolist()))
                     recall = hits / (q * k)
                 nbytes = n * (store.row_bytes - 16)
-                results.append(ScanResult(str(device), engine, mode, n, q, seconds, spread,
+                label = engine
+                if store.kernel_chooser is not None:  # say which kernel the default chose
+                    chosen = store.kernel_chooser.choices.get((bucket(q), size_class(n)), "torch")
+                    label = f"gpucache-auto:{chosen}"
+                results.append(ScanResult(str(device), label, mode, n, q, seconds, spread,
                                           q / seconds, nbytes / seconds / 1e9, recall))
                 if telemetry is not None and device.type == "cuda":
                     from gpucache.telemetry import gpu_readings

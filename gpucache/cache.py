@@ -155,6 +155,9 @@ class SemanticCache:
             candidates are rescored in full precision, so it can cost a miss, never cause a hit.
         max_device_bytes: the most device memory the store may take (the cache shares the GPU
             with a model); the cache evicts to stay within it. None: bounded by capacity only.
+        scan_kernel: "auto" (on CUDA with Triton: the faster of the two scan kernels, timed
+            on this cache's own scans; elsewhere torch), "torch" or "triton". A speed setting
+            of this machine, so snapshots do not keep it.
     """
 
     def __init__(
@@ -174,6 +177,7 @@ class SemanticCache:
         replay_chunk_chars: int = 64,
         quantization: str | None = None,
         max_device_bytes: int | None = None,
+        scan_kernel: str = "auto",
     ) -> None:
         self.threshold = check_threshold(threshold)
         self.top_k = check_positive_int(top_k, "top_k")
@@ -209,6 +213,7 @@ class SemanticCache:
             quantization=quantization,
             max_device_bytes=max_device_bytes,
             initial_rows=min(1024, self.capacity),
+            scan_kernel=scan_kernel,
         )
         self.quantization = self.store.quantization
         self.max_device_bytes = max_device_bytes

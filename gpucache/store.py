@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from gpucache.devices import DeviceLike, cpu_vendor, resolve_device
+from gpucache.kernel_choice import ScanKernelChooser
 from gpucache.topk import block_topk, block_topk_numpy
 
 FREE = -1
@@ -86,6 +87,14 @@ def _int8_matmul_works() -> bool:
 INT8_MATMUL = _int8_matmul_works()
 
 
+def _triton_importable() -> bool:
+    """Whether the fused kernel can run; imported only for CUDA stores (importing Triton
+    takes a while, and a CPU store never uses it unasked)."""
+    from gpucache.kernels import triton_available
+
+    return triton_available()
+
+
 def overfetch(k: int) -> int:
     """Candidates a quantized scan keeps for the full-precision rescore of its top ``k``."""
     return 4 * k + 16
@@ -101,9 +110,10 @@ class ExactScanStore:
         scan_budget_bytes: the most memory one (Q, chunk) fp32 score block may take.
         quantization: None or "fp32" (full precision on the device), "fp16", "bf16" or "int8".
         max_device_bytes: the most device memory the store's tensors may take; None: no cap.
-        scan_kernel: "torch" (chunked matmul + topk) or "triton" (the fused kernel of
-            ``gpucache.kernels``; fp32/fp16/bf16 storage, CUDA or Triton's CPU interpreter).
-            torch stays the default until a GPU benchmark shows the kernel faster.
+        scan_kernel: "auto", "torch" (chunked matmul + topk) or "triton" (the fused kernel
+            of ``gpucache.kernels``; fp32/fp16/bf16 storage, CUDA or Triton's CPU interpreter).
+            "auto" times both on this store's own scans on CUDA when Triton is installed and
+            keeps the faster per shape (``ScanKernelChooser``); elsewhere it is "torch".
     """
 
     def __init__(
@@ -115,7 +125,7 @@ class ExactScanStore:
         scan_budget_bytes: int = 64 * 2**20,
         quantization: str | None = None,
         max_device_bytes: int | None = None,
-        scan_kernel: str = "torch",
+        scan_kernel: str = "auto",
     ) -> None:
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be an int >= 1, got {dim!r}")
@@ -126,8 +136,10 @@ class ExactScanStore:
         mode = "fp32" if quantization is None else quantization
         if mode not in QUANTIZATIONS:
             raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
-        if scan_kernel not in ("torch", "triton"):
-            raise ValueError(f"scan_kernel must be 'torch' or 'triton', got {scan_kernel!r}")
+        if scan_kernel not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"scan_kernel must be 'auto', 'torch' or 'triton', got {scan_kernel!r}"
+            )
         if scan_kernel == "triton":
             from gpucache.kernels import triton_available
 
@@ -135,9 +147,15 @@ class ExactScanStore:
                 raise ValueError("scan_kernel='triton' needs triton: pip install 'gpucache[kernels]'")
             if mode == "int8":
                 raise ValueError("scan_kernel='triton' supports fp32, fp16 and bf16 storage")
-        self.scan_kernel = scan_kernel
         self.dim = dim
         self.device = resolve_device(device)
+        self.kernel_chooser: ScanKernelChooser | None = None
+        if scan_kernel == "auto":
+            if self.device.type == "cuda" and mode != "int8" and _triton_importable():
+                self.kernel_chooser = ScanKernelChooser(self.device)
+            else:
+                scan_kernel = "torch"  # nothing to choose between: said so in the attribute
+        self.scan_kernel = scan_kernel
         self.scan_budget_bytes = scan_budget_bytes
         self.quantization = mode
         self._dtype = _STORAGE[mode]
@@ -337,8 +355,24 @@ class ExactScanStore:
         vectors: torch.Tensor, scopes: torch.Tensor, expires: torch.Tensor,
         scales: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunked scan with a running top-k over rows [0, high) of the given tensors."""
-        if self.scan_kernel == "triton" and not self._falling_back:
+        """Chunked scan with a running top-k over rows [0, high) of the given tensors, with
+        the kernel the store was given or, under "auto", the one measured faster here."""
+        args = (queries, k, scope_id, now, chunk, vectors, scopes, expires, scales)
+        kernel = self.scan_kernel
+        if self._falling_back:
+            kernel = "torch"
+        elif self.kernel_chooser is not None:
+            kernel = self.kernel_chooser.choose(
+                queries.shape[0], self._high, lambda name: self._scan_with(name, *args)
+            )
+        return self._scan_with(kernel, *args)
+
+    def _scan_with(
+        self, kernel: str, queries: torch.Tensor, k: int, scope_id: int, now: float, chunk: int,
+        vectors: torch.Tensor, scopes: torch.Tensor, expires: torch.Tensor,
+        scales: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if kernel == "triton":
             from gpucache.kernels import scan_topk
 
             high = self._high

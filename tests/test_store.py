@@ -35,7 +35,7 @@ def chunk_budget(rows_per_chunk: int, q: int) -> int:
 
 from gpucache.kernels import triton_available  # noqa: E402
 
-KERNELS = ["torch"] + (["triton"] if triton_available() else [])
+KERNELS = ["auto", "torch"] + (["triton"] if triton_available() else [])
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -1,0 +1,121 @@
+"""scan_kernel="auto": the store times both scan kernels on its own data and keeps the faster,
+per query bucket and size class. The choice moves speed only, never an answer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from gpucache.kernels import triton_available
+
+from gpucache.kernel_choice import TIMED_RUNS, ScanKernelChooser, bucket, size_class, wall_timer
+from gpucache.store import ExactScanStore
+
+
+class ScriptedTimer:
+    """Runs the scan it is given (so the measured code really runs) and reports the seconds
+    scripted for that kernel, as a real timer would report what it saw."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+        self.measured: list[str] = []
+        self.results: dict[str, object] = {}
+
+    def __call__(self, run, device):
+        kernel = run.args[0]  # functools.partial(run, kernel)
+        self.measured.append(kernel)
+        self.results[kernel] = run()
+        return self.seconds[kernel]
+
+
+def unit_rows(n: int, d: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
+
+
+@pytest.mark.parametrize(("queries", "want"), [(1, "1"), (2, "<=64"), (64, "<=64"), (65, ">64")])
+def test_query_buckets(queries, want):
+    assert bucket(queries) == want
+
+
+def test_size_classes_are_powers_of_four():
+    assert [size_class(n) for n in (1, 3, 4, 15, 16, 65536, 262143, 262144)] == [
+        0, 0, 1, 1, 2, 8, 8, 9
+    ]
+
+
+def test_the_faster_kernel_is_kept_per_shape_and_measured_once():
+    timer = ScriptedTimer({"torch": 2.0, "triton": 1.0})
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=100, timer=timer)
+    ran: list[str] = []
+    assert chooser.choose(64, 1000, ran.append) == "triton"
+    assert timer.measured == ["torch", "triton"] and ran == ["torch", "triton"]
+    assert chooser.choose(32, 1000, ran.append) == "triton"  # same bucket, same size class
+    assert chooser.choose(64, 4000, ran.append) == "triton"  # 4x the rows: measured again
+    assert len(timer.measured) == 4
+    timer.seconds = {"torch": 0.5, "triton": 1.0}
+    assert chooser.choose(1, 1000, ran.append) == "torch"  # Q = 1 is its own shape
+    assert chooser.choices == {("<=64", 4): "triton", ("<=64", 5): "triton", ("1", 4): "torch"}
+    assert chooser.timings[("1", 4)] == {"torch": 0.5, "triton": 1.0}
+
+
+def test_a_small_store_uses_torch_unmeasured_and_a_tie_keeps_torch():
+    timer = ScriptedTimer({"torch": 1.0, "triton": 1.0})
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=100, timer=timer)
+    assert chooser.choose(64, 99, lambda name: None) == "torch" and timer.measured == []
+    assert chooser.choose(64, 100, lambda name: None) == "torch" and len(timer.measured) == 2
+
+
+def test_wall_timer_warms_up_then_takes_the_median():
+    calls = []
+    seconds = wall_timer(lambda: calls.append(1), torch.device("cpu"))
+    assert len(calls) == TIMED_RUNS + 1 and 0 <= seconds < 1
+
+
+def test_auto_is_torch_where_there_is_nothing_to_choose():
+    assert ExactScanStore(8, device="cpu").scan_kernel == "torch"  # the default is "auto"
+    assert ExactScanStore(8, device="cpu").kernel_chooser is None
+    assert ExactScanStore(8, device="cpu", quantization="int8").scan_kernel == "torch"
+    with pytest.raises(ValueError, match="'auto', 'torch' or 'triton'"):
+        ExactScanStore(8, scan_kernel="fastest")
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("faster", ["torch", "triton"])
+def test_an_auto_store_answers_the_same_whichever_kernel_wins(faster):
+    """Both kernels really run (Triton under its CPU interpreter here); the store answers with
+    the winner and the answers agree with a torch-only store."""
+    n, d, q, k = 300, 16, 3, 4
+    vectors, queries = unit_rows(n, d, 1), unit_rows(q, d, 2)
+    expires = [math.inf if i % 7 else 5.0 for i in range(n)]
+    reference = ExactScanStore(d, device="cpu", scan_kernel="torch")
+    auto = ExactScanStore(d, device="cpu", scan_kernel="torch")
+    timer = ScriptedTimer({"torch": 1.0, "triton": 1.0, faster: 0.5})
+    auto.kernel_chooser = ScanKernelChooser(auto.device, min_rows=1, timer=timer)
+    auto.scan_kernel = "auto"  # as a CUDA store with Triton would be built
+    for store in (reference, auto):
+        store.add(vectors, 0, expires)
+    want = reference.search(queries, k, 0, now=10.0)
+    got = auto.search(queries, k, 0, now=10.0)
+    assert auto.kernel_chooser.choices == {("<=64", size_class(n)): faster}
+    for result in (got, *timer.results.values()):
+        torch.testing.assert_close(result[0], want[0], rtol=0, atol=1e-5)
+        assert torch.equal(result[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()),
+                    reason="needs CUDA and triton")
+def test_on_cuda_auto_measures_and_agrees_with_torch():
+    n, d, q, k = 70_000, 384, 64, 4
+    vectors, queries = unit_rows(n, d, 3).cuda(), unit_rows(q, d, 4).cuda()
+    auto = ExactScanStore(d, device="cuda", initial_rows=n)
+    plain = ExactScanStore(d, device="cuda", initial_rows=n, scan_kernel="torch")
+    for store in (auto, plain):
+        store.add(vectors, 0, [math.inf] * n)
+    assert auto.scan_kernel == "auto" and auto.kernel_chooser is not None
+    got, want = auto.search(queries, k, 0), plain.search(queries, k, 0)
+    assert set(auto.kernel_chooser.choices.values()) <= {"torch", "triton"}
+    assert len(auto.kernel_chooser.choices) == 1
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-4)
