@@ -44,9 +44,10 @@ def block_topk(scores: torch.Tensor, k: int, block: int = BLOCK) -> tuple[torch.
 
 
 def block_topk_numpy(scores: np.ndarray, k: int, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
-    """``block_topk`` for a numpy block laid out rows-first, ``(C, Q)`` (pass ``scores.T`` for a
-    ``(Q, C)`` block: no copy, same speed). Returns ``(values, rows)``, both ``(Q, k)``, values
-    in descending order.
+    """``block_topk`` for a numpy block laid out rows-first, ``(C, Q)``. Returns ``(values,
+    rows)``, both ``(Q, k)``, values in descending order. A ``(Q, C)`` block passed as
+    ``scores.T`` is answered correctly but slower (18 ms against torch's 7 ms for 1024 x 10k):
+    the store hands those to ``block_topk``.
 
     Why a numpy twin: on a CPU whose fp32 scan multiplies through numpy's BLAS, following the
     product with torch reductions hands the cores back and forth between two thread pools,
