@@ -24,7 +24,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,10 +140,60 @@ def bench_embedder(device: torch.device, prompts: list[str], repeat: int) -> dic
     return result
 
 
+BLOCK_SECONDS = 0.2
+BLOCK_RUNS = 50
+
+
+def timed_together(
+    fns: Sequence[Callable[[], object]], device: torch.device, repeat: int
+) -> list[tuple[float, float]]:
+    """``timed`` for several functions compared with each other: each is timed in a block
+    right after the others (seconds apart, where timing all N and Q of one engine before the
+    next had let minutes of a shared machine's drift decide the comparison), in forward order
+    then in reverse order, so a load that rises or falls through the measurement falls on
+    every engine alike. Each block starts with an untimed run: the engines use different
+    thread pools (torch's OpenMP, numpy's BLAS, FAISS's OpenMP), and a pool that has just
+    worked keeps spinning on the cores for a while (interleaved run by run, FAISS's fp32
+    Q = 64 search took 29 ms instead of 4).
+    """
+    times: list[list[float]] = [[] for _ in fns]
+    halves = [(repeat + 1) // 2, repeat // 2]
+    order = list(range(len(fns)))
+    for runs, indices in zip(halves, (order, order[::-1])):
+        for i in indices:
+            if runs == 0:
+                continue
+            fns[i]()  # settles the thread pools this engine uses
+            _sync(device)
+            spent, done = 0.0, 0
+            # fast cases run until the block has taken BLOCK_SECONDS (up to BLOCK_RUNS runs):
+            # a median of 3 runs of a 1 ms search is mostly the machine's noise
+            while done < runs or (spent < BLOCK_SECONDS and done < BLOCK_RUNS):
+                start = time.perf_counter()
+                fns[i]()
+                _sync(device)
+                times[i].append(time.perf_counter() - start)
+                spent += times[i][-1]
+                done += 1
+    return [(statistics.median(t), max(t) - min(t)) for t in times]
+
+
+@dataclass
+class _Engine:
+    label: str  # "gpucache", "gpucache-triton", "gpucache-auto", "faiss"
+    mode: str
+    search: Callable[[Any, int], Any]  # (queries, k) -> rows (Q, K) as a tensor or array
+    bytes_per_row: int
+    device: str
+    store: ExactScanStore | None = None
+
+
 def bench_scan(
     device: torch.device, ns: list[int], qs: list[int], modes: list[str], k: int, repeat: int,
     dim: int = 384, telemetry: list[dict[str, Any]] | None = None,
 ) -> list[ScanResult]:
+    """Every engine on the same data and queries; for each (N, Q) the engines are timed
+    together (``timed_together``) and recall is against gpucache fp32 (exact)."""
     results: list[ScanResult] = []
     gen = torch.Generator().manual_seed(0)
     for n in ns:
@@ -153,47 +203,65 @@ def bench_scan(
             + 0.2 * torch.randn(max(qs), dim, generator=gen),
             dim=1,
         )
-        reference: dict[int, torch.Tensor] = {}
-        variants = [("gpucache", mode, "torch") for mode in modes]
-        from gpucache.kernels import triton_available
-
-        if device.type == "cuda" and triton_available():  # the fused kernel, on a GPU only
-            variants += [("gpucache-triton", m, "triton") for m in modes if m != "int8"]
-            # the default, which times both kernels on its first scan of each shape
-            variants += [("gpucache-auto", m, "auto") for m in modes if m != "int8"]
-        for engine, mode, kernel in variants:
-            store = ExactScanStore(dim, device=device, quantization=mode, initial_rows=n,
-                                   scan_budget_bytes=256 * 2**20, scan_kernel=kernel)
-            store.add(data, 0, [float("inf")] * n)
-            for q in qs:
-                queries = queries_all[:q].to(device)
-                seconds, spread = timed(functools.partial(store.search, queries, k, 0), device, repeat)
-                rows = store.search(queries, k, 0)[1].cpu()
-                if mode == "fp32" and kernel == "torch":
-                    reference[q] = rows
+        engines = _our_engines(device, data, modes) + _faiss_engines(data)
+        for q in qs:
+            queries = queries_all[:q]
+            on_device, on_host = queries.to(device), queries.numpy()
+            calls = [functools.partial(e.search, on_host if e.label == "faiss" else on_device, k)
+                     for e in engines]
+            timings = timed_together(calls, device, repeat)
+            reference = _rows_list(engines[0].search(on_device, k))  # gpucache fp32: exact
+            for engine, call, (seconds, spread) in zip(engines, calls, timings):
                 recall = None
-                if q in reference and (mode != "fp32" or kernel != "torch"):
-                    hits = sum(len(set(a) & set(b))
-                               for a, b in zip(rows.tolist(), reference[q].tolist()))
-                    recall = hits / (q * k)
-                nbytes = n * (store.row_bytes - 16)
-                label = engine
-                if store.kernel_chooser is not None:  # say which kernel the default chose
-                    chosen = store.kernel_chooser.choices.get((bucket(q), size_class(n)), "torch")
-                    label = f"gpucache-auto:{chosen}"
-                results.append(ScanResult(str(device), label, mode, n, q, seconds, spread,
-                                          q / seconds, nbytes / seconds / 1e9, recall))
-                if telemetry is not None and device.type == "cuda":
-                    from gpucache.telemetry import gpu_readings
+                if engine is not engines[0]:
+                    rows = _rows_list(call())
+                    recall = sum(len(set(a) & set(b)) for a, b in zip(rows, reference)) / (q * k)
+                label = engine.label
+                chooser = engine.store.kernel_chooser if engine.store is not None else None
+                if chooser is not None:  # say which kernel the default chose
+                    label += ":" + chooser.choices.get((bucket(q), size_class(n)), "torch")
+                results.append(ScanResult(
+                    engine.device, label, engine.mode, n, q, seconds, spread, q / seconds,
+                    n * engine.bytes_per_row / seconds / 1e9, recall,
+                ))
+            if telemetry is not None and device.type == "cuda":
+                from gpucache.telemetry import gpu_readings
 
-                    telemetry += [{"n": n, "q": q, "mode": mode, **asdict(r)}
-                                  for r in gpu_readings()[:1]]
-        results += _bench_faiss(data, queries_all, ns=[n], qs=qs, k=k, repeat=repeat,
-                                reference=reference)
+                telemetry += [{"n": n, "q": q, "mode": "all", **asdict(r)}
+                              for r in gpu_readings()[:1]]
+        del engines
     return results
 
 
-def _bench_faiss(data, queries_all, ns, qs, k, repeat, reference) -> list[ScanResult]:  # type: ignore[no-untyped-def]
+def _rows_list(rows: Any) -> list[list[int]]:
+    return (rows.cpu() if isinstance(rows, torch.Tensor) else torch.from_numpy(rows)).tolist()
+
+
+def _our_engines(device: torch.device, data: torch.Tensor, modes: list[str]) -> list[_Engine]:
+    """gpucache stores, fp32 with the torch kernel first (the recall reference); on CUDA with
+    Triton also the fused kernel and the "auto" default per mode."""
+    from gpucache.kernels import triton_available
+
+    variants = [("gpucache", mode, "torch") for mode in sorted(modes, key=lambda m: m != "fp32")]
+    if device.type == "cuda" and triton_available():
+        variants += [("gpucache-triton", m, "triton") for m in modes if m != "int8"]
+        variants += [("gpucache-auto", m, "auto") for m in modes if m != "int8"]
+    engines = []
+    n, dim = data.shape
+    for label, mode, kernel in variants:
+        store = ExactScanStore(dim, device=device, quantization=mode, initial_rows=n,
+                               scan_budget_bytes=256 * 2**20, scan_kernel=kernel)
+        store.add(data, 0, [float("inf")] * n)
+
+        def search(queries: torch.Tensor, k: int, store: ExactScanStore = store) -> torch.Tensor:
+            return store.search(queries, k, 0)[1]
+
+        engines.append(_Engine(label, mode, search, store.row_bytes - 16, str(device), store))
+    return engines
+
+
+def _faiss_engines(data: torch.Tensor) -> list[_Engine]:
+    """FAISS IndexFlatIP and its fp16 / int8 scalar quantizers, configured at their best."""
     try:
         import faiss
     except ImportError:
@@ -201,29 +269,23 @@ def _bench_faiss(data, queries_all, ns, qs, k, repeat, reference) -> list[ScanRe
     # faiss-cpu only switches to BLAS at Q >= 20 by default (distance_compute_blas_threshold);
     # below it a scalar loop runs. Compare against it at its best: BLAS for every batch size.
     faiss.cvar.distance_compute_blas_threshold = 1
-    results = []
-    n, dim = data.shape
     x = data.numpy()
-    variants: list[tuple[str, Any]] = [("fp32", faiss.IndexFlatIP(dim))]
+    dim = x.shape[1]
+    indexes: list[tuple[str, Any]] = [("fp32", faiss.IndexFlatIP(dim))]
     for name, qtype in (("fp16", faiss.ScalarQuantizer.QT_fp16), ("int8", faiss.ScalarQuantizer.QT_8bit)):
-        variants.append((name, faiss.IndexScalarQuantizer(dim, qtype, faiss.METRIC_INNER_PRODUCT)))
-    cpu = torch.device("cpu")
-    for mode, index in variants:
+        indexes.append((name, faiss.IndexScalarQuantizer(dim, qtype, faiss.METRIC_INNER_PRODUCT)))
+    engines = []
+    for mode, index in indexes:
         if not index.is_trained:
             index.train(x)
         index.add(x)
+
+        def search(queries: Any, k: int, index: Any = index) -> Any:
+            return index.search(queries, k)[1]
+
         bytes_per_row = {"fp32": 4 * dim, "fp16": 2 * dim, "int8": dim}[mode]
-        for q in qs:
-            queries = queries_all[:q].numpy()
-            seconds, spread = timed(functools.partial(index.search, queries, k), cpu, repeat)
-            _, rows = index.search(queries, k)
-            recall = None
-            if q in reference:
-                hits = sum(len(set(a) & set(b)) for a, b in zip(rows.tolist(), reference[q].tolist()))
-                recall = hits / (q * k)
-            results.append(ScanResult("cpu", "faiss", mode, n, q, seconds, spread, q / seconds,
-                                      n * bytes_per_row / seconds / 1e9, recall))
-    return results
+        engines.append(_Engine("faiss", mode, search, bytes_per_row, "cpu"))
+    return engines
 
 
 def bench_end_to_end(device: torch.device, repeat: int) -> dict[str, Any]:
@@ -419,7 +481,9 @@ def render(reports: list[BenchReport], command: str) -> str:
                   "the read bandwidth above (Q = 1) or of the faster of the mode's and fp32's "
                   "matmul rate (Q >= 64, 2QND FLOPs).", "",
                   "| engine | mode | N | Q | ms / batch (spread) | queries/s | GB/s | fraction | "
-                  "recall@4 vs fp32 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "recall@4 vs fp32 | vs FAISS flat |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        flat = {(s.n, s.q): s.queries_per_s for s in r.scans if s.engine == "faiss" and s.mode == "fp32"}
+        behind = []
         for s in r.scans:
             if s.q == 1:
                 frac = s.gb_per_s / r.read_gb_per_s
@@ -429,9 +493,20 @@ def render(reports: list[BenchReport], command: str) -> str:
                 rate = max(r.matmul_tflops.get(s.mode, 0.0), r.matmul_tflops.get("fp32", 0.0))
                 frac = (2 * s.q * s.n * 384 / s.seconds / 1e12) / rate if rate else 0.0
             recall = "-" if s.recall_at_k is None else f"{s.recall_at_k:.4f}"
+            versus = "-"
+            if s.engine.startswith("gpucache") and (s.n, s.q) in flat:
+                ratio = s.queries_per_s / flat[(s.n, s.q)]
+                versus = f"{ratio:.2f}x"
+                if ratio < 1:
+                    behind.append(f"{s.engine} {s.mode} N={s.n} Q={s.q} ({ratio:.3f}x)")
             lines.append(f"| {s.engine} | {s.mode} | {s.n} | {s.q} | {1000 * s.seconds:.2f} "
                          f"({1000 * s.spread:.2f}) | {s.queries_per_s:.0f} | {s.gb_per_s:.1f} | "
-                         f"{frac:.0%} | {recall} |")
+                         f"{frac:.0%} | {recall} | {versus} |")
+        if flat:
+            lines += ["", "Engines timed together for each (N, Q), in blocks, forward then "
+                      "reverse order, so the ratios hold on a busy machine. Below FAISS "
+                      "IndexFlatIP: "
+                      + ("; ".join(behind) if behind else "none") + "."]
         ee = r.end_to_end
         lines += ["", "### get_or_put_all end to end", "",
                   f"{ee['prompts']} demo prompts in batches of 32 (embed, scan, verify, store; "

@@ -17,6 +17,7 @@ def test_bench_quick_writes_a_report(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     text = out.read_text()
     assert "## cpu" in text and "read bandwidth" in text and "get_or_put_all end to end" in text
+    assert "| vs FAISS flat |" in text and "Engines timed together" in text
     data = json.loads(out.with_suffix(".json").read_text())
     scans = data[0]["scans"]
     modes = {s["mode"] for s in scans if s["engine"] == "gpucache"}
@@ -24,3 +25,29 @@ def test_bench_quick_writes_a_report(tmp_path):
     assert all(s["queries_per_s"] > 0 for s in scans)
     assert all(s["recall_at_k"] >= 0.99 for s in scans
                if s["engine"] == "gpucache" and s["recall_at_k"] is not None)
+
+
+def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):
+    import torch
+
+    import gpucache.benchmark as bench
+
+    monkeypatch.setattr(bench, "BLOCK_SECONDS", 0.0)  # exactly the runs asked for
+    log: list[str] = []
+    fns = [lambda name=name: log.append(name) for name in "abc"]
+    timings = bench.timed_together(fns, torch.device("cpu"), repeat=3)
+    assert len(timings) == 3 and all(median >= 0 and spread >= 0 for median, spread in timings)
+    # each block: one settling run, then its timed runs; 2 timed runs forward, 1 in reverse
+    assert "".join(log) == "aaabbbccc" + "ccbbaa"
+
+
+def test_fast_engines_run_until_the_block_has_taken_long_enough(monkeypatch):
+    import torch
+
+    import gpucache.benchmark as bench
+
+    monkeypatch.setattr(bench, "BLOCK_RUNS", 7)
+    monkeypatch.setattr(bench, "BLOCK_SECONDS", 10.0)  # never reached: capped by BLOCK_RUNS
+    log: list[int] = []
+    bench.timed_together([lambda: log.append(1)], torch.device("cpu"), repeat=2)
+    assert len(log) == (1 + 7) * 2  # a settling run and 7 timed runs per block, two blocks
