@@ -542,6 +542,12 @@ def render(reports: list[BenchReport], command: str) -> str:
                          f"{r.embed['gpucache_prompts_per_s'] / cpu.embed['gpucache_prompts_per_s']:.1f}x |")
             lines.append(f"| get_or_put_all prompts/s, {r.device} / cpu | "
                          f"{r.end_to_end['prompts_per_s'] / cpu.end_to_end['prompts_per_s']:.1f}x |")
+            on_cpu = {(s.mode, s.n, s.q): s.queries_per_s for s in cpu.scans if s.engine == "gpucache"}
+            largest = max((s.n for s in r.scans), default=0)
+            for s in r.scans:
+                if s.engine == "gpucache" and s.n == largest and (s.mode, s.n, s.q) in on_cpu:
+                    lines.append(f"| scan queries/s, {s.mode}, N = {s.n}, Q = {s.q}, {r.device} / "
+                                 f"cpu | {s.queries_per_s / on_cpu[(s.mode, s.n, s.q)]:.1f}x |")
         lines.append("")
     return "\n".join(lines)
 

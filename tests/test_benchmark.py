@@ -51,3 +51,25 @@ def test_fast_engines_run_until_the_block_has_taken_long_enough(monkeypatch):
     log: list[int] = []
     bench.timed_together([lambda: log.append(1)], torch.device("cpu"), repeat=2)
     assert len(log) == (1 + 7) * 2  # a settling run and 7 timed runs per block, two blocks
+
+
+def test_the_report_compares_each_mode_with_faiss_and_the_gpu_with_the_cpu():
+    from gpucache.benchmark import BenchReport, ScanResult, render
+
+    versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "12", "transformers": "5",
+                "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
+
+    def report(device, ours_qps, faiss_qps):
+        scans = [ScanResult(device, "gpucache", "int8", 1000, 1, 1 / ours_qps, 0.0, ours_qps, 1.0),
+                 ScanResult("cpu", "faiss", "fp32", 1000, 1, 1 / faiss_qps, 0.0, faiss_qps, 1.0)]
+        return BenchReport(device, versions, 10.0, {"fp32": 0.1}, scans=scans,
+                           embed={"prompts": 4, "gpucache_prompts_per_s": ours_qps, "dtype": "x"},
+                           end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": ours_qps,
+                                       "hit_rate": 0.5})
+
+    text = render([report("cpu", 50.0, 100.0), report("cuda:0", 400.0, 100.0)], "cmd")
+    assert "| gpucache | int8 | 1000 | 1 |" in text and "| 0.50x |" in text and "| 4.00x |" in text
+    assert "Below FAISS IndexFlatIP: gpucache int8 N=1000 Q=1 (0.500x)." in text
+    assert "Below FAISS IndexFlatIP: none." in text  # the GPU section
+    assert "| scan queries/s, int8, N = 1000, Q = 1, cuda:0 / cpu | 8.0x |" in text
+    assert "| embed prompts/s, cuda:0 / cpu | 8.0x |" in text
