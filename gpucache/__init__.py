@@ -3,6 +3,11 @@ question. Embeds and scans on the GPU when present, on the CPU otherwise."""
 
 from __future__ import annotations
 
+# First, before anything loads numpy: keeps OpenBLAS's worker threads from spinning on the
+# cores the embedder needs (see gpucache/blas_pool.py).
+from gpucache import blas_pool  # noqa: F401
+
+# isort: split
 from gpucache.admission import AdmissionPolicy
 from gpucache.cache import Hit, LoadAbandoned, SemanticCache
 from gpucache.devices import resolve_device

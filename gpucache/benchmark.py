@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from gpucache.blas_pool import BLAS_POOL_QUIET
 from gpucache.kernel_choice import bucket, size_class
 from gpucache.store import QUANTIZATIONS, ExactScanStore
 
@@ -386,7 +387,8 @@ def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "torch": torch.__version__,
            "transformers": transformers.__version__, "cuda": str(torch.version.cuda),
            "machine": platform.machine(), "processor": platform.processor() or "unknown",
-           "cpu_threads": str(torch.get_num_threads())}
+           "cpu_threads": str(torch.get_num_threads()),
+           "blas_pool": "quiet" if BLAS_POOL_QUIET else "spinning"}
     try:
         import faiss
 
@@ -459,7 +461,9 @@ def render(reports: list[BenchReport], command: str) -> str:
             f"## {r.device}", "",
             f"Commit {v['commit']}; Python {v['python']}, torch {v['torch']} (CUDA {v['cuda']}), "
             f"transformers {v['transformers']}, faiss {v['faiss']}; {v['machine']}, "
-            f"{v['cpu_threads']} torch threads.", "",
+            f"{v['cpu_threads']} torch threads"
+            + (f", numpy's BLAS pool {v['blas_pool']} when idle" if "blas_pool" in v else "")
+            + ".", "",
             f"Machine limits measured in this run (the higher of a measurement at its start and "
             f"one at its end{_limits_spread(r)}): read bandwidth {r.read_gb_per_s:.1f} GB/s; "
             "dense matmul " + ", ".join(f"{k} {1000 * t:.1f} GFLOP/s" for k, t in r.matmul_tflops.items())

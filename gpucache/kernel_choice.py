@@ -9,10 +9,10 @@ first time it scans a given shape, and keeps the faster.
 
 A shape is a query bucket (1, up to 64, more) and a size class (the store's rows, in powers of
 4): a store that grows 4x is measured again. The lookup that meets a new shape pays for the
-measurement, about eight scans (a warm-up and three timed runs per kernel), once per shape. Below ``MIN_ROWS`` both kernels take well under a
-millisecond and the torch path is used unmeasured. Both kernels return the same scores (fp32
-in IEEE precision, the half-precision modes rescored in fp32), so the choice moves speed only,
-never an answer.
+measurement, about eight scans (a warm-up and three timed runs per kernel), once per shape.
+Below ``MIN_ROWS`` both kernels take well under a millisecond and the torch path is used
+unmeasured. Both kernels return the same scores (fp32 in IEEE precision, the half-precision
+modes rescored in fp32), so the choice moves speed only, never an answer.
 """
 
 from __future__ import annotations

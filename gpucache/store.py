@@ -49,6 +49,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from gpucache.blas_pool import BLAS_POOL_QUIET
 from gpucache.devices import DeviceLike, cpu_vendor, resolve_device
 from gpucache.kernel_choice import ScanKernelChooser
 from gpucache.topk import block_topk, block_topk_numpy
@@ -65,8 +66,9 @@ _STORAGE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16
 # project's 2-core AMD EPYC an fp32 (1, 384) x (384, 1M) product took 193 ms in torch and 69 ms
 # through numpy's OpenBLAS, and (1024, 384) x (384, 100k) 559 ms against 415 ms (the bench
 # report measures both). On AMD CPUs the fp32 scan therefore multiplies through numpy, on the
-# same memory (torch.from_numpy shares it); elsewhere it stays in torch.
-FP32_MATMUL_VIA_NUMPY = cpu_vendor() == "AuthenticAMD"
+# same memory (torch.from_numpy shares it), provided OpenBLAS's threads sleep when idle (see
+# blas_pool.py: spinning, they slowed the next embedding by half); elsewhere it stays in torch.
+FP32_MATMUL_VIA_NUMPY = cpu_vendor() == "AuthenticAMD" and BLAS_POOL_QUIET
 
 
 # Up to this many queries, BLAS answers (C, D) x (D, Q) faster than (Q, D) x (D, C) (FAISS

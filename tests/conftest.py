@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import os
 
+# gpucache first, as an application would import it: it quiets numpy's BLAS thread pool, which
+# only works before numpy is loaded (gpucache/blas_pool.py), so the tests run the same paths.
+import gpucache  # noqa: F401
+
+# isort: split
 import torch
 
 # Triton kernels run on a CPU machine through Triton's interpreter; the variable must be set
