@@ -430,7 +430,9 @@ class ExactScanStore:
         """``_scan`` for fp32 rows on a CPU whose fp32 products go through numpy's BLAS: the
         whole loop stays in numpy (see ``block_topk_numpy`` for why), on the same memory."""
         high, q = self._high, queries.shape[0]
-        dead = ((scopes[:high] != scope_id) | (expires[:high] <= now)).numpy()  # (N,)
+        # computed in numpy, not torch: torch's OpenMP threads keep spinning after a parallel
+        # op and slowed the product that follows (100k rows, Q = 1: 14 ms against 8)
+        dead = (scopes[:high].numpy() != scope_id) | (expires[:high].numpy() <= now)  # (N,)
         any_dead = bool(dead.any())
         best_scores = np.full((q, k), -np.inf, dtype=np.float32)
         best_rows = np.full((q, k), -1, dtype=np.int64)
