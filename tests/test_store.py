@@ -148,9 +148,10 @@ def test_bad_shapes_and_arguments_raise_value_error(device):
 # --------------------------------------------------------------------- quantized storage
 
 
+@pytest.mark.parametrize("q", [1, 40, 150])  # 150: the rescore's query blocks, one ragged
 @pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
-def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode):
-    d, n, q, k = 32, 2000, 40, 4
+def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q):
+    d, n, k = 32, 2000, 4
     vectors = unit_rows(n, d, seed=11)
     # queries near stored rows, so the top candidates are close together: the hard case
     queries = torch.nn.functional.normalize(vectors[:q] + 0.3 * unit_rows(q, d, seed=12), dim=1)
