@@ -19,13 +19,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     from gpucache import __version__
-    from gpucache.devices import resolve_device
+    from gpucache.blas_pool import BLAS_POOL_QUIET
+    from gpucache.devices import cpu_has_native_bf16, cpu_vendor, resolve_device
+    from gpucache.store import FP32_MATMUL_VIA_NUMPY
     from gpucache.telemetry import gpu_readings
 
     print(f"gpucache      {__version__}")
     print(f"python        {platform.python_version()}")
     print(f"torch         {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
     print(f"device        {resolve_device('auto')} (chosen by device='auto')")
+    print(f"cpu           {cpu_vendor() or 'vendor unknown'}, bf16 "
+          f"{'native' if cpu_has_native_bf16() else 'emulated'}")
+    pool = ("sleeps when idle" if BLAS_POOL_QUIET else
+            "spins when idle (set OPENBLAS_THREAD_TIMEOUT=4 before numpy is imported)")
+    print(f"fp32 cpu scan {'numpy BLAS' if FP32_MATMUL_VIA_NUMPY else 'torch'}; numpy's BLAS pool {pool}")
     readings = gpu_readings()
     if not readings:
         print("gpus          none visible to NVML (no driver or no GPU)")
