@@ -158,12 +158,11 @@ def timed_together(
     Q = 64 search took 29 ms instead of 4).
     """
     times: list[list[float]] = [[] for _ in fns]
-    halves = [(repeat + 1) // 2, repeat // 2]
     order = list(range(len(fns)))
-    for runs, indices in zip(halves, (order, order[::-1])):
+    for runs, indices in (((repeat + 1) // 2, order), (repeat // 2, order[::-1])):
+        if runs == 0:
+            continue
         for i in indices:
-            if runs == 0:
-                continue
             fns[i]()  # settles the thread pools this engine uses
             _sync(device)
             spent, done = 0.0, 0

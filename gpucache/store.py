@@ -438,8 +438,10 @@ class ExactScanStore:
         self, queries: torch.Tensor, k: int, scope_id: int, now: float, chunk: int,
         vectors: torch.Tensor, scopes: torch.Tensor, expires: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_scan`` for fp32 rows on a CPU whose fp32 products go through numpy's BLAS: the
-        whole loop stays in numpy (see ``block_topk_numpy`` for why), on the same memory."""
+        """``_scan`` for fp32 rows on a CPU whose fp32 products go through numpy's BLAS, on the
+        same memory. The loop stays in numpy (see ``block_topk_numpy`` for why), except the
+        top-k of a queries-first block (Q > ``ROWS_FIRST_MAX_QUERIES``), where torch's
+        multi-core topk outweighs the handoff between the two thread pools."""
         high, q = self._high, queries.shape[0]
         # computed in numpy, not torch: torch's OpenMP threads keep spinning after a parallel
         # op and slowed the product that follows (100k rows, Q = 1: 14 ms against 8)
