@@ -18,7 +18,6 @@ modes rescored in fp32), so the choice moves speed only, never an answer.
 from __future__ import annotations
 
 import functools
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -38,8 +37,9 @@ def bucket(queries: int) -> str:
 
 
 def size_class(rows: int) -> int:
-    """Rows in powers of 4: a store 4x larger is a new shape."""
-    return int(math.log(max(rows, 1), 4))
+    """Rows in powers of 4: a store 4x larger is a new shape (integer arithmetic, exact at
+    every boundary, where a float logarithm rounds)."""
+    return (max(rows, 1).bit_length() - 1) // 2
 
 
 def wall_timer(run: Callable[[], object], device: torch.device) -> float:

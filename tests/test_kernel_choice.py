@@ -43,6 +43,8 @@ def test_size_classes_are_powers_of_four():
     assert [size_class(n) for n in (1, 3, 4, 15, 16, 65536, 262143, 262144)] == [
         0, 0, 1, 1, 2, 8, 8, 9
     ]
+    assert [size_class(4**k) for k in range(1, 30)] == list(range(1, 30))
+    assert [size_class(4**k - 1) for k in range(1, 30)] == list(range(0, 29))
 
 
 def test_the_faster_kernel_is_kept_per_shape_and_measured_once():
