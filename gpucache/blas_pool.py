@@ -5,7 +5,7 @@ in ``store.py``) while the embedder runs in torch, one after the other on the sa
 OpenBLAS's worker threads busy-wait for about 2^28 cycles (a tenth of a second) after every
 product before they sleep, and in that time they take the cores from torch's threads: on this
 project's 2-core AMD EPYC, embedding 64 prompts right after a scan took 140 ms instead of 86,
-and ``get_or_put_all`` end to end ran at 435 prompts/s instead of 969.
+and ``get_or_put_all`` end to end ran at 401 prompts/s instead of 905.
 
 ``OPENBLAS_THREAD_TIMEOUT=4`` (2^4 cycles) puts them to sleep at once. OpenBLAS reads it when
 it is loaded, that is when numpy is first imported (torch imports numpy), so gpucache sets it
