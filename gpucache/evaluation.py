@@ -30,6 +30,7 @@ import torch
 
 from gpucache.cache import SemanticCache
 from gpucache.embedder import Embedder
+from gpucache.lexical import ADDED_RULES, RULES, LexicalNearMissVerifier
 from gpucache.verifier import HitVerifier, ThresholdOnly
 
 THRESHOLDS = tuple(sorted({round(0.70 + 0.01 * i, 2) for i in range(29)} | {0.875}))
@@ -75,11 +76,14 @@ class PairResult:
     rule: list[str] = field(default_factory=list)  # the rule that rejected each pair, "" if none
     verify_us_cold: float = 0.0  # median, neither prompt seen before
     verify_us_warm: float = 0.0  # median, the cached prompt seen before (as in a running cache)
+    # the lexical verifier with a rule (or the additions) switched off: variant -> accepted per pair
+    ablation: dict[str, list[bool]] = field(default_factory=dict)
 
-    def rates(self, threshold: float, guarded: bool) -> Rates:
-        served = [
-            s >= threshold and (ok or not guarded) for s, ok in zip(self.similarity, self.accepted)
-        ]
+    def rates(self, threshold: float, guarded: bool, accepted: Sequence[bool] | None = None) -> Rates:
+        """The rates at ``threshold``, threshold only or guarded by the verifier's answers
+        (``accepted``, by default the verifier's own; an ablation variant's otherwise)."""
+        answers = self.accepted if accepted is None else accepted
+        served = [s >= threshold and (ok or not guarded) for s, ok in zip(self.similarity, answers)]
         fh = sum(v and lab == 0 for v, lab in zip(served, self.labels))
         hit = sum(v and lab == 1 for v, lab in zip(served, self.labels))
         nm = sum(v and m for v, m in zip(served, self.near_miss))
@@ -106,6 +110,13 @@ class PairResult:
             if rule and s >= threshold:
                 out.setdefault(rule, [0, 0])[lab] += 1
         return {k: (v[0], v[1]) for k, v in out.items()}
+
+    def dominance(self, threshold: float, accepted: Sequence[bool] | None = None) -> float:
+        """Threshold-only false hits at the hit rate the guarded mode reaches at ``threshold``,
+        over the guarded false hits: above 1, the verifier beats a higher threshold."""
+        guarded = self.rates(threshold, True, accepted)
+        _, fh_eq = self.threshold_only_at_hit_rate(guarded.hit)
+        return fh_eq / guarded.false_hit if guarded.false_hit else float("inf")
 
     def threshold_yield(self, low: float, high: float) -> tuple[int, int]:
         """(label-0, label-1) pairs with ``low <= similarity < high``: what raising the
@@ -139,6 +150,11 @@ def evaluate_pairs(
         if rule:
             rules[rule] = rules.get(rule, 0) + 1
     cold, warm = time_verifier(verifier, a, b, sims)
+    ablation: dict[str, list[bool]] = {}
+    if isinstance(verifier, LexicalNearMissVerifier) and not verifier.skip:
+        for variant, skip in ablation_variants().items():
+            without = LexicalNearMissVerifier(skip=skip)
+            ablation[variant] = [without.verify(x, y, s) for x, y, s in zip(a, b, sims)]
     labels = [int(r["label"]) for r in rows]  # type: ignore[call-overload]
     near = [lab == 0 and word_jaccard(x, y) >= NEAR_MISS_JACCARD for x, y, lab in zip(a, b, labels)]
     return PairResult(
@@ -155,7 +171,16 @@ def evaluate_pairs(
         rule=rule_of,
         verify_us_cold=cold,
         verify_us_warm=warm,
+        ablation=ablation,
     )
+
+
+def ablation_variants() -> dict[str, tuple[str, ...]]:
+    """The verifier variants the report compares with the default: each rule switched off
+    on its own, and the seed's rules alone (every addition off)."""
+    variants: dict[str, tuple[str, ...]] = {f"without {rule}": (rule,) for rule in RULES}
+    variants["seed rules only"] = ADDED_RULES
+    return variants
 
 
 def time_verifier(
@@ -289,7 +314,7 @@ def render_report(
     for r in results:
         plain, guarded = r.rates(threshold, False), r.rates(threshold, True)
         t_eq, fh_eq = r.threshold_only_at_hit_rate(guarded.hit)
-        ratio = fh_eq / guarded.false_hit if guarded.false_hit else float("inf")
+        ratio = r.dominance(threshold)
         out.append(
             f"| {r.name} | {r.pairs} | {plain.false_hit:.1%} / {plain.hit:.1%} | "
             f"{guarded.false_hit:.1%} / {guarded.hit:.1%} | {plain.near_miss_false_hit:.1%} / "
@@ -301,6 +326,7 @@ def render_report(
             "verify: median microseconds per call, cold = neither prompt parsed before, warm = "
             "the cached prompt parsed before (as in a running cache).", ""]
     out += _rule_yield_section(results, threshold)
+    out += _ablation_section(results, threshold)
     for r in results:
         out += [f"## {r.name}: by threshold", "",
                 "| threshold | only: false hits | only: hits | verifier: false hits | "
@@ -348,6 +374,32 @@ def _rule_yield_section(results: Sequence[PairResult], threshold: float) -> list
         cells = [f"{got[n][0]} / {got[n][1]}" if n in got else "-" for n in names]
         out.append(f"| {r.name} | " + " | ".join(cells) + f" | {band[0]} / {band[1]} "
                    f"({threshold:g} to {t_eq:.3f}) |")
+    return out + [""]
+
+
+def _ablation_section(results: Sequence[PairResult], threshold: float) -> list[str]:
+    """The default against the verifier with one rule off (or only the seed's rules), file by
+    file: the evidence a deployment needs to switch a rule off, and the limits of the rules."""
+    with_ablation = [r for r in results if r.ablation]
+    if not with_ablation:
+        return []
+    out = [f"## Each rule switched off (threshold {threshold})", "",
+           "Guarded false hits / hits, and the ratio to threshold-only at the same hit rate, "
+           "with one rule switched off (`LexicalNearMissVerifier(skip=(rule,))`) or with every "
+           "addition off (the seed's rules alone). A rule whose removal raises a file's ratio "
+           "acts worse than a higher threshold on that file.", "",
+           "| verifier | " + " | ".join(r.name for r in with_ablation) + " |",
+           "|---|" + "---|" * len(with_ablation)]
+    variants: list[tuple[str, dict[str, list[bool]]]] = [("all rules (the default)", {})]
+    variants += [(v, {r.name: r.ablation[v] for r in with_ablation}) for v in
+                 with_ablation[0].ablation]
+    for label, accepted in variants:
+        cells = []
+        for r in with_ablation:
+            answers = accepted.get(r.name)
+            g = r.rates(threshold, True, answers)
+            cells.append(f"{g.false_hit:.1%} / {g.hit:.1%}, {r.dominance(threshold, answers):.2f}x")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
     return out + [""]
 
 

@@ -18,9 +18,9 @@ the named additions measured in bench/reports/semantic-false-hits.md):
     negation      a negation appears on one side only                     -> reject
     polarity      same content words, a polarity word swapped ("to"/"from") -> reject
     antonym       a strong opposite on each side ("enable"/"disable")     -> reject  [addition]
+    question-word each side asks a different wh-thing ("who" vs "when")     -> reject  [addition]
     direction     same content words reordered around a directional word  -> reject
     swapped       same content words, two of them traded places            -> reject  [addition]
-    question-word each side asks a different wh-thing ("who" vs "when")     -> reject  [addition]
     crossed       shared words swap sides of a directional word elsewhere  -> reject  [addition]
     reordered     most content words shared (>= 5, Jaccard >= 0.6), some moved -> reject  [addition]
     substitution  content words align with only substitutions of <= 2 words each, no
@@ -29,7 +29,8 @@ the named additions measured in bench/reports/semantic-false-hits.md):
                   class, "good"/"best", are not substitutions)                     [addition]
 
 It is conservative by design: a one-word synonym swap ("cancel" vs "end") is also rejected and
-costs a miss, never a wrong answer. Everything here is a pure function of the two strings:
+costs a miss, never a wrong answer. Any rule can be switched off (``skip``); the report's
+ablation table gives, per benchmark file, the false hits and hits that costs. Everything here is a pure function of the two strings:
 no floating point, no ``hash()``, no torch, so every process and machine gives the same verdict.
 """
 
@@ -41,7 +42,7 @@ import os
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import NamedTuple
@@ -163,6 +164,14 @@ REORDER_MIN_SHARED = 5
 # still compared in full (numbers, negation, polarity, substitution) in linear-ish time.
 LONG_ALIGNMENT = 2000  # tokens in the differing middle before difflib's autojunk heuristic
 CROSSED_MAX_SHARED = 200  # shared words the pairwise crossed rule examines
+
+# The rules in the order they run. The seed's four (numbers; negation and polarity; direction;
+# substitution) and the additions the false-hit report measured; any of them can be switched off
+# (``LexicalNearMissVerifier(skip=...)``), which the report uses to show what each one buys.
+SEED_RULES = ("numbers", "negation", "polarity", "direction", "substitution")
+ADDED_RULES = ("antonym", "question-word", "swapped", "crossed", "reordered")
+RULES = ("numbers", "negation", "polarity", "antonym", "question-word", "direction", "swapped",
+         "crossed", "reordered", "substitution")
 
 # Wh-words that name what is asked for: "who wrote X" and "when was X published" share every
 # other word and still ask different questions.
@@ -407,61 +416,87 @@ class LexicalNearMissVerifier:
 
     ``verify`` ignores the similarity: the threshold has already admitted the candidate, and
     the verifier's job is to catch what similarity cannot see.
+
+    ``skip`` names rules (from ``RULES``) not to run. Every rule is on by default; switching one
+    off trades wrong answers for hits, and the false-hit report's ablation table says how many
+    of each on every benchmark file, so a deployment can decide with numbers (a cache of long
+    news-like prompts loses many hits to "reordered", for instance).
     """
 
     name = "lexical-near-miss"
 
+    def __init__(self, skip: Iterable[str] = ()) -> None:
+        if isinstance(skip, str):
+            raise TypeError("skip takes a collection of rule names, not one string")
+        skipped = frozenset(skip)
+        unknown = sorted(skipped.difference(RULES))
+        if unknown:
+            raise ValueError(f"unknown rules {unknown}; the rules are {', '.join(RULES)}")
+        self.skip = skipped
+        if skipped:
+            self.name = f"lexical-near-miss-without-{'-'.join(r for r in RULES if r in skipped)}"
+
+    def __repr__(self) -> str:
+        skipped = ", ".join(repr(r) for r in RULES if r in self.skip)
+        return f"LexicalNearMissVerifier(skip=({skipped}{',' if len(self.skip) == 1 else ''}))"
+
     def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
         return not self.explain(cached_prompt, new_prompt).rejected
 
-    @staticmethod
-    def explain(cached_prompt: str, new_prompt: str) -> Verdict:
+    def explain(self, cached_prompt: str, new_prompt: str) -> Verdict:
         """Which rule decides this pair, and the words involved."""
         a, b = _parse(cached_prompt), _parse(new_prompt)
         if a.norm == b.norm:
             return Verdict(False, "identical")
+        skip = self.skip
         nums_a, nums_b = _numbers_of(a, b), _numbers_of(b, a)
-        if nums_a != nums_b:
+        if nums_a != nums_b and "numbers" not in skip:
             diff_a = sorted((Counter(nums_a) - Counter(nums_b)).elements())
             diff_b = sorted((Counter(nums_b) - Counter(nums_a)).elements())
             return Verdict(
                 True, "numbers", f"numbers differ: {' '.join(diff_a) or '-'} vs "
                 f"{' '.join(diff_b) or '-'}", tuple(diff_a + diff_b)
             )
-        if (a.negations > 0) != (b.negations > 0):
+        if (a.negations > 0) != (b.negations > 0) and "negation" not in skip:
             return Verdict(True, "negation", "a negation on one side only", ("not",))
-        if a.core == b.core and a.polarity != b.polarity and _poles_swapped(a.polarity, b.polarity):
+        if (
+            a.core == b.core and a.polarity != b.polarity and "polarity" not in skip
+            and _poles_swapped(a.polarity, b.polarity)
+        ):
             words = _polar_words(a, b)
             return Verdict(True, "polarity", f"polarity swapped: {' vs '.join(words)}", words)
-        opposite = _split_antonym(a.surface, b.surface)
+        opposite = _split_antonym(a.surface, b.surface) if "antonym" not in skip else None
         if opposite:
             return Verdict(True, "antonym", f"opposites: {opposite[0]} vs {opposite[1]}", opposite)
         asks_a = QUESTION_WORDS.intersection(a.tokens)
         asks_b = QUESTION_WORDS.intersection(b.tokens)
-        if asks_a and asks_b and not asks_a & asks_b:
+        if asks_a and asks_b and not asks_a & asks_b and "question-word" not in skip:
             words = (" ".join(sorted(asks_a)), " ".join(sorted(asks_b)))
             return Verdict(True, "question-word", f"asks {words[0]} vs {words[1]}", words)
         same_content = a.bag == b.bag
-        if same_content and a.directions == b.directions and a.attachments != b.attachments:
+        if (
+            same_content and a.directions == b.directions and a.attachments != b.attachments
+            and "direction" not in skip
+        ):
             moved = tuple(sorted({o for _, o in set(a.attachments) ^ set(b.attachments)}))
             return Verdict(
                 True, "direction", f"reordered around a directional word: {' '.join(moved)}", moved
             )
-        if same_content and a.content != b.content:
+        if same_content and a.content != b.content and "swapped" not in skip:
             swap = _exchanged(a.skeleton, b.skeleton)
             if swap:
                 return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
-        crossed = _crossed(a, b)
+        crossed = _crossed(a, b) if "crossed" not in skip else None
         if crossed:
             return Verdict(
                 True, "crossed", f"{crossed[0]} and {crossed[1]} swap sides of a directional word",
                 crossed,
             )
-        moved = _reordered(a, b)
+        moved = _reordered(a, b) if "reordered" not in skip else ()
         if moved:
             shown = " ".join(moved)
             return Verdict(True, "reordered", f"shared words moved: {shown}", moved)
-        subs = _substitutions(a.content, b.content)
+        subs = _substitutions(a.content, b.content) if "substitution" not in skip else []
         if subs:
             words = tuple(w for pair in subs for w in pair)
             shown = ", ".join(f"{x} -> {y}" for x, y in subs)

@@ -7,7 +7,14 @@ import json
 import pytest
 
 from gpucache import LexicalNearMissVerifier, ThresholdOnly
-from gpucache.evaluation import PairResult, evaluate_pairs, render_report, replay_intents, word_jaccard
+from gpucache.evaluation import (
+    PairResult,
+    ablation_variants,
+    evaluate_pairs,
+    render_report,
+    replay_intents,
+    word_jaccard,
+)
 
 
 def write_jsonl(path, rows):
@@ -42,6 +49,14 @@ def test_pairs_rates_through_the_real_model(tmp_path, real_embedder):
                          plot=None)
     assert "| pairs | 4 |" in text and "50.0% / 100.0%" in text
     assert "| set | direction | threshold raised to the same hit rate |" in text
+    # the ablation: every variant answered every pair; without "direction" the next rule in
+    # line ("swapped") still refuses the near-miss, so the rates stay those of the default
+    assert set(result.ablation) == set(ablation_variants())
+    assert all(len(answers) == 4 for answers in result.ablation.values())
+    assert result.ablation["without direction"] == result.accepted
+    assert "## Each rule switched off (threshold 0.85)" in text
+    assert "| all rules (the default) | 0.0% / 100.0%, " in text
+    assert "| without direction | 0.0% / 100.0%, " in text and "| seed rules only |" in text
 
 
 def test_rule_and_threshold_yields_count_by_label():
@@ -56,6 +71,24 @@ def test_rule_and_threshold_yields_count_by_label():
     # raising the threshold from 0.85 to 0.9 stops the pairs at 0.88 (label 0) and 0.86 (label 1)
     assert result.threshold_yield(0.85, 0.9) == (1, 1)
     assert result.threshold_yield(0.9, 0.9) == (0, 0)
+
+
+def test_dominance_compares_with_a_threshold_at_the_same_hit_rate():
+    result = PairResult(
+        name="t", pairs=6, label0=3, label1=3, near_misses=0,
+        similarity=[0.99, 0.97, 0.95, 0.93, 0.91, 0.90], labels=[1, 0, 1, 0, 0, 1],
+        accepted=[True, False, True, True, False, False], near_miss=[False] * 6,
+    )
+    # at 0.9 the verifier serves two of three label-1 pairs (0.99, 0.95) and one label-0 (0.93);
+    # a threshold serving the same two label-1 pairs sits at 0.95 and serves one label-0 (0.97)
+    assert result.rates(0.9, True).hit == pytest.approx(2 / 3)
+    assert result.dominance(0.9) == pytest.approx(1.0)
+    # a variant that also refuses the 0.93 pair serves no false hit at all
+    assert result.dominance(0.9, [True, False, True, False, False, False]) == float("inf")
+    # one that serves everything is threshold-only: a higher threshold has fewer false hits
+    everything = [True] * 6
+    assert result.rates(0.9, True, everything) == result.rates(0.9, False)
+    assert result.dominance(0.9, everything) == pytest.approx(1.0)
 
 
 def test_replay_counts_answers_from_another_intent(tmp_path, fake_embedder):

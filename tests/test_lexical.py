@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucache import LexicalNearMissVerifier, Verdict
+from gpucache.lexical import ADDED_RULES, RULES, SEED_RULES
 
 V = LexicalNearMissVerifier()
 
@@ -220,6 +221,54 @@ def test_the_table_is_large_and_covers_every_rule():
                      "question-word", "crossed", "reordered", "substitution"}
 
 
+def test_the_rules_are_the_seeds_four_and_the_named_additions():
+    assert set(RULES) == {rule for _, _, rule in MUST_REJECT}
+    assert set(SEED_RULES) | set(ADDED_RULES) == set(RULES)
+    assert not set(SEED_RULES) & set(ADDED_RULES)
+
+
+@pytest.mark.parametrize("cached, new, rule", MUST_REJECT)
+def test_a_skipped_rule_never_decides(cached, new, rule):
+    without = LexicalNearMissVerifier(skip=(rule,))
+    verdict = without.explain(cached, new)
+    assert verdict.rule != rule  # a later rule may still reject the pair
+    assert without.verify(cached, new, 0.99) is (not verdict.rejected)
+
+
+@pytest.mark.parametrize("cached, new, rule", MUST_REJECT)
+def test_with_every_rule_skipped_only_similarity_decides(cached, new, rule):
+    assert LexicalNearMissVerifier(skip=RULES).explain(cached, new) == Verdict(False, "rewording")
+
+
+def test_skipping_a_rule_is_what_serves_its_example():
+    """A switched-off rule is a deployment's decision to serve what it would have refused."""
+    pair = ("reset my password", "reset my username")
+    assert V.explain(*pair).rule == "substitution"
+    assert LexicalNearMissVerifier(skip=("substitution",)).explain(*pair) == Verdict(False, "rewording")
+    # other rules still run: the miles/km near-miss is then caught by the next rule in line
+    miles = ("Convert 10 miles to km", "Convert 10 km to miles")
+    assert LexicalNearMissVerifier(skip=("direction",)).explain(*miles).rule == "swapped"
+
+
+def test_skip_takes_known_rule_names():
+    with pytest.raises(ValueError, match=r"unknown rules \['directon'\]"):
+        LexicalNearMissVerifier(skip=("directon",))
+    with pytest.raises(TypeError, match="not one string"):
+        LexicalNearMissVerifier(skip="numbers")
+    without = LexicalNearMissVerifier(skip=["reordered", "crossed"])
+    assert without.skip == frozenset({"crossed", "reordered"})
+    assert without.name == "lexical-near-miss-without-crossed-reordered"  # distinct in metrics
+    assert repr(without) == "LexicalNearMissVerifier(skip=('crossed', 'reordered'))"
+    assert V.name == "lexical-near-miss" and V.skip == frozenset()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.text(), st.sets(st.sampled_from(RULES)))
+def test_a_skipped_rule_never_decides_any_pair(a, b, skip):
+    verdict = LexicalNearMissVerifier(skip=skip).explain(a, b)
+    assert verdict.rule not in skip
+
+
 def test_verdict_names_the_words_involved():
     verdict = V.explain("What is 5 + 5?", "What is 50 + 5?")
     assert verdict == Verdict(True, "numbers", "numbers differ: 5 vs 50", ("5", "50"))
@@ -265,7 +314,8 @@ def test_same_verdicts_in_processes_with_different_hash_seeds():
     pairs = [(a, b) for a, b, _ in MUST_REJECT] + MUST_ACCEPT
     code = (
         "import json, sys\n"
-        "from gpucache.lexical import LexicalNearMissVerifier as V\n"
+        "from gpucache.lexical import LexicalNearMissVerifier\n"
+        "V = LexicalNearMissVerifier()\n"
         "pairs = json.load(sys.stdin)\n"
         "print(json.dumps([str(V.explain(a, b)) for a, b in pairs]))"
     )
