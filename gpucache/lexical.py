@@ -30,8 +30,9 @@ the named additions measured in bench/reports/semantic-false-hits.md):
 
 It is conservative by design: a one-word synonym swap ("cancel" vs "end") is also rejected and
 costs a miss, never a wrong answer. Any rule can be switched off (``skip``); the report's
-ablation table gives, per benchmark file, the false hits and hits that costs. Everything here is a pure function of the two strings:
-no floating point, no ``hash()``, no torch, so every process and machine gives the same verdict.
+ablation table gives, per benchmark file, the false hits and hits that costs. Everything here is
+a pure function of the two strings: no floating point, no ``hash()``, no torch, so every process
+and machine gives the same verdict.
 """
 
 from __future__ import annotations

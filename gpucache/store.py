@@ -75,6 +75,12 @@ FP32_MATMUL_VIA_NUMPY = cpu_vendor() == "AuthenticAMD" and BLAS_POOL_QUIET
 # multiplies this way round too): 100k rows, Q = 16: 22 ms against 32; Q = 64: 40 against 48;
 # Q = 256: 115 against 126. Beyond it the queries-first product was as fast or faster.
 ROWS_FIRST_MAX_QUERIES = 256
+# A bf16/int8 CPU store this small answers a batch this large from its exact fp32 copy: every
+# query of a quantized scan pays an over-fetch and a rescore, which here outweighs the faster
+# product (10k rows, 1024 queries: bf16 68 ms, int8 69 ms, the exact copy 52-54 ms; at 20k rows
+# and at 64 queries the quantized scan is the faster). See ``_scans_full_copy``.
+SMALL_STORE_MAX_ROWS = 12_288
+SMALL_STORE_MIN_QUERIES = 128
 
 
 def _int8_matmul_works() -> bool:
@@ -302,9 +308,18 @@ class ExactScanStore:
         x86 CPUs have no fast fp16 matmul (0.4 GFLOP/s here, against 171 in fp32) and widening
         the rows costs more than the product; a CPU store's fp32 copy is in the same memory, so
         an fp16 batch scans that. Its scores are exact, so it needs no over-fetch and no
-        rescore either (at 10k rows and Q = 1024 those had cost 2.8x the scan itself)."""
-        return (self.quantization == "fp16" and self.device.type == "cpu" and q > 1
-                and self.scan_kernel == "torch")
+        rescore either (at 10k rows and Q = 1024 those had cost 2.8x the scan itself).
+
+        bf16 and int8 products are faster than fp32 on the CPU, so those stores scan their rows,
+        except a small store asked many queries at once (``SMALL_STORE_MAX_ROWS``,
+        ``SMALL_STORE_MIN_QUERIES``), where the per-query over-fetch and rescore cost more than
+        the quantized product saves."""
+        if self.device.type != "cpu" or q <= 1 or self.scan_kernel != "torch":
+            return False
+        if self.quantization == "fp16":
+            return True
+        return (self.quantization in ("bf16", "int8") and q >= SMALL_STORE_MIN_QUERIES
+                and self._high <= SMALL_STORE_MAX_ROWS)
 
     def _rescore(
         self, queries: torch.Tensor, rows: torch.Tensor, k: int

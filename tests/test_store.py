@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import gpucache.store as store_module
 from gpucache import ExactScanStore
 
 
@@ -148,9 +149,14 @@ def test_bad_shapes_and_arguments_raise_value_error(device):
 # --------------------------------------------------------------------- quantized storage
 
 
+@pytest.mark.parametrize("small_store_rows", [0, store_module.SMALL_STORE_MAX_ROWS])
 @pytest.mark.parametrize("q", [1, 40, 150])  # 150: the rescore's query blocks, one ragged
 @pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
-def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q):
+def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q, small_store_rows,
+                                                            monkeypatch):
+    # small_store_rows 0: every bf16/int8 batch scans the quantized rows and rescores; at the
+    # default, a CPU batch of 150 queries over these 2000 rows scans the exact copy instead
+    monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", small_store_rows)
     d, n, k = 32, 2000, 4
     vectors = unit_rows(n, d, seed=11)
     # queries near stored rows, so the top candidates are close together: the hard case
@@ -166,6 +172,37 @@ def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q):
     torch.testing.assert_close(got_scores.cpu(), true, rtol=0, atol=1e-5)
     recall = sum(len(set(a) & set(b)) for a, b in zip(got_rows.tolist(), want_rows.tolist()))
     assert recall / (q * k) >= 0.99
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8"])
+def test_a_small_cpu_store_answers_a_large_batch_from_its_exact_copy(mode, monkeypatch):
+    """Where the rescore would cost more than the quantized product saves, a bf16/int8 CPU
+    store ranks by exact scores: the fp32 store's answer, and no rescore runs."""
+    d, n = 32, 3000
+    vectors = unit_rows(n, d, seed=31)
+    queries = unit_rows(store_module.SMALL_STORE_MIN_QUERIES, d, seed=32)
+    exact = ExactScanStore(d, device="cpu")
+    quant = ExactScanStore(d, device="cpu", quantization=mode)
+    for store in (exact, quant):
+        store.add(vectors, 0, [math.inf] * n)
+    rescored = []
+    rescore = quant._rescore
+
+    def counted_rescore(*args):
+        rescored.append(args[0].shape[0])
+        return rescore(*args)
+
+    monkeypatch.setattr(quant, "_rescore", counted_rescore)
+    want = exact.search(queries, 4, 0)
+    got = quant.search(queries, 4, 0)
+    assert rescored == []
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # fewer queries, or a store past the size, scan the quantized rows and rescore them
+    quant.search(queries[:8], 4, 0)
+    monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", n - 1)
+    scores, rows = quant.search(queries, 4, 0)
+    assert rescored == [8, store_module.SMALL_STORE_MIN_QUERIES]
+    torch.testing.assert_close(scores, (queries @ vectors.T).gather(1, rows), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["fp32", "fp16", "bf16", "int8"])
