@@ -469,11 +469,17 @@ class ExactScanStore:
         best_scores = np.full((q, k), -np.inf, dtype=np.float32)
         best_rows = np.full((q, k), -1, dtype=np.int64)
         rows_first = q <= ROWS_FIRST_MAX_QUERIES  # the layout _score's product comes in
+        # One product buffer for every chunk: a fresh (Q, C) array is fresh pages each time,
+        # and their faults cost about 5% of the product (1024 x 65536: 289 ms against 273)
+        scratch = np.empty(q * min(chunk, high), dtype=np.float32)
+        q_np = queries.numpy()
         for start in range(0, high, chunk):
             stop = min(start + chunk, high)
-            product = self._score(queries, vectors[start:stop])  # (Q, C), no copies
+            block = vectors[start:stop].numpy()  # (C, D)
             if rows_first:
-                scores = product.numpy().T  # (C, Q), contiguous
+                scores = np.matmul(  # (C, D) x (D, Q) -> (C, Q)
+                    block, q_np.T, out=scratch[: (stop - start) * q].reshape(stop - start, q)
+                )
                 if any_dead:
                     scores[dead[start:stop]] = -np.inf  # dead rows, broadcast over queries
                 top, idx = block_topk_numpy(scores, min(k, stop - start))  # (Q, k'), (Q, k')
@@ -481,6 +487,9 @@ class ExactScanStore:
                 # A queries-first (Q, C) block: torch's topk uses every core where numpy's
                 # reductions use one (1024 queries x 10k rows: 53 ms for the whole scan against
                 # 61 ms here), and one call per block leaves the BLAS pool the cores between.
+                product = torch.from_numpy(np.matmul(  # (Q, D) x (D, C) -> (Q, C)
+                    q_np, block.T, out=scratch[: (stop - start) * q].reshape(q, stop - start)
+                ))
                 if any_dead:
                     product.masked_fill_(torch.from_numpy(dead[start:stop]), -math.inf)
                 top_t, idx_t = block_topk(product, min(k, stop - start))  # (Q, k'), (Q, k')
