@@ -422,20 +422,31 @@ class ExactScanStore:
             # too; the ranking is approximate and the candidates are rescored in fp32 anyway.
             q_scale = queries.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (Q,)
             int8_queries = (queries / q_scale[:, None]).round().clamp(-127, 127).to(torch.int8)
-        scratch = None
-        if device.type == "cpu" and q > 1 and vectors.dtype != torch.int8:
-            # one product buffer for every chunk: fresh pages for each (Q, C) block cost 23% of
-            # a bf16 product here (1024 x 65536: 156 ms against 127 into a reused buffer)
-            scratch = torch.empty(q * min(chunk, self._high), dtype=vectors.dtype)
+        scratch = dots_scratch = None
+        int8_products = int8_queries is not None
+        if device.type == "cpu" and q > 1 and (vectors.dtype != torch.int8 or int8_products):
+            # One product buffer for every chunk: fresh pages for each (Q, C) block cost 23% of
+            # a bf16 product here (1024 x 65536: 156 ms against 127 into a reused buffer) and
+            # a third of an int8 one (225 ms against 149, with the int32 products reused too)
+            size = q * min(chunk, self._high)
+            scratch = torch.empty(size, dtype=torch.float32 if int8_products else vectors.dtype)
+            if int8_products:
+                dots_scratch = torch.empty(size, dtype=torch.int32)
         for start in range(0, self._high, chunk):
             stop = min(start + chunk, self._high)
             block = vectors[start:stop]  # (C, D)
             out = None if scratch is None else scratch[: q * (stop - start)].view(q, stop - start)
             if int8_queries is not None:
-                dots = torch._int_mm(int8_queries, block.T)  # (Q, D) @ (D, C) -> (Q, C) int32
+                dots_out = None if dots_scratch is None else (
+                    dots_scratch[: q * (stop - start)].view(q, stop - start))
+                # (Q, D) @ (D, C) -> (Q, C) int32
+                dots = torch._int_mm(int8_queries, block.T, out=dots_out)
                 # ranked without the query's own scale, which is the same along a row: these
                 # scores only choose candidates for the fp32 rescore (one pass fewer)
-                scores = dots.float().mul_(scales[start:stop])  # (Q, C)
+                if out is None:
+                    scores = dots.float().mul_(scales[start:stop])  # (Q, C)
+                else:  # a copy then an in-place product: a 4x faster pass than torch.mul(out=)
+                    scores = out.copy_(dots).mul_(scales[start:stop])  # (Q, C)
             elif vectors.dtype == torch.int8:
                 scores = self._score(queries, block.float()) * scales[start:stop]  # (Q, C)
             elif vectors.dtype == torch.float32:
