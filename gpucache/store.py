@@ -95,6 +95,24 @@ def _int8_matmul_works() -> bool:
 INT8_MATMUL = _int8_matmul_works()
 
 
+def _int8_gemv_works() -> bool:
+    """torch._weight_int8pack_mm (a private op: bf16 activations against int8 rows with one
+    scale per row, made for weight-only quantized decoding) on a tiny case."""
+    try:
+        a = torch.full((1, 32), 0.5, dtype=torch.bfloat16)
+        rows = torch.ones((4, 32), dtype=torch.int8)
+        scales = torch.full((4,), 2.0, dtype=torch.bfloat16)
+        out = torch._weight_int8pack_mm(a, rows, scales)
+        return out.shape == (1, 4) and bool((out.float() == 32.0).all())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+
+
+# A single query against int8 rows: a GEMV that streams the rows once (1M x 384 rows in
+# 15.5 ms here, 25 GB/s, against 21.5 ms through torch._int_mm), scales applied in the same pass.
+INT8_GEMV = _int8_gemv_works()
+
+
 def _triton_importable() -> bool:
     """Whether the fused kernel can run; imported only for CUDA stores (importing Triton
     takes a while, and a CPU store never uses it unasked)."""
@@ -416,7 +434,9 @@ class ExactScanStore:
         best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)
         best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)
         int8_queries = None
-        if vectors.dtype == torch.int8 and device.type == "cpu" and INT8_MATMUL:
+        int8_gemv = vectors.dtype == torch.int8 and device.type == "cpu" and q == 1 and INT8_GEMV
+        gemv_query = queries.to(torch.bfloat16) if int8_gemv else None
+        if vectors.dtype == torch.int8 and device.type == "cpu" and INT8_MATMUL and not int8_gemv:
             # int8 x int8 -> int32 on the CPU (oneDNN VNNI): 1M x 384 rows in 31 ms here, where
             # widening the rows to fp32 first took 490 ms. The queries are quantized per row
             # too; the ranking is approximate and the candidates are rescored in fp32 anyway.
@@ -436,7 +456,12 @@ class ExactScanStore:
             stop = min(start + chunk, self._high)
             block = vectors[start:stop]  # (C, D)
             out = None if scratch is None else scratch[: q * (stop - start)].view(q, stop - start)
-            if int8_queries is not None:
+            if gemv_query is not None:
+                # bf16 scores rank the candidates only; they are rescored in fp32 anyway
+                scores = torch._weight_int8pack_mm(
+                    gemv_query, block, scales[start:stop].to(torch.bfloat16)
+                )  # (1, C)
+            elif int8_queries is not None:
                 dots_out = None if dots_scratch is None else (
                     dots_scratch[: q * (stop - start)].view(q, stop - start))
                 # (Q, D) @ (D, C) -> (Q, C) int32

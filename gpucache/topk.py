@@ -18,7 +18,10 @@ import numpy as np
 import torch
 
 BLOCK = 64
-MIN_QUERIES = 8  # below this the plain topk is already cheap and the gathers are not
+# Below this many scores the plain topk is already cheap and the gathers are not. Counted in
+# scores, not queries: one query over 1M rows took 1.7 ms through topk and 0.18 ms here (fp32;
+# 0.57 ms in bf16), one over 10k rows 0.03 ms through topk and 0.06 ms here.
+MIN_SCORES = 65_536
 
 
 def block_topk(scores: torch.Tensor, k: int, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +33,7 @@ def block_topk(scores: torch.Tensor, k: int, block: int = BLOCK) -> tuple[torch.
     if not 1 <= k <= c:
         raise ValueError(f"k must be in [1, {c}], got {k}")
     blocks = c // block
-    if q < MIN_QUERIES or blocks <= k or not scores.is_contiguous():
+    if q * c < MIN_SCORES or blocks <= k or not scores.is_contiguous():
         return scores.topk(k, dim=1)
     maxima = scores[:, : blocks * block].reshape(q, blocks, block).amax(dim=2)  # (Q, C // B)
     _, best_blocks = maxima.topk(k, dim=1)  # (Q, k)

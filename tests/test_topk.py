@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gpucache.topk as topk_module
 from gpucache.topk import BLOCK, block_topk, block_topk_numpy
 
 Select = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -29,8 +30,18 @@ def _numpy_transposed_view(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     return torch.from_numpy(values), torch.from_numpy(rows)
 
 
+def _torch_always_by_blocks(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """block_topk with no size floor, so the small cases here exercise the block path too."""
+    floor, topk_module.MIN_SCORES = topk_module.MIN_SCORES, 0
+    try:
+        return block_topk(scores, k)
+    finally:
+        topk_module.MIN_SCORES = floor
+
+
 SELECTIONS: dict[str, Select] = {
-    "torch": block_topk, "numpy-rows-first": _numpy_rows_first,
+    "torch": block_topk, "torch-always-by-blocks": _torch_always_by_blocks,
+    "numpy-rows-first": _numpy_rows_first,
     "numpy-transposed-view": _numpy_transposed_view,
 }
 every_selection = pytest.mark.parametrize("select", SELECTIONS.values(), ids=SELECTIONS.keys())
@@ -73,9 +84,18 @@ def test_all_masked_gives_minus_infinity(select):
     assert torch.isinf(values).all() and (values < 0).all()
 
 
-def test_bfloat16_scores():
+@pytest.mark.parametrize("select", [block_topk, _torch_always_by_blocks])
+def test_bfloat16_scores(select):
     torch.manual_seed(1)
-    _check(block_topk, torch.randn(12, 3000).bfloat16(), 20)
+    _check(select, torch.randn(12, 3000).bfloat16(), 20)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_query_over_a_wide_block_goes_by_blocks(dtype):
+    """A single query over a large store: the widest block the scan makes (1M rows at Q = 1)."""
+    torch.manual_seed(3)
+    assert topk_module.MIN_SCORES <= 70_000
+    _check(block_topk, torch.randn(1, 70_000).to(dtype), 36)
 
 
 def test_a_non_contiguous_block_falls_back_to_topk():
