@@ -55,10 +55,10 @@ class OomStore(ExactScanStore):
 
     fits = 0
 
-    def _score(self, queries, block):
+    def _score(self, queries, block, out=None):
         if not self._falling_back and block.shape[0] > self.fits:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return super()._score(queries, block)
+        return super()._score(queries, block, out)
 
 
 def test_out_of_memory_retries_in_smaller_chunks():
