@@ -33,7 +33,7 @@ import torch
 
 from gpucache.blas_pool import BLAS_POOL_QUIET
 from gpucache.kernel_choice import bucket, size_class
-from gpucache.store import QUANTIZATIONS, ExactScanStore
+from gpucache.store import INT8_MATMUL, QUANTIZATIONS, ExactScanStore
 
 
 def _sync(device: torch.device) -> None:
@@ -89,8 +89,15 @@ def read_bandwidth(device: torch.device, repeat: int, megabytes: int = 1024) -> 
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, repeat: int, size: int) -> float:
-    """TFLOP/s of a square matmul in ``dtype``: the faster of torch's and, for fp32 on a CPU,
-    numpy's BLAS (the one the fp32 scan uses on AMD CPUs, where it beat torch's MKL)."""
+    """TFLOP/s (TOP/s for int8) of a square matmul in ``dtype``: the faster of torch's and, for
+    fp32 on a CPU, numpy's BLAS (the one the fp32 scan uses on AMD CPUs, where it beat torch's
+    MKL). int8 goes through torch._int_mm (int8 x int8 -> int32), the product of the CPU's int8
+    scan."""
+    if dtype == torch.int8:
+        a = torch.randint(-127, 128, (size, size), dtype=torch.int8, device=device)
+        b = torch.randint(-127, 128, (size, size), dtype=torch.int8, device=device)
+        seconds, _ = timed(lambda: torch._int_mm(a, b), device, repeat)
+        return 2 * size**3 / seconds / 1e12
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     seconds, _ = timed(lambda: a @ b, device, repeat)
@@ -401,11 +408,15 @@ def versions() -> dict[str, str]:
 
 
 def machine_limits(device: torch.device, repeat: int, quick: bool) -> tuple[float, dict[str, float]]:
-    """Read bandwidth (GB/s) and dense matmul rate per dtype (TFLOP/s) of ``device`` now."""
+    """Read bandwidth (GB/s) and dense matmul rate per dtype (TFLOP/s) of ``device`` now.
+
+    int8 is measured only where the store multiplies in int8 (a CPU with torch._int_mm); a
+    CUDA store widens int8 rows to fp32, so fp32 is its int8 roofline."""
+    dtypes = [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)]
+    if device.type == "cpu" and INT8_MATMUL:
+        dtypes.append(("int8", torch.int8))
     return read_bandwidth(device, repeat, 256 if quick else 1024), {
-        name: matmul_rate(device, dtype, repeat, 512 if quick else 2048)
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16),
-                            ("fp16", torch.float16))
+        name: matmul_rate(device, dtype, repeat, 512 if quick else 2048) for name, dtype in dtypes
     }
 
 
@@ -465,7 +476,10 @@ def render(reports: list[BenchReport], command: str) -> str:
             + ".", "",
             f"Machine limits measured in this run (the higher of a measurement at its start and "
             f"one at its end{_limits_spread(r)}): read bandwidth {r.read_gb_per_s:.1f} GB/s; "
-            "dense matmul " + ", ".join(f"{k} {1000 * t:.1f} GFLOP/s" for k, t in r.matmul_tflops.items())
+            "dense matmul " + ", ".join(
+                f"{k} {1000 * t:.1f} {'GOP/s' if k == 'int8' else 'GFLOP/s'}"
+                for k, t in r.matmul_tflops.items()
+            )
             + ".", "",
             "### Embedder", "",
         ]
@@ -491,8 +505,9 @@ def render(reports: list[BenchReport], command: str) -> str:
             if s.q == 1:
                 frac = s.gb_per_s / r.read_gb_per_s
             else:
-                # the roofline: the faster of the mode's own matmul and fp32 (int8 rows are
-                # widened to fp32; CPU fp16 matmuls can be far slower than fp32 ones)
+                # the roofline: the faster of the mode's own matmul and fp32 (CUDA widens int8
+                # rows to fp32 and measures no int8 rate; CPU fp16 matmuls can be far slower
+                # than fp32 ones, and a CPU fp16 batch scans the fp32 copy)
                 rate = max(r.matmul_tflops.get(s.mode, 0.0), r.matmul_tflops.get("fp32", 0.0))
                 frac = (2 * s.q * s.n * 384 / s.seconds / 1e12) / rate if rate else 0.0
             recall = "-" if s.recall_at_k is None else f"{s.recall_at_k:.4f}"

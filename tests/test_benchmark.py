@@ -73,3 +73,27 @@ def test_the_report_compares_each_mode_with_faiss_and_the_gpu_with_the_cpu():
     assert "Below FAISS IndexFlatIP: none." in text  # the GPU section
     assert "| scan queries/s, int8, N = 1000, Q = 1, cuda:0 / cpu | 8.0x |" in text
     assert "| embed prompts/s, cuda:0 / cpu | 8.0x |" in text
+
+
+def test_int8_compute_is_a_fraction_of_the_int8_matmul_rate():
+    """The roofline of an int8 batch is the machine's int8 matmul where the store multiplies
+    in int8 (a CPU with torch._int_mm), and fp32 where it widens the rows."""
+    import torch
+
+    from gpucache.benchmark import BenchReport, ScanResult, machine_limits, matmul_rate, render
+    from gpucache.store import INT8_MATMUL
+
+    assert matmul_rate(torch.device("cpu"), torch.int8, 1, 64) > 0
+    _, rates = machine_limits(torch.device("cpu"), 1, quick=True)
+    assert ("int8" in rates) == INT8_MATMUL and {"fp32", "bf16", "fp16"} <= set(rates)
+    versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "-", "transformers": "5",
+                "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
+    # 2 * 64 * 1000 * 384 ops in 1 ms: 49.2 GOP/s, half of a 98.3 GOP/s int8 rate
+    scan = ScanResult("cpu", "gpucache", "int8", 1000, 64, 1e-3, 0.0, 64e3, 1.0)
+    limits = {"fp32": 0.01, "int8": 2 * 64 * 1000 * 384 / 1e-3 / 1e12 * 2}
+    text = render([BenchReport("cpu", versions, 10.0, limits, scans=[scan],
+                               embed={"prompts": 4, "gpucache_prompts_per_s": 1.0, "dtype": "x"},
+                               end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": 4.0,
+                                           "hit_rate": 0.5})], "cmd")
+    assert "| gpucache | int8 | 1000 | 64 | 1.00 (0.00) | 64000 | 1.0 | 50% |" in text
+    assert "fp32 10.0 GFLOP/s, int8 98.3 GOP/s." in text
