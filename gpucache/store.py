@@ -120,7 +120,10 @@ def _int8_gemv_works() -> bool:
 
 # A single query against int8 rows: a GEMV that streams the rows once (1M x 384 rows in
 # 15.5 ms here, 25 GB/s, against 21.5 ms through torch._int_mm), scales applied in the same pass.
+# Only for dimensions in multiples of INT8_GEMV_DIM: torch 2.13's CPU kernel checks no shape and
+# returned wrong sums for others (24, 33, 385), or crashed the process (1, 3, 7 with 5 rows).
 INT8_GEMV = _int8_gemv_works()
+INT8_GEMV_DIM = 16
 
 
 def _triton_importable() -> bool:
@@ -444,7 +447,8 @@ class ExactScanStore:
         best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)
         best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)
         int8_queries = None
-        int8_gemv = vectors.dtype == torch.int8 and device.type == "cpu" and q == 1 and INT8_GEMV
+        int8_gemv = (vectors.dtype == torch.int8 and device.type == "cpu" and q == 1 and INT8_GEMV
+                     and self.dim % INT8_GEMV_DIM == 0)
         gemv_query = queries.to(torch.bfloat16) if int8_gemv else None
         if vectors.dtype == torch.int8 and device.type == "cpu" and INT8_MATMUL and not int8_gemv:
             # int8 x int8 -> int32 on the CPU (oneDNN VNNI): 1M x 384 rows in 31 ms here, where

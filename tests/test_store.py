@@ -205,6 +205,32 @@ def test_a_small_cpu_store_answers_a_large_batch_from_its_exact_copy(mode, monke
     torch.testing.assert_close(scores, (queries @ vectors.T).gather(1, rows), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("d", [24, 48, 384])
+def test_a_single_int8_query_is_exact_whatever_the_dimension(d, monkeypatch):
+    """One query against int8 rows goes through torch's int8 GEMV only where its kernel is
+    right (dimensions in multiples of 16; it returned wrong sums or crashed on others) and
+    through the int8 matmul elsewhere; either way the scores are the exact ones."""
+    n = 1001  # not a multiple of anything the kernel blocks by
+    vectors = unit_rows(n, d, seed=41)
+    query = torch.nn.functional.normalize(vectors[7:8] + 0.3 * unit_rows(1, d, seed=42), dim=1)
+    exact = ExactScanStore(d, device="cpu")
+    quant = ExactScanStore(d, device="cpu", quantization="int8")
+    for store in (exact, quant):
+        store.add(vectors, 0, [math.inf] * n)
+    calls = []
+    gemv = torch._weight_int8pack_mm
+
+    def counted_gemv(*args):
+        calls.append(args[1].shape)
+        return gemv(*args)
+
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", counted_gemv)
+    scores, rows = quant.search(query, 4, 0)
+    assert bool(calls) == (store_module.INT8_GEMV and d % store_module.INT8_GEMV_DIM == 0)
+    torch.testing.assert_close(scores, (query @ vectors.T).gather(1, rows), rtol=0, atol=1e-5)
+    assert rows.tolist() == exact.search(query, 4, 0)[1].tolist()
+
+
 @pytest.mark.parametrize("mode", ["fp32", "fp16", "bf16", "int8"])
 def test_quantized_modes_keep_scopes_expiry_and_padding(device, mode):
     store = ExactScanStore(8, device=device, quantization=mode)
