@@ -21,6 +21,7 @@ def test_info_reports_device_and_no_gpu_without_error():
     assert "device" in result.stdout and "torch" in result.stdout
     # what the CPU scan multiplies with, and whether numpy's BLAS threads sleep when idle
     assert "fp32 cpu scan" in result.stdout and "sleeps when idle" in result.stdout
+    assert "int8 cpu scan batches" in result.stdout and "one query" in result.stdout
 
 
 def test_demo_replays_a_slice_and_prints_a_summary():
