@@ -52,6 +52,7 @@ import torch
 from gpucache.blas_pool import BLAS_POOL_QUIET
 from gpucache.devices import DeviceLike, cpu_vendor, resolve_device
 from gpucache.kernel_choice import ScanKernelChooser
+from gpucache.scratch import BufferSource, ScanScratch
 from gpucache.topk import block_topk, block_topk_numpy
 
 FREE = -1
@@ -93,16 +94,6 @@ def _int8_matmul_works() -> bool:
 
 
 INT8_MATMUL = _int8_matmul_works()
-
-
-def host_buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D CPU tensor of ``n`` elements from numpy's allocator, for the scan's product buffer.
-
-    numpy asks Linux for transparent huge pages on large arrays (torch's allocator does not),
-    and a product written into such a buffer ran 25% faster here (300k rows x 64 queries in
-    fp32: 106 ms against 131 into torch.empty): fewer page faults and TLB misses."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.empty(n * itemsize, dtype=np.uint8)).view(dtype)
 
 
 def _int8_gemv_works() -> bool:
@@ -229,6 +220,7 @@ class ExactScanStore:
         self.scan_retries = 0  # scans retried in smaller chunks after running out of memory
         self.cpu_fallbacks = 0  # scans that ran on the CPU because the device ran out of memory
         self._falling_back = False
+        self.scratch = ScanScratch()  # a CPU scan's product buffers, kept between scans
 
     def __len__(self) -> int:
         return self._count
@@ -300,6 +292,7 @@ class ExactScanStore:
         self._free.clear()
         self._high = 0
         self._count = 0
+        self.scratch.release()
 
     def vectors(self, rows: Sequence[int]) -> torch.Tensor:
         """(M, D) full-precision copies of stored rows (for persistence): fp32, on the device
@@ -444,8 +437,6 @@ class ExactScanStore:
         if FP32_MATMUL_VIA_NUMPY and vectors.dtype == torch.float32 and vectors.device.type == "cpu":
             return self._scan_numpy(queries, k, scope_id, now, chunk, vectors, scopes, expires)
         q, device = queries.shape[0], queries.device
-        best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)
-        best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)
         int8_queries = None
         int8_on_cpu = vectors.dtype == torch.int8 and device.type == "cpu"
         gemv_query = None  # a single query against int8 rows: torch's int8 GEMV
@@ -457,16 +448,29 @@ class ExactScanStore:
             # too; the ranking is approximate and the candidates are rescored in fp32 anyway.
             q_scale = queries.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (Q,)
             int8_queries = (queries / q_scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        with self.scratch.lend(keep=not self._falling_back) as buffer:
+            return self._scan_torch(q, k, scope_id, now, chunk, queries, vectors, scopes,
+                                    expires, scales, int8_queries, gemv_query, buffer)
+
+    def _scan_torch(
+        self, q: int, k: int, scope_id: int, now: float, chunk: int, queries: torch.Tensor,
+        vectors: torch.Tensor, scopes: torch.Tensor, expires: torch.Tensor, scales: torch.Tensor,
+        int8_queries: torch.Tensor | None, gemv_query: torch.Tensor | None, buffer: BufferSource,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        device = queries.device
+        best_scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)
+        best_rows = torch.full((q, k), -1, dtype=torch.int64, device=device)
         scratch = dots_scratch = None
         int8_products = int8_queries is not None
         if device.type == "cpu" and q > 1 and (vectors.dtype != torch.int8 or int8_products):
             # One product buffer for every chunk: fresh pages for each (Q, C) block cost 23% of
             # a bf16 product here (1024 x 65536: 156 ms against 127 into a reused buffer) and
-            # a third of an int8 one (225 ms against 149, with the int32 products reused too)
+            # a third of an int8 one (225 ms against 149, with the int32 products reused too);
+            # kept between scans too (``gpucache.scratch``)
             size = q * min(chunk, self._high)
-            scratch = host_buffer(size, torch.float32 if int8_products else vectors.dtype)
+            scratch = buffer(size, torch.float32 if int8_products else vectors.dtype)
             if int8_products:
-                dots_scratch = host_buffer(size, torch.int32)
+                dots_scratch = buffer(size, torch.int32)
         for start in range(0, self._high, chunk):
             stop = min(start + chunk, self._high)
             block = vectors[start:stop]  # (C, D)
@@ -522,14 +526,22 @@ class ExactScanStore:
         # computed in numpy, not torch: torch's OpenMP threads keep spinning after a parallel
         # op and slowed the product that follows (100k rows, Q = 1: 14 ms against 8)
         dead = (scopes[:high].numpy() != scope_id) | (expires[:high].numpy() <= now)  # (N,)
+        # One product buffer for every chunk (``gpucache.scratch``): a fresh (Q, C) array is
+        # fresh pages each time, whose faults cost 5% of a product (1024 x 65536: 289 ms
+        # against 273); kept between scans too (``gpucache.scratch``)
+        with self.scratch.lend(keep=not self._falling_back) as buffer:
+            scratch = buffer(q * min(chunk, high), torch.float32)
+            return self._scan_numpy_into(scratch, queries, k, chunk, vectors, dead)
+
+    def _scan_numpy_into(
+        self, scratch: torch.Tensor, queries: torch.Tensor, k: int, chunk: int,
+        vectors: torch.Tensor, dead: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        high, q = self._high, queries.shape[0]
         any_dead = bool(dead.any())
         best_scores = np.full((q, k), -np.inf, dtype=np.float32)
         best_rows = np.full((q, k), -1, dtype=np.int64)
         rows_first = q <= ROWS_FIRST_MAX_QUERIES  # the layout _score's product comes in
-        # One product buffer for every chunk (see ``host_buffer``): a fresh (Q, C) array is
-        # fresh pages each time, whose faults cost 5% of a product (1024 x 65536: 289 ms
-        # against 273)
-        scratch = host_buffer(q * min(chunk, high), torch.float32)
         for start in range(0, high, chunk):
             stop = min(start + chunk, high)
             product = self._score(queries, vectors[start:stop], scratch)  # (Q, C), no copies
