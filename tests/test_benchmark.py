@@ -25,6 +25,12 @@ def test_bench_quick_writes_a_report(tmp_path):
     assert all(s["queries_per_s"] > 0 for s in scans)
     assert all(s["recall_at_k"] >= 0.99 for s in scans
                if s["engine"] == "gpucache" and s["recall_at_k"] is not None)
+    overheads = data[0]["end_to_end"]["overhead"]
+    assert [o["quantization"] for o in overheads] == ["fp32", "bf16", "int8"]
+    for o in overheads:  # the call's own embedding is part of the call, never more than it
+        assert 0 < o["embed_s"] <= o["get_or_put_all_s"] and o["scan_s"] > 0
+        assert o["overhead_fraction"] >= 0
+    assert text.count("Cache overhead at N = ") == 3
 
 
 def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):

@@ -338,3 +338,19 @@ def test_never_raises_and_agrees_with_explain(a, b):
 @given(st.text())
 def test_identical_prompts_are_always_accepted(a):
     assert V.verify(a, a, 1.0) is True
+
+
+def test_explaining_a_pair_just_verified_runs_the_rules_once(monkeypatch):
+    """The cache asks for the rule of each rejection right after ``verify``: one evaluation."""
+    verifier = LexicalNearMissVerifier()
+    calls = []
+    decide = verifier._decide
+    monkeypatch.setattr(verifier, "_decide", lambda a, b: calls.append((a, b)) or decide(a, b))
+    assert not verifier.verify("reset my password", "reset my username", 0.95)
+    assert verifier.explain("reset my password", "reset my username").rule == "substitution"
+    assert len(calls) == 1
+    # another pair, then the first again: each answer is its own pair's, never a stale one
+    assert verifier.explain("convert 10 miles to km", "convert 10 km to miles").rejected
+    assert verifier.explain("reset my password", "reset my username").rule == "substitution"
+    assert verifier.explain("reset my username", "reset my password").rule == "substitution"
+    assert len(calls) == 4
