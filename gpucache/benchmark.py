@@ -108,10 +108,28 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, repeat: int, size: int
 
 
 def bench_embedder(device: torch.device, prompts: list[str], repeat: int) -> dict[str, Any]:
+    """Our embedder against sentence-transformers on the same model and prompts, and against
+    itself in plain fp32 where the default took a faster dtype: all timed together
+    (``timed_together``), so the ratios do not carry a shared machine's drift between them."""
     from gpucache.embedder import TransformerEmbedder, default_model_path
 
     ours = TransformerEmbedder(device=device)
-    seconds, spread = timed(lambda: ours.encode(prompts), device, repeat)
+    engines: dict[str, Callable[[], Any]] = {"gpucache": lambda: ours.encode(prompts)}
+    exact = None
+    if ours.autocast_dtype is not None:  # the default took a faster path: what it costs
+        exact = TransformerEmbedder(device=device, dtype=torch.float32)
+        engines["fp32"] = lambda: exact.encode(prompts)
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        st = None
+    else:
+        st = SentenceTransformer(str(default_model_path()), device=str(device))
+        engines["sentence_transformers"] = lambda: st.encode(
+            prompts, batch_size=64, convert_to_tensor=True
+        )
+    timings = dict(zip(engines, timed_together(list(engines.values()), device, repeat)))
+    seconds, spread = timings["gpucache"]
     result: dict[str, Any] = {
         "prompts": len(prompts),
         "gpucache_prompts_per_s": len(prompts) / seconds,
@@ -120,23 +138,16 @@ def bench_embedder(device: torch.device, prompts: list[str], repeat: int) -> dic
             f", matmuls in {ours.autocast_dtype} (autocast)" if ours.autocast_dtype else ""
         ),
     }
-    if ours.autocast_dtype is not None:  # the default took a faster path: what it costs
-        exact = TransformerEmbedder(device=device, dtype=torch.float32)
-        exact_seconds, _ = timed(lambda: exact.encode(prompts), device, repeat)
-        result["fp32_prompts_per_s"] = len(prompts) / exact_seconds
+    if exact is not None:
+        result["fp32_prompts_per_s"] = len(prompts) / timings["fp32"][0]
         result["min_cosine_vs_fp32"] = float(
             (exact.encode(prompts) * ours.encode(prompts)).sum(dim=1).min()
         )
         result["probe_min_cosine_vs_fp32"] = ours.agreement
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
+    if st is None:
         result["sentence_transformers"] = "not installed"
         return result
-    st = SentenceTransformer(str(default_model_path()), device=str(device))
-    st_seconds, st_spread = timed(
-        lambda: st.encode(prompts, batch_size=64, convert_to_tensor=True), device, repeat
-    )
+    st_seconds, st_spread = timings["sentence_transformers"]
     theirs = st.encode(prompts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True)
     cosine = (ours.encode(prompts) * theirs.float().to(device)).sum(dim=1)
     result.update(

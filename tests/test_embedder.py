@@ -47,23 +47,48 @@ def test_the_token_budget_splits_a_batch_without_changing_the_embeddings():
     assert exact.forward_passes == 1  # five short texts: one pass within the default budget
     longest = max(len(exact._tokenizer(t)["input_ids"]) for t in TEXTS)
     tight = TransformerEmbedder(device="cpu", dtype=torch.float32, max_batch_tokens=2 * longest)
+    shapes = []
+    forward = tight._forward
+    tight._forward = lambda tokens: shapes.append(tuple(tokens["input_ids"].shape)) or forward(
+        tokens)
     out = tight.encode(TEXTS)
-    # two rows of the longest text per pass at most: at least three passes for five texts
-    assert tight.forward_passes >= 3
+    # two rows of the longest text per pass at most: at least two passes for five texts, and
+    # no pass over the budget
+    assert tight.forward_passes == len(shapes) >= 2
+    assert all(rows * width <= 2 * longest for rows, width in shapes)
     torch.testing.assert_close(out, reference, rtol=0, atol=1e-5)
     one_each = TransformerEmbedder(device="cpu", dtype=torch.float32, max_batch_tokens=1)
     torch.testing.assert_close(one_each.encode(TEXTS), reference, rtol=0, atol=1e-5)
     assert one_each.forward_passes == len(TEXTS)  # below one text's length: one text a pass
 
 
-def test_a_split_group_keeps_only_the_padding_it_needs_on_either_side(real_embedder, monkeypatch):
-    right = {"input_ids": torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]]),
-             "attention_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])}
-    assert real_embedder._trim(right)["input_ids"].tolist() == [[5, 6], [7, 0]]
-    monkeypatch.setattr(real_embedder._tokenizer, "padding_side", "left")
-    left = {"input_ids": torch.tensor([[0, 0, 5, 6], [0, 0, 0, 7]]),
-            "attention_mask": torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]])}
-    assert real_embedder._trim(left)["input_ids"].tolist() == [[5, 6], [0, 7]]
+def test_batches_follow_token_length_within_the_row_and_token_caps():
+    embedder = TransformerEmbedder.__new__(TransformerEmbedder)  # only the batching settings
+    embedder.batch_size, embedder.max_batch_tokens = 3, 40
+    lengths = [5, 12, 7, 12, 6, 9, 20, 8]
+    batches = embedder._batches(lengths)
+    assert sorted(j for b in batches for j in b) == list(range(len(lengths)))  # each text once
+    flat = [lengths[j] for b in batches for j in b]
+    assert flat == sorted(lengths, reverse=True)  # longest first, by tokens
+    for batch in batches:
+        assert len(batch) <= 3 and len(batch) * lengths[batch[0]] <= 40
+    assert [len(b) for b in batches] == [2, 3, 3]  # 20 + 12 would pad to 60 > 40: 20 alone
+    # a text longer than the budget still gets a pass of its own
+    embedder.max_batch_tokens = 1
+    assert embedder._batches([4, 9, 2]) == [[1], [0], [2]]
+
+
+def test_sorting_by_tokens_pads_less_than_sorting_by_characters(real_embedder):
+    """The demo prompts, batched as sentence-transformers would (characters) and as here."""
+    from gpucache.demo import load_workload
+
+    prompts = [item.prompt for item in load_workload()][:304]
+    lengths = [len(ids) for ids in real_embedder._tokenizer(prompts)["input_ids"]]
+    by_chars = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    char_slots = sum(len(b) * max(lengths[i] for i in b)
+                     for b in (by_chars[s : s + 64] for s in range(0, len(by_chars), 64)))
+    token_slots = sum(len(b) * lengths[b[0]] for b in real_embedder._batches(lengths))
+    assert sum(lengths) <= token_slots < 0.9 * char_slots
 
 
 def test_meaning_paraphrase_closer_than_unrelated(real_embedder):
@@ -140,11 +165,25 @@ def test_the_default_takes_bf16_only_where_it_agrees_with_fp32(real_embedder):
         assert real_embedder.autocast_dtype is None
         return
     assert real_embedder.autocast_dtype == torch.bfloat16
-    assert real_embedder.dtype == torch.float32  # the weights stay fp32
+    assert real_embedder.dtype == torch.float32  # the embeddings and LayerNorm stay fp32
+    linears = [m for m in real_embedder._model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert all(p.dtype == torch.float32 for m in real_embedder._model.modules()
+               if isinstance(m, torch.nn.LayerNorm) for p in m.parameters())
     assert real_embedder.agreement is not None and real_embedder.agreement >= AGREEMENT_MIN
     prompts = [item.prompt for item in load_workload()][:200]
     cosine = (real_embedder.encode(prompts) * exact.encode(prompts)).sum(dim=1)
     assert float(cosine.min()) >= AGREEMENT_MIN
+
+
+def test_linear_weights_held_in_bf16_embed_exactly_as_autocast_over_fp32_weights(real_embedder):
+    """Casting the Linear weights once is the cast autocast makes in every pass: same bits."""
+    if real_embedder.autocast_dtype is None:
+        pytest.skip("this CPU has no native bf16: the default stays fp32")
+    recasting = TransformerEmbedder(device="cpu", dtype=torch.float32)
+    recasting.autocast_dtype = torch.bfloat16  # autocast over the fp32 weights, cast per pass
+    prompts = [item.prompt for item in load_workload()][:100]
+    assert torch.equal(recasting.encode(prompts), real_embedder.encode(prompts))
 
 
 def test_a_faster_dtype_that_drifts_is_not_adopted(monkeypatch):
@@ -153,6 +192,7 @@ def test_a_faster_dtype_that_drifts_is_not_adopted(monkeypatch):
     monkeypatch.setattr(embedder_module, "AGREEMENT_MIN", 1.5)  # no embedding can meet this
     drifting = TransformerEmbedder(device="cpu")
     assert drifting.autocast_dtype is None and drifting.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in drifting._model.parameters())
     assert drifting.agreement is not None and drifting.agreement < 1.5
     monkeypatch.setattr(embedder_module, "AGREEMENT_MIN", 0.9999)
     agreeing = TransformerEmbedder(device="cpu")
