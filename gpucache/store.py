@@ -78,9 +78,11 @@ FP32_MATMUL_VIA_NUMPY = cpu_vendor() == "AuthenticAMD" and BLAS_POOL_QUIET
 ROWS_FIRST_MAX_QUERIES = 256
 # A bf16/int8 CPU store this small answers a batch this large from its exact fp32 copy: every
 # query of a quantized scan pays an over-fetch and a rescore, which here outweighs the faster
-# product (10k rows, 1024 queries: bf16 68 ms, int8 69 ms, the exact copy 52-54 ms; at 20k rows
-# and at 64 queries the quantized scan is the faster). See ``_scans_full_copy``.
-SMALL_STORE_MAX_ROWS = 12_288
+# product. Measured with the scan's buffers kept between scans (``gpucache.scratch``), 1024
+# queries: bf16 at 12k rows 59.9 ms against 59.5 from the copy, at 5k 45.1 against 28.8; int8 at
+# 7k 35.9 against 37.7, at 5k 31.2 against 28.9 (the int8 product is the faster one). At 64
+# queries the quantized scan is the faster at every size. See ``_scans_full_copy``.
+SMALL_STORE_MAX_ROWS = {"bf16": 12_288, "int8": 6_144}
 SMALL_STORE_MIN_QUERIES = 128
 
 
@@ -342,8 +344,8 @@ class ExactScanStore:
             return False
         if self.quantization == "fp16":
             return True
-        return (self.quantization in ("bf16", "int8") and q >= SMALL_STORE_MIN_QUERIES
-                and self._high <= SMALL_STORE_MAX_ROWS)
+        return (q >= SMALL_STORE_MIN_QUERIES
+                and self._high <= SMALL_STORE_MAX_ROWS.get(self.quantization, 0))
 
     def _rescore(
         self, queries: torch.Tensor, rows: torch.Tensor, k: int

@@ -149,12 +149,12 @@ def test_bad_shapes_and_arguments_raise_value_error(device):
 # --------------------------------------------------------------------- quantized storage
 
 
-@pytest.mark.parametrize("small_store_rows", [0, store_module.SMALL_STORE_MAX_ROWS])
+@pytest.mark.parametrize("small_store_rows", [{}, store_module.SMALL_STORE_MAX_ROWS])
 @pytest.mark.parametrize("q", [1, 40, 150])  # 150: the rescore's query blocks, one ragged
 @pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
 def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q, small_store_rows,
                                                             monkeypatch):
-    # small_store_rows 0: every bf16/int8 batch scans the quantized rows and rescores; at the
+    # small_store_rows {}: every bf16/int8 batch scans the quantized rows and rescores; at the
     # default, a CPU batch of 150 queries over these 2000 rows scans the exact copy instead
     monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", small_store_rows)
     d, n, k = 32, 2000, 4
@@ -199,7 +199,7 @@ def test_a_small_cpu_store_answers_a_large_batch_from_its_exact_copy(mode, monke
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     # fewer queries, or a store past the size, scan the quantized rows and rescore them
     quant.search(queries[:8], 4, 0)
-    monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", n - 1)
+    monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", {mode: n - 1})
     scores, rows = quant.search(queries, 4, 0)
     assert rescored == [8, store_module.SMALL_STORE_MIN_QUERIES]
     torch.testing.assert_close(scores, (queries @ vectors.T).gather(1, rows), rtol=0, atol=1e-5)
