@@ -8,7 +8,7 @@ and 13 ms into kept ones, on this project's 2-core machine.
 
 What it costs: a store holds, between scans, the largest buffers a scan has asked of it; a
 (Q, chunk) block never exceeds the store's ``scan_budget_bytes``, so that is at most the
-budget in fp32 products, plus as much again in int32 products for an int8 store. ``nbytes``
+budget (fp32, bf16 or int32 products, by the store's mode). ``nbytes``
 says how much; ``release`` gives it back (and ``ExactScanStore.clear`` does).
 
 Two scans at once on the same store (a store used from several threads without the cache's

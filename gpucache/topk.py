@@ -14,6 +14,8 @@ Ties may be broken differently from ``torch.topk``; the values returned are the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -85,3 +87,61 @@ def block_topk_numpy(scores: np.ndarray, k: int, block: int = BLOCK) -> tuple[np
     values = np.take_along_axis(top_values, order, axis=0).T  # (Q, k)
     picked = np.take_along_axis(np.take_along_axis(rows, top, axis=0), order, axis=0).T
     return np.ascontiguousarray(values), np.ascontiguousarray(picked)
+
+
+# The value a masked (dead) int8 product is set to: below any real one (|dot| <= D x 127^2).
+INT32_MASKED = -(2**31)
+
+
+def block_topk_scaled(
+    dots: torch.Tensor, block_scales: torch.Tensor, k: int, block: int = BLOCK,
+    masked: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block_topk`` of ``dots * scale`` for int32 ``(Q, C)`` products whose columns share one
+    scale per block of ``block`` columns: column ``j`` is scaled by ``block_scales[j // block]``
+    (``block_scales`` has ``ceil(C / block)`` entries). Entries equal to ``INT32_MASKED`` are
+    masked: ``-inf`` if they have to be returned at all; ``masked=False`` says there are none
+    (two passes over the candidates fewer).
+
+    Returns ``(values, columns)``, float32 values, both ``(Q, k)``, values in descending order.
+
+    Why: the int8 store scans int32 products, and widening a whole (Q, C) block to scaled
+    float32 scores cost a pass as long as the top-k itself (100k rows x 64 queries: the
+    product 8.3 ms, the widening 2.1 ms). With one scale per block, a block's largest score is
+    its largest product times its scale, so the block maxima are taken on the int32 products
+    and only the chosen blocks are widened; the argument of the module docstring is unchanged.
+    """
+    q, c = dots.shape
+    if not 1 <= k <= c:
+        raise ValueError(f"k must be in [1, {c}], got {k}")
+    blocks = c // block
+    if block_scales.shape != ((c + block - 1) // block,):
+        raise ValueError(f"{c} columns need {(c + block - 1) // block} block scales, "
+                         f"got {tuple(block_scales.shape)}")
+    if q * c < MIN_SCORES or blocks <= k or not dots.is_contiguous():
+        scores = _widen(dots, block_scales.repeat_interleave(block)[:c], masked)
+        return scores.topk(k, dim=1)
+    body = dots[:, : blocks * block].view(q, blocks, block)  # (Q, G, B)
+    maxima = body.amax(dim=2).float().mul_(block_scales[:blocks])  # (Q, G)
+    _, best = maxima.topk(k, dim=1)  # (Q, k) blocks
+    # the chosen blocks' products, copied block by block, then widened and scaled
+    chosen = body[torch.arange(q, device=dots.device)[:, None], best]  # (Q, k, B)
+    values = _widen(chosen, block_scales[best][:, :, None], masked).reshape(q, k * block)
+    if blocks * block < c:  # the ragged tail is always a candidate
+        tail = _widen(dots[:, blocks * block :], block_scales[blocks], masked)
+        values = torch.cat([values, tail], dim=1)
+    top, picked = values.topk(k, dim=1)  # (Q, k) positions among the candidates
+    in_block = picked < k * block
+    block_pos = torch.where(in_block, picked, 0)
+    columns = torch.where(
+        in_block,
+        best.gather(1, block_pos // block) * block + block_pos % block,
+        picked - k * block + blocks * block,
+    )
+    return top, columns
+
+
+def _widen(dots: torch.Tensor, scale: torch.Tensor, masked: bool) -> torch.Tensor:
+    """float32 ``dots * scale``, with masked products at ``-inf``."""
+    scores = dots.float().mul_(scale)
+    return scores.masked_fill_(dots == INT32_MASKED, -math.inf) if masked else scores

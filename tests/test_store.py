@@ -331,3 +331,63 @@ def test_both_int8_scan_paths_keep_recall_and_exact_scores(monkeypatch, int8_mat
     torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
     recall = sum(len(set(a) & set(b)) for a, b in zip(rows.tolist(), want.indices.tolist()))
     assert recall / (q * k) >= 0.99
+
+
+def _assert_block_scales(store: ExactScanStore) -> None:
+    """Every block of int8 rows has one scale, its live rows' largest magnitude / 127, and every
+    live row dequantizes to within half a step of its fp32 copy."""
+    size = store_module.INT8_SCALE_BLOCK
+    for first in range(0, store._high, size):
+        rows = torch.arange(first, min(first + size, store._vectors.shape[0]))
+        block_live = rows[store._scopes[rows] != store_module.FREE]
+        if len(block_live) == 0:
+            continue
+        scales = store._scales[rows]
+        assert bool((scales == scales[0]).all()), f"block at row {first} has several scales"
+        full = store._full[block_live]
+        torch.testing.assert_close(scales[0], full.abs().max() / 127.0)
+        error = (store._vectors[block_live].float() * scales[0] - full).abs().max()
+        assert float(error) <= float(scales[0]) / 2 + 1e-7
+
+
+def test_int8_rows_share_one_scale_per_block_whatever_the_order_of_adds():
+    d = 16
+    store = ExactScanStore(d, device="cpu", quantization="int8", initial_rows=8)
+    gen = torch.Generator().manual_seed(5)
+    for step, m in enumerate([1, 3, 70, 1, 130, 2]):  # growth, blocks filled across adds
+        magnitude = 0.05 if step % 2 else 1.0  # small rows joining blocks of large ones
+        rows = torch.randn(m, d, generator=gen) * magnitude
+        store.add(rows, step % 2, [math.inf] * m)
+        _assert_block_scales(store)
+
+
+def test_a_larger_row_requantizes_its_block_and_a_smaller_block_regains_precision():
+    d = 16
+    store = ExactScanStore(d, device="cpu", quantization="int8")
+    small = torch.full((1, d), 0.01)
+    store.add(small, 0, [math.inf])
+    assert int(store._vectors[0, 0]) == 127  # the block's only row: its own full scale
+    (big_row,) = store.add(torch.full((1, d), 0.5), 0, [math.inf])
+    assert int(store._vectors[0, 0]) == round(0.01 / (0.5 / 127))  # re-quantized: 3 steps
+    _assert_block_scales(store)
+    store.remove([big_row])
+    store.add(small * 3, 0, [math.inf])  # the next row to join the block rescales it
+    assert int(store._vectors[0, 0]) == round(0.01 / (0.03 / 127))  # 42 steps, not 3
+    _assert_block_scales(store)
+
+
+def test_int8_search_is_exact_and_finds_small_rows_beside_large_ones():
+    """Rows far smaller than the largest of their block still rank: the over-fetch and the
+    fp32 rescore absorb the coarser steps, and masked rows never come back."""
+    d, n = 48, 3000
+    vectors = unit_rows(n, d, seed=61)
+    vectors[::2] *= 0.2  # every other row much smaller than its neighbours
+    queries = torch.nn.functional.normalize(vectors[:40] + 0.05 * unit_rows(40, d, 62), dim=1)
+    store = ExactScanStore(d, device="cpu", quantization="int8")
+    store.add(vectors, 0, [5.0 if i % 7 == 0 else math.inf for i in range(n)])
+    scores, rows = store.search(queries, 4, 0, now=10.0)
+    want = (queries @ vectors.T)
+    want[:, ::7] = -math.inf
+    want = want.topk(4, dim=1)
+    torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
+    assert torch.equal(rows, want.indices)

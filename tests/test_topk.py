@@ -121,3 +121,57 @@ def test_property_same_values_as_topk(select, q, c, k, seed, levels):
     # few distinct levels: many ties, the hard case for a selection by block maxima
     scores = torch.randint(0, levels, (q, c), generator=generator).float()
     _check(select, scores, k)
+
+
+def _scaled_case(q: int, c: int, seed: int, dead_every: int = 0):
+    """int32 products with one scale per block of columns, and their float32 scores."""
+    gen = torch.Generator().manual_seed(seed)
+    dots = torch.randint(-6_000_000, 6_000_000, (q, c), generator=gen, dtype=torch.int32)
+    scales = torch.rand((c + BLOCK - 1) // BLOCK, generator=gen) * 1e-4 + 1e-6
+    if dead_every:
+        dots[:, ::dead_every] = topk_module.INT32_MASKED
+    scores = dots.float() * scales.repeat_interleave(BLOCK)[:c]
+    if dead_every:
+        scores[:, ::dead_every] = -math.inf
+    return dots, scales, scores
+
+
+def _check_scaled(dots, scales, scores, k, masked=True):
+    values, columns = topk_module.block_topk_scaled(dots, scales, k, masked=masked)
+    assert values.dtype == torch.float32 and values.shape == columns.shape == (dots.shape[0], k)
+    assert torch.equal(values, scores.topk(k, dim=1).values)
+    assert torch.equal(scores.gather(1, columns), values)
+    for row in columns.tolist():
+        assert len(set(row)) == k
+
+
+@pytest.mark.parametrize("floor", [0, topk_module.MIN_SCORES])  # block path / small fallback
+@pytest.mark.parametrize("q", [1, 5, 64])
+@pytest.mark.parametrize("c", [1, BLOCK - 1, BLOCK, BLOCK + 1, 10 * BLOCK, 4099])
+@pytest.mark.parametrize("k", [1, 4, 32])
+def test_scaled_int8_products_rank_as_their_float_scores(monkeypatch, floor, q, c, k):
+    """The int8 store's products: one scale per block of columns, block maxima taken in int32."""
+    monkeypatch.setattr(topk_module, "MIN_SCORES", floor)
+    k = min(k, c)
+    dots, scales, scores = _scaled_case(q, c, seed=q * 10_000 + c * 10 + k)
+    _check_scaled(dots, scales, scores, k, masked=False)
+
+
+@pytest.mark.parametrize("floor", [0, topk_module.MIN_SCORES])
+def test_masked_int8_products_are_never_ranked_above_live_ones(monkeypatch, floor):
+    monkeypatch.setattr(topk_module, "MIN_SCORES", floor)
+    dots, scales, scores = _scaled_case(16, 5000, seed=3, dead_every=3)
+    for k in (1, 4, 36):
+        _check_scaled(dots, scales, scores, k)
+    # all masked: -inf, never a large negative number that could pass for a score
+    dots, scales, scores = _scaled_case(4, 300, seed=4, dead_every=1)
+    values, _ = topk_module.block_topk_scaled(dots, scales, 3)
+    assert bool((values == -math.inf).all())
+
+
+def test_scaled_selection_checks_its_scales():
+    dots = torch.zeros((2, 130), dtype=torch.int32)
+    with pytest.raises(ValueError, match="130 columns need 3 block scales"):
+        topk_module.block_topk_scaled(dots, torch.ones(2), 1)
+    with pytest.raises(ValueError, match="k must be"):
+        topk_module.block_topk_scaled(dots, torch.ones(3), 0)
