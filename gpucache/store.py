@@ -54,7 +54,14 @@ from gpucache.blas_pool import BLAS_POOL_QUIET
 from gpucache.devices import DeviceLike, cpu_vendor, resolve_device
 from gpucache.kernel_choice import ScanKernelChooser
 from gpucache.scratch import BufferSource, ScanScratch
-from gpucache.topk import BLOCK, INT32_MASKED, block_topk, block_topk_numpy, block_topk_scaled
+from gpucache.topk import (
+    BLOCK,
+    INT32_MASKED,
+    block_topk,
+    block_topk_numpy,
+    block_topk_rows,
+    block_topk_scaled,
+)
 
 FREE = -1
 NEVER = math.inf
@@ -77,6 +84,12 @@ FP32_MATMUL_VIA_NUMPY = cpu_vendor() == "AuthenticAMD" and BLAS_POOL_QUIET
 # multiplies this way round too): 100k rows, Q = 16: 22 ms against 32; Q = 64: 40 against 48;
 # Q = 256: 115 against 126. Beyond it the queries-first product was as fast or faster.
 ROWS_FIRST_MAX_QUERIES = 256
+# torch's CPU products are rows-first too: fp32 up to ROWS_FIRST_MAX_QUERIES (whole scans of
+# 100k rows, paired: Q = 2 in 6.5 ms against 38, 64 in 42 against 51, 256 in 128 against 150),
+# bf16 only in this range of Q, where oneDNN's kernel for that shape is the faster one (100k
+# rows: Q = 64 in 18 ms against 25, 128 in 35 against 40; 1M rows, Q = 64: 155 against 196;
+# but Q = 24-48 and 192-256 were 3-30% slower rows-first).
+BF16_ROWS_FIRST_QUERIES = (64, 128)
 # A bf16/int8 CPU store this small answers a batch this large from its exact fp32 copy: every
 # query of a quantized scan pays an over-fetch and a rescore, which here outweighs the faster
 # product. Measured with the scan's buffers kept between scans (``gpucache.scratch``), 1024
@@ -538,9 +551,15 @@ class ExactScanStore:
                 # first cost more than the topk (the candidates are rescored in fp32 anyway)
                 scores = self._score(queries.to(block.dtype), block, out)  # (Q, C)
             dead = (scopes[start:stop] != scope_id) | (expires[start:stop] <= now)  # (C,)
-            if bool(dead.any()):  # one pass over C, saving a pass over Q x C when all are live
-                scores.masked_fill_(dead, -math.inf)  # broadcast over queries
-            top, idx = block_topk(scores, min(k, stop - start))  # (Q, k'), (Q, k')
+            any_dead = bool(dead.any())  # one pass over C, saving one over Q x C when all live
+            if q > 1 and scores.T.is_contiguous():  # a rows-first product (``_score``)
+                if any_dead:
+                    scores.T.masked_fill_(dead[:, None], -math.inf)  # broadcast over queries
+                top, idx = block_topk_rows(scores.T, min(k, stop - start))  # (Q, k'), (Q, k')
+            else:
+                if any_dead:
+                    scores.masked_fill_(dead, -math.inf)  # broadcast over queries
+                top, idx = block_topk(scores, min(k, stop - start))  # (Q, k'), (Q, k')
             best_scores, best_rows, done = self._merge(
                 best_scores, best_rows, top, idx, start, stop, k)
             if done:
@@ -641,6 +660,13 @@ class ExactScanStore:
                 # a half-precision (1, D) x (D, C) product takes a slow path on the CPU (8 ms
                 # for 10k bf16 rows here); the same numbers as (C, D) x (D, 1) took 0.5 ms
                 return (block @ queries.T).T  # (C, 1) -> (1, C)
+            low, high = BF16_ROWS_FIRST_QUERIES
+            if (q <= ROWS_FIRST_MAX_QUERIES if block.dtype == torch.float32
+                    else block.dtype == torch.bfloat16 and low <= q <= high):
+                # (C, Q), seen as (Q, C); the scan takes its top-k rows-first
+                # (``block_topk_rows``)
+                rows_out = None if target is None else target.view(c, q)
+                return torch.matmul(block, queries.T, out=rows_out).T
         if target is not None:
             return torch.matmul(queries, block.T, out=target.view(q, c))  # (Q, C)
         return queries @ block.T  # (Q, D) @ (D, C) -> (Q, C)

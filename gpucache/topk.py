@@ -48,6 +48,32 @@ def block_topk(scores: torch.Tensor, k: int, block: int = BLOCK) -> tuple[torch.
     return values, columns.gather(1, picked)
 
 
+def block_topk_rows(scores: torch.Tensor, k: int, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block_topk`` for a torch block laid out rows-first, ``(C, Q)`` and contiguous (the
+    layout a CPU product of C rows by Q queries is fastest in: 100k bf16 rows x 64 queries
+    took 14 ms against 19 queries-first, fp32 in torch 38 against 57). Returns ``(values,
+    rows)``, both ``(Q, k)``, values in descending order.
+
+    Block g is rows [gB, gB + B): its maxima are a reduction over the middle axis of a
+    ``(G, B, Q)`` view, which runs along contiguous rows of Q values."""
+    c, q = scores.shape
+    if not 1 <= k <= c:
+        raise ValueError(f"k must be in [1, {c}], got {k}")
+    blocks = c // block
+    if q * c < MIN_SCORES or blocks <= k or not scores.is_contiguous():
+        values, rows = scores.topk(k, dim=0)  # (k, Q)
+        return values.T.contiguous(), rows.T.contiguous()
+    maxima = scores[: blocks * block].view(blocks, block, q).amax(dim=1)  # (G, Q)
+    _, best = maxima.topk(k, dim=0)  # (k, Q)
+    offsets = torch.arange(block, device=scores.device)
+    rows = (best[:, None, :] * block + offsets[None, :, None]).reshape(k * block, q)
+    if blocks * block < c:  # the ragged tail is always a candidate
+        tail = torch.arange(blocks * block, c, device=scores.device)[:, None].expand(-1, q)
+        rows = torch.cat([rows, tail], dim=0)
+    values, picked = scores.gather(0, rows).topk(k, dim=0)  # (k, Q)
+    return values.T.contiguous(), rows.gather(0, picked).T.contiguous()
+
+
 def block_topk_numpy(scores: np.ndarray, k: int, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """``block_topk`` for a numpy block laid out rows-first, ``(C, Q)``. Returns ``(values,
     rows)``, both ``(Q, k)``, values in descending order. A ``(Q, C)`` block passed as

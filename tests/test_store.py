@@ -391,3 +391,32 @@ def test_int8_search_is_exact_and_finds_small_rows_beside_large_ones():
     want = want.topk(4, dim=1)
     torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
     assert torch.equal(rows, want.indices)
+
+
+@pytest.mark.parametrize(("mode", "q", "rows_first"), [
+    ("fp32", 2, True), ("fp32", 40, True), ("fp32", 300, False),
+    ("bf16", 32, False), ("bf16", 64, True), ("bf16", 128, True), ("bf16", 200, False),
+])
+def test_torch_products_come_rows_first_where_that_is_faster(monkeypatch, mode, q, rows_first):
+    """Which layout torch's CPU product takes, and that either answers like brute force, with
+    dead rows masked in the layout the product came in."""
+    monkeypatch.setattr(store_module, "FP32_MATMUL_VIA_NUMPY", False)
+    monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", {})
+    calls = []
+    rows_topk = store_module.block_topk_rows
+    monkeypatch.setattr(store_module, "block_topk_rows",
+                        lambda s, k: calls.append(s.shape) or rows_topk(s, k))
+    d, n = 32, 5000
+    vectors = unit_rows(n, d, seed=71)
+    queries = torch.nn.functional.normalize(vectors[:q] + 0.1 * unit_rows(q, d, 72), dim=1)
+    expires = [5.0 if i % 5 == 0 else math.inf for i in range(n)]
+    store = ExactScanStore(d, device="cpu", quantization=mode,
+                           scan_budget_bytes=chunk_budget(2048, q))  # three chunks
+    store.add(vectors, 0, expires)
+    scores, rows = store.search(queries, 4, 0, now=10.0)
+    assert bool(calls) == rows_first
+    want = queries @ vectors.T
+    want[:, ::5] = -math.inf
+    want = want.topk(4, dim=1)
+    torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
+    assert torch.equal(rows, want.indices)

@@ -39,8 +39,25 @@ def _torch_always_by_blocks(scores: torch.Tensor, k: int) -> tuple[torch.Tensor,
         topk_module.MIN_SCORES = floor
 
 
+def _torch_rows_first(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layout torch's rows-first CPU products come in: a contiguous (C, Q) tensor."""
+    return topk_module.block_topk_rows(scores.T.contiguous(), k)
+
+
+def _torch_rows_first_always_by_blocks(
+    scores: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    floor, topk_module.MIN_SCORES = topk_module.MIN_SCORES, 0
+    try:
+        return _torch_rows_first(scores, k)
+    finally:
+        topk_module.MIN_SCORES = floor
+
+
 SELECTIONS: dict[str, Select] = {
     "torch": block_topk, "torch-always-by-blocks": _torch_always_by_blocks,
+    "torch-rows-first": _torch_rows_first,
+    "torch-rows-first-always-by-blocks": _torch_rows_first_always_by_blocks,
     "numpy-rows-first": _numpy_rows_first,
     "numpy-transposed-view": _numpy_transposed_view,
 }
