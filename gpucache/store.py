@@ -593,9 +593,9 @@ class ExactScanStore:
         # computed in numpy, not torch: torch's OpenMP threads keep spinning after a parallel
         # op and slowed the product that follows (100k rows, Q = 1: 14 ms against 8)
         dead = (scopes[:high].numpy() != scope_id) | (expires[:high].numpy() <= now)  # (N,)
-        # One product buffer for every chunk (``gpucache.scratch``): a fresh (Q, C) array is
-        # fresh pages each time, whose faults cost 5% of a product (1024 x 65536: 289 ms
-        # against 273); kept between scans too (``gpucache.scratch``)
+        # One product buffer for every chunk, kept between scans too (``gpucache.scratch``): a
+        # fresh (Q, C) array is fresh pages each time, whose faults cost 5% of a product (1024 x
+        # 65536: 289 ms against 273)
         with self.scratch.lend(keep=not self._falling_back) as buffer:
             scratch = buffer(q * min(chunk, high), torch.float32)
             return self._scan_numpy_into(scratch, queries, k, chunk, vectors, dead)
