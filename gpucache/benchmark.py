@@ -66,6 +66,9 @@ class ScanResult:
     queries_per_s: float
     gb_per_s: float  # bytes the storage mode holds for N rows, read once per batch
     recall_at_k: float | None = None
+    # Q = 1: GB/s of a plain sum over the N x D fp32 rows, timed in the same blocks as the
+    # engines; the memory-bound fraction is taken of it
+    read_gb_per_s: float | None = None
 
 
 @dataclass
@@ -225,9 +228,23 @@ def bench_scan(
         for q in qs:
             queries = queries_all[:q]
             on_device, on_host = queries.to(device), queries.numpy()
-            calls = [functools.partial(e.search, on_host if e.label == "faiss" else on_device, k)
-                     for e in engines]
+            calls: list[Callable[[], Any]] = [
+                functools.partial(e.search, on_host if e.label == "faiss" else on_device, k)
+                for e in engines
+            ]
+            read_gb_per_s = None
+            if q == 1:
+                # The machine's read bandwidth moved from 15.7 to 53.5 GB/s within one session
+                # on a shared machine, so a figure from minutes before could make a memory-bound
+                # scan look twice as good or bad: a plain read of the same rows is timed with
+                # the engines instead, and the fraction is of that.
+                rows_on_device = data.to(device)
+                calls.append(functools.partial(torch.sum, rows_on_device))
             timings = timed_together(calls, device, repeat)
+            if q == 1:
+                read_gb_per_s = data.numel() * 4 / timings.pop()[0] / 1e9
+                calls.pop()
+                del rows_on_device
             reference = _rows_list(engines[0].search(on_device, k))  # gpucache fp32: exact
             for engine, call, (seconds, spread) in zip(engines, calls, timings):
                 recall = None
@@ -240,7 +257,7 @@ def bench_scan(
                     label += ":" + chooser.choices.get((bucket(q), size_class(n)), "torch")
                 results.append(ScanResult(
                     engine.device, label, engine.mode, n, q, seconds, spread, q / seconds,
-                    n * engine.bytes_per_row / seconds / 1e9, recall,
+                    n * engine.bytes_per_row / seconds / 1e9, recall, read_gb_per_s,
                 ))
             if telemetry is not None and device.type == "cuda":
                 from gpucache.telemetry import gpu_readings
@@ -514,15 +531,17 @@ def render(reports: list[BenchReport], command: str) -> str:
                          f"(load-time probe check: {e['probe_min_cosine_vs_fp32']:.6f}).")
         lines += ["", "### Scan (top-4, D = 384)", "",
                   "GB/s = bytes the mode stores for N rows / seconds per batch; fraction = of "
-                  "the read bandwidth above (Q = 1) or of the faster of the mode's and fp32's "
-                  "matmul rate (Q >= 64, 2QND FLOPs).", "",
-                  "| engine | mode | N | Q | ms / batch (spread) | queries/s | GB/s | fraction | "
-                  "recall@4 vs fp32 | vs FAISS flat |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "the read bandwidth (Q = 1: of a plain sum over the same N rows in fp32, "
+                  "timed together with the engines, given in the column 'read GB/s') or of the "
+                  "faster of the mode's and fp32's matmul rate (Q >= 64, 2QND FLOPs).", "",
+                  "| engine | mode | N | Q | ms / batch (spread) | queries/s | GB/s | read GB/s | "
+                  "fraction | recall@4 vs fp32 | vs FAISS flat |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         flat = {(s.n, s.q): s.queries_per_s for s in r.scans if s.engine == "faiss" and s.mode == "fp32"}
         behind = []
         for s in r.scans:
             if s.q == 1:
-                frac = s.gb_per_s / r.read_gb_per_s
+                frac = s.gb_per_s / (s.read_gb_per_s or r.read_gb_per_s)
             else:
                 # the roofline: the faster of the mode's own matmul and fp32 (CUDA widens int8
                 # rows to fp32 and measures no int8 rate; CPU fp16 matmuls can be far slower
@@ -536,9 +555,10 @@ def render(reports: list[BenchReport], command: str) -> str:
                 versus = f"{ratio:.2f}x"
                 if ratio < 1:
                     behind.append(f"{s.engine} {s.mode} N={s.n} Q={s.q} ({ratio:.3f}x)")
+            read = "-" if s.read_gb_per_s is None else f"{s.read_gb_per_s:.1f}"
             lines.append(f"| {s.engine} | {s.mode} | {s.n} | {s.q} | {1000 * s.seconds:.2f} "
                          f"({1000 * s.spread:.2f}) | {s.queries_per_s:.0f} | {s.gb_per_s:.1f} | "
-                         f"{frac:.0%} | {recall} | {versus} |")
+                         f"{read} | {frac:.0%} | {recall} | {versus} |")
         if flat:
             lines += ["", "Engines timed together for each (N, Q), in blocks, forward then "
                       "reverse order, so the ratios hold on a busy machine. Below FAISS "

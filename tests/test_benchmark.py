@@ -23,6 +23,8 @@ def test_bench_quick_writes_a_report(tmp_path):
     modes = {s["mode"] for s in scans if s["engine"] == "gpucache"}
     assert modes == {"fp32", "fp16", "bf16", "int8"}
     assert all(s["queries_per_s"] > 0 for s in scans)
+    assert all((s["read_gb_per_s"] is not None) == (s["q"] == 1) for s in scans)
+    assert all(s["read_gb_per_s"] > 0 for s in scans if s["q"] == 1)
     assert all(s["recall_at_k"] >= 0.99 for s in scans
                if s["engine"] == "gpucache" and s["recall_at_k"] is not None)
     overheads = data[0]["end_to_end"]["overhead"]
@@ -101,5 +103,20 @@ def test_int8_compute_is_a_fraction_of_the_int8_matmul_rate():
                                embed={"prompts": 4, "gpucache_prompts_per_s": 1.0, "dtype": "x"},
                                end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": 4.0,
                                            "hit_rate": 0.5})], "cmd")
-    assert "| gpucache | int8 | 1000 | 64 | 1.00 (0.00) | 64000 | 1.0 | 50% |" in text
+    assert "| gpucache | int8 | 1000 | 64 | 1.00 (0.00) | 64000 | 1.0 | - | 50% |" in text
     assert "fp32 10.0 GFLOP/s, int8 98.3 GOP/s." in text
+
+
+def test_a_single_query_is_a_fraction_of_the_read_rate_measured_beside_it():
+    """On a shared machine the read bandwidth moves minute to minute: Q = 1 is compared with a
+    plain read timed in the same blocks, not with the machine figure from the run's start."""
+    from gpucache.benchmark import BenchReport, ScanResult, render
+
+    versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "-", "transformers": "5",
+                "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
+    scan = ScanResult("cpu", "gpucache", "fp32", 1000, 1, 1e-3, 0.0, 1e3, 3.0, None, 4.0)
+    text = render([BenchReport("cpu", versions, 50.0, {"fp32": 0.1}, scans=[scan],
+                               embed={"prompts": 4, "gpucache_prompts_per_s": 1.0, "dtype": "x"},
+                               end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": 4.0,
+                                           "hit_rate": 0.5})], "cmd")
+    assert "| gpucache | fp32 | 1000 | 1 | 1.00 (0.00) | 1000 | 3.0 | 4.0 | 75% |" in text
