@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from gpucache import attention
 from gpucache.devices import DeviceLike, cpu_has_native_bf16, resolve_device
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -166,11 +167,22 @@ class TransformerEmbedder:
         in fp32, which kept the shortest prompts at 0.99993 cosine here ("ok": 0.99984 with the
         whole model cast to bf16) at the same speed (1.7x fp32 on 304 demo prompts). Only the
         Linear layers, whose matmuls autocast runs in ``dtype`` anyway, keep ``dtype`` weights.
+
+        The short-prompt attention of ``gpucache.attention`` is tried first and kept if the
+        check passes with it; else the model's own attention is checked alone.
         """
         reference = self.encode(PROBE_TEXTS)
         self.autocast_dtype = dtype
-        self.agreement = float((self.encode(PROBE_TEXTS) * reference).sum(dim=1).min())
-        if self.agreement < AGREEMENT_MIN:
+        original = self.attention
+        agreement = -1.0
+        if self._device.type == "cpu" and self._use_attention(attention.ATTENTION_NAME):
+            agreement = self._probe_agreement(reference)
+            if agreement < AGREEMENT_MIN:  # keep the model's own attention, and check that
+                self._use_attention(original)
+        if self.attention == original:
+            agreement = self._probe_agreement(reference)
+        self.agreement = agreement
+        if agreement < AGREEMENT_MIN:
             self.autocast_dtype = None
             return
         # Autocast casts every Linear's fp32 weights to ``dtype`` again in every forward pass
@@ -180,6 +192,25 @@ class TransformerEmbedder:
         for module in self._model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.to(dtype)
+
+    def _probe_agreement(self, reference: torch.Tensor) -> float:
+        return float((self.encode(PROBE_TEXTS) * reference).sum(dim=1).min())
+
+    @property
+    def attention(self) -> str:
+        """The attention implementation the model runs (``gpucache.attention.ATTENTION_NAME``
+        where the short-prompt attention was adopted)."""
+        return str(getattr(self._model.config, "_attn_implementation", None))
+
+    def _use_attention(self, name: str) -> bool:
+        """Switch the model's attention implementation; False where it cannot take ``name``."""
+        if name == attention.ATTENTION_NAME and not attention.register():
+            return False
+        try:
+            self._model.set_attn_implementation(name)
+        except (AttributeError, ValueError, ImportError, KeyError):
+            return False
+        return self.attention == name
 
     @property
     def dim(self) -> int:

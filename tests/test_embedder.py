@@ -182,6 +182,7 @@ def test_linear_weights_held_in_bf16_embed_exactly_as_autocast_over_fp32_weights
         pytest.skip("this CPU has no native bf16: the default stays fp32")
     recasting = TransformerEmbedder(device="cpu", dtype=torch.float32)
     recasting.autocast_dtype = torch.bfloat16  # autocast over the fp32 weights, cast per pass
+    assert recasting._use_attention(real_embedder.attention)  # the same attention as the default
     prompts = [item.prompt for item in load_workload()][:100]
     assert torch.equal(recasting.encode(prompts), real_embedder.encode(prompts))
 
