@@ -532,7 +532,8 @@ def render(reports: list[BenchReport], command: str) -> str:
         lines += ["", "### Scan (top-4, D = 384)", "",
                   "GB/s = bytes the mode stores for N rows / seconds per batch; fraction = of "
                   "the read bandwidth (Q = 1: of a plain sum over the same N rows in fp32, "
-                  "timed together with the engines, given in the column 'read GB/s') or of the "
+                  "timed together with the engines, given in the column 'read GB/s'; rows that fit in "
+                  "the CPU's caches are read at cache speed there) or of the "
                   "faster of the mode's and fp32's matmul rate (Q >= 64, 2QND FLOPs).", "",
                   "| engine | mode | N | Q | ms / batch (spread) | queries/s | GB/s | read GB/s | "
                   "fraction | recall@4 vs fp32 | vs FAISS flat |",
