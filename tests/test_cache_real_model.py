@@ -85,3 +85,22 @@ def test_near_misses_above_the_threshold_are_refused_and_counted(real_embedder, 
     guarded.put(cached, "answer")
     assert guarded.get(near_miss) is None
     assert guarded.stats().rejections == {rule: 1}
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8"])
+def test_quantized_storage_serves_what_fp32_serves(real_embedder, mode):
+    """Quantized rows only choose candidates; the fp32 rescore decides. Through the real model,
+    with enough entries that int8 rows share their block's scale with other prompts."""
+    from gpucache.demo import load_workload
+
+    prompts = list(dict.fromkeys(item.prompt for item in load_workload()))
+    entries, asks = prompts[::2], prompts[1::2]  # the demo's paraphrases fall on both sides
+    caches = [SemanticCache(real_embedder, device="cpu", quantization=m) for m in (None, mode)]
+    for cache in caches:
+        cache.warm([(prompt, f"answer {i}") for i, prompt in enumerate(entries)])
+    plain, quantized = (cache.get_all(asks) for cache in caches)
+    assert [h and (h.response, round(h.similarity, 5)) for h in quantized] == [
+        h and (h.response, round(h.similarity, 5)) for h in plain
+    ]
+    hits = sum(h is not None for h in plain)
+    assert 10 <= hits <= len(asks) - 10  # the comparison covers real hits and real misses
