@@ -21,7 +21,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from gpucache import __version__
     from gpucache.blas_pool import BLAS_POOL_QUIET
     from gpucache.devices import cpu_has_native_bf16, cpu_vendor, resolve_device
-    from gpucache.store import FP32_MATMUL_VIA_NUMPY, INT8_GEMV, INT8_GEMV_DIM, INT8_MATMUL
+    from gpucache.store import (
+        FP32_MATMUL_VIA_NUMPY,
+        INT8_GEMV,
+        INT8_GEMV_DIM,
+        INT8_MATMUL,
+        INT8_SCALE_BLOCK,
+    )
     from gpucache.telemetry import gpu_readings
 
     print(f"gpucache      {__version__}")
@@ -33,7 +39,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     pool = ("sleeps when idle" if BLAS_POOL_QUIET else
             "spins when idle (set OPENBLAS_THREAD_TIMEOUT=4 before numpy is imported)")
     print(f"fp32 cpu scan {'numpy BLAS' if FP32_MATMUL_VIA_NUMPY else 'torch'}; numpy's BLAS pool {pool}")
-    int8_batches = "int8 x int8 -> int32" if INT8_MATMUL else "rows widened to fp32"
+    int8_batches = (f"int8 x int8 -> int32, one scale per {INT8_SCALE_BLOCK} rows" if INT8_MATMUL
+                    else "rows widened to fp32")
     int8_single = (f"int8 GEMV (dimensions in multiples of {INT8_GEMV_DIM})" if INT8_GEMV
                    else "as batches")
     print(f"int8 cpu scan batches {int8_batches}; one query {int8_single}")
