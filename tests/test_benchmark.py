@@ -120,3 +120,20 @@ def test_a_single_query_is_a_fraction_of_the_read_rate_measured_beside_it():
                                end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": 4.0,
                                            "hit_rate": 0.5})], "cmd")
     assert "| gpucache | fp32 | 1000 | 1 | 1.00 (0.00) | 1000 | 3.0 | 4.0 | 75% |" in text
+
+
+def test_the_paired_store_comparison_runs_against_a_git_revision():
+    """bench/ab_store.py: this checkout's store against HEAD's, both exact enough to compare."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, str(root / "bench" / "ab_store.py"), "--base", "HEAD", "--n", "600",
+         "--q", "1,8", "--mode", "int8", "--rounds", "2"],
+        capture_output=True, text=True, timeout=300, cwd=root,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("int8, N = 600, k = 4")
+    assert lines[1].startswith("Q = 1: base ") and lines[2].startswith("Q = 8: base ")
+    assert "(1.0000)" in lines[1]
