@@ -106,9 +106,9 @@ class TransformerEmbedder:
         dtype: weights and activations dtype. None picks fp16 on CUDA, bf16 on a CPU with
             native bf16 (AVX-512 BF16 or AMX) and fp32 on other CPUs. On such a CPU the
             matmuls run in bf16 under autocast (the Linear weights held in bf16, the rest in
-            fp32), kept only if the
-            embeddings of ``PROBE_TEXTS`` agree with fp32's to ``AGREEMENT_MIN`` cosine
-            (``agreement`` holds the measured minimum, ``autocast_dtype`` the outcome).
+            fp32), kept only if the embeddings of ``PROBE_TEXTS`` agree with fp32's to
+            ``AGREEMENT_MIN`` cosine (``agreement`` holds the measured minimum,
+            ``autocast_dtype`` the outcome, ``attention`` the attention it runs).
         batch_size: texts per forward pass; larger is faster until memory runs out.
         max_length: tokens kept per text; longer texts are truncated (the model was trained
             on 256-token windows, so meaning beyond that is not captured anyway).
