@@ -148,7 +148,9 @@ def block_topk_scaled(
         scores = _widen(dots, block_scales.repeat_interleave(block)[:c], masked)
         return scores.topk(k, dim=1)
     body = dots[:, : blocks * block].view(q, blocks, block)  # (Q, G, B)
-    maxima = body.amax(dim=2).float().mul_(block_scales[:blocks])  # (Q, G)
+    # a block with every product masked ranks last whatever its scale: scaled, the sentinel is
+    # only as low as the scale makes it (beside a tiny scale it could outrank a live block)
+    maxima = _widen(body.amax(dim=2), block_scales[:blocks], masked)  # (Q, G)
     _, best = maxima.topk(k, dim=1)  # (Q, k) blocks
     # the chosen blocks' products, copied block by block, then widened and scaled
     chosen = body[torch.arange(q, device=dots.device)[:, None], best]  # (Q, k, B)

@@ -192,3 +192,20 @@ def test_scaled_selection_checks_its_scales():
         topk_module.block_topk_scaled(dots, torch.ones(2), 1)
     with pytest.raises(ValueError, match="k must be"):
         topk_module.block_topk_scaled(dots, torch.ones(3), 0)
+
+
+@pytest.mark.parametrize("floor", [0, topk_module.MIN_SCORES])
+def test_a_fully_masked_block_never_outranks_a_live_one_whatever_its_scale(monkeypatch, floor):
+    """The masked sentinel times a tiny scale is a small negative number; live products with
+    a normal scale can be far below it. The live ones must still win."""
+    monkeypatch.setattr(topk_module, "MIN_SCORES", floor)
+    c = 4 * BLOCK
+    dots = torch.full((2, c), -5_000_000, dtype=torch.int32)  # every live score very negative
+    dots[:, :BLOCK] = topk_module.INT32_MASKED  # block 0: all masked, with a tiny scale
+    for block, best in ((1, -4_000_000), (2, -4_100_000), (3, -4_200_000)):
+        dots[:, block * BLOCK + 5] = best  # the true top 3: one in each live block
+    scales = torch.tensor([1e-14, 1e-3, 1e-3, 1e-3])
+    values, columns = topk_module.block_topk_scaled(dots, scales, 3)
+    expected = torch.tensor([-4_000_000, -4_100_000, -4_200_000]).float() * scales[1]
+    assert torch.equal(values, expected.expand(2, -1))
+    assert columns.tolist() == [[BLOCK + 5, 2 * BLOCK + 5, 3 * BLOCK + 5]] * 2
