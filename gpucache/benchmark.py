@@ -232,19 +232,16 @@ def bench_scan(
                 functools.partial(e.search, on_host if e.label == "faiss" else on_device, k)
                 for e in engines
             ]
-            read_gb_per_s = None
-            if q == 1:
-                # The machine's read bandwidth moved from 15.7 to 53.5 GB/s within one session
-                # on a shared machine, so a figure from minutes before could make a memory-bound
-                # scan look twice as good or bad: a plain read of the same rows is timed with
-                # the engines instead, and the fraction is of that.
-                rows_on_device = data.to(device)
-                calls.append(functools.partial(torch.sum, rows_on_device))
-            timings = timed_together(calls, device, repeat)
-            if q == 1:
-                read_gb_per_s = data.numel() * 4 / timings.pop()[0] / 1e9
-                calls.pop()
-                del rows_on_device
+            # The machine's read bandwidth moved from 15.7 to 53.5 GB/s within one session on
+            # a shared machine, so a figure from minutes before could make a memory-bound scan
+            # look twice as good or bad: at Q = 1 a plain read of the same rows is timed with
+            # the engines, and the fraction is of that.
+            read: list[Callable[[], Any]] = (
+                [functools.partial(torch.sum, data.to(device))] if q == 1 else []
+            )
+            timings = timed_together(calls + read, device, repeat)
+            read_gb_per_s = data.numel() * 4 / timings.pop()[0] / 1e9 if read else None
+            del read
             reference = _rows_list(engines[0].search(on_device, k))  # gpucache fp32: exact
             for engine, call, (seconds, spread) in zip(engines, calls, timings):
                 recall = None
