@@ -517,6 +517,8 @@ class ExactScanStore:
             stop = min(start + chunk, self._high)
             block = vectors[start:stop]  # (C, D)
             out = None if scratch is None else scratch[: q * (stop - start)]
+            dead = (scopes[start:stop] != scope_id) | (expires[start:stop] <= now)  # (C,)
+            any_dead = bool(dead.any())  # one pass over C, saving one over Q x C when all live
             if gemv_query is not None:
                 # bf16 scores rank the candidates only; they are rescored in fp32 anyway
                 scores = torch._weight_int8pack_mm(
@@ -529,8 +531,6 @@ class ExactScanStore:
                 dots = torch._int_mm(
                     int8_queries, block.T, out=None if out is None else out.view(q, stop - start)
                 )
-                dead = (scopes[start:stop] != scope_id) | (expires[start:stop] <= now)  # (C,)
-                any_dead = bool(dead.any())
                 if any_dead:
                     dots.masked_fill_(dead, INT32_MASKED)
                 top, idx = block_topk_scaled(
@@ -550,8 +550,6 @@ class ExactScanStore:
                 # fp16/bf16 scores, ranked as they are: converting the whole block to fp32
                 # first cost more than the topk (the candidates are rescored in fp32 anyway)
                 scores = self._score(queries.to(block.dtype), block, out)  # (Q, C)
-            dead = (scopes[start:stop] != scope_id) | (expires[start:stop] <= now)  # (C,)
-            any_dead = bool(dead.any())  # one pass over C, saving one over Q x C when all live
             if q > 1 and scores.T.is_contiguous():  # a rows-first product (``_score``)
                 if any_dead:
                     scores.T.masked_fill_(dead[:, None], -math.inf)  # broadcast over queries
