@@ -7,25 +7,26 @@ both alike; recall@k of each against an exact scan is checked on the way.
 
     python3 bench/ab_store.py --base HEAD~3 --n 100000 --q 64,1024 --mode int8
 
-The other revision's ``gpucache/store.py`` is loaded on its own from git, beside this
-checkout's package (its other modules are this checkout's), so the comparison is of the
-store's code only.
+The other revision's whole package is extracted from git and imported beside this checkout's
+under another name, so each store runs with its own revision's top-k, scratch and engines.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
+import io
 import math
+import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
 # gpucache first, as an application would import it: it quiets numpy's BLAS thread pool,
-# which only works before numpy is loaded (gpucache/blas_pool.py)
+# which only works before numpy is loaded (gpucache/index/blas_pool.py)
 import gpucache
 
 # isort: split
@@ -34,16 +35,24 @@ import torch
 ExactScanStore = gpucache.ExactScanStore
 
 
-def store_module_at(revision: str) -> ModuleType:
-    source = subprocess.run(["git", "show", f"{revision}:gpucache/store.py"], check=True,
-                            capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "store_at_revision.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("store_at_revision", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def store_class_at(revision: str) -> type:
+    """``ExactScanStore`` as it was at ``revision``: that revision's whole package, extracted
+    from git and imported as ``gpucache_base`` beside this checkout's (its modules moved between
+    revisions, so one file would not do)."""
+    root = Path(tempfile.mkdtemp())
+    archive = subprocess.run(["git", "archive", revision, "gpucache", "kernels"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(root, filter="data")
+    package = root / "gpucache_base"
+    (root / "gpucache").rename(package)
+    (root / "kernels").rename(package / "kernels")  # installed as gpucache.kernels
+    for source in package.rglob("*.py"):
+        text = source.read_text()
+        source.write_text(re.sub(r"\bgpucache(?=[. ])", "gpucache_base", text))
+    sys.path.insert(0, str(root))
+    module = importlib.import_module("gpucache_base")
+    return module.ExactScanStore
 
 
 def median_ms(samples: list[float]) -> float:
@@ -63,7 +72,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     data = torch.nn.functional.normalize(torch.randn(args.n, 384, generator=gen), dim=1)
     mode = None if args.mode == "fp32" else args.mode
-    stores = {"base": store_module_at(args.base).ExactScanStore, "this": ExactScanStore}
+    stores = {"base": store_class_at(args.base), "this": ExactScanStore}
     built = {}
     for name, cls in stores.items():
         store = cls(384, device="cpu", quantization=mode, initial_rows=args.n)

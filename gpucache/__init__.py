@@ -1,48 +1,95 @@
 """gpucache: a semantic cache for LLM responses that never serves the answer to a different
-question. Embeds and scans on the GPU when present, on the CPU otherwise."""
+question. Embeds and scans on the GPU when present, on the CPU otherwise.
+
+Importing gpucache runs nothing but definitions: the public names below are loaded on first
+use (PEP 562), so ``import gpucache`` loads neither torch nor numpy, and an application can
+still call ``gpucache.quiet_blas_pool()`` before anything loads numpy.
+"""
 
 from __future__ import annotations
 
-# First, before anything loads numpy: keeps OpenBLAS's worker threads from spinning on the
-# cores the embedder needs (see gpucache/blas_pool.py).
-from gpucache import blas_pool  # noqa: F401
+import importlib
+from typing import TYPE_CHECKING, Any
 
-# isort: split
-from gpucache.admission import AdmissionPolicy
-from gpucache.cache import Hit, LoadAbandoned, SemanticCache
-from gpucache.devices import resolve_device
-from gpucache.embedder import Embedder, TransformerEmbedder
-from gpucache.kernel_choice import ScanKernelChooser
+from gpucache.index.blas_pool import quiet_blas_pool
 from gpucache.keys import DEFAULT_SCOPE, prompt_key
-from gpucache.lexical import LexicalNearMissVerifier
-from gpucache.policy import CachePolicy, ContentPolicy, PolicyDecision, StoreEverything
-from gpucache.snapshot import SnapshotError
-from gpucache.stats import CacheStats
-from gpucache.store import ExactScanStore
-from gpucache.verifier import HitVerifier, ThresholdOnly, Verdict
+
+if TYPE_CHECKING:
+    from gpucache.cache.core import Hit, LoadAbandoned, SemanticCache
+    from gpucache.cache.settings import CacheSettings
+    from gpucache.cache.snapshot import SnapshotError
+    from gpucache.cache.stats import CacheStats
+    from gpucache.devices import resolve_device
+    from gpucache.embedding.embedder import Embedder, TransformerEmbedder
+    from gpucache.guard.lexical import LexicalNearMissVerifier
+    from gpucache.guard.verifier import ExplainingVerifier, HitVerifier, ThresholdOnly, Verdict
+    from gpucache.index.kernel_choice import ScanKernelChooser
+    from gpucache.index.store import ExactScanStore
+    from gpucache.policy.admission import AdmissionPolicy
+    from gpucache.policy.content import CachePolicy, ContentPolicy, PolicyDecision, StoreEverything
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "AdmissionPolicy": "gpucache.policy.admission",
+    "CachePolicy": "gpucache.policy.content",
+    "CacheSettings": "gpucache.cache.settings",
+    "CacheStats": "gpucache.cache.stats",
+    "ContentPolicy": "gpucache.policy.content",
+    "Embedder": "gpucache.embedding.embedder",
+    "ExactScanStore": "gpucache.index.store",
+    "ExplainingVerifier": "gpucache.guard.verifier",
+    "Hit": "gpucache.cache.core",
+    "HitVerifier": "gpucache.guard.verifier",
+    "LexicalNearMissVerifier": "gpucache.guard.lexical",
+    "LoadAbandoned": "gpucache.cache.core",
+    "PolicyDecision": "gpucache.policy.content",
+    "ScanKernelChooser": "gpucache.index.kernel_choice",
+    "SemanticCache": "gpucache.cache.core",
+    "SnapshotError": "gpucache.cache.snapshot",
+    "StoreEverything": "gpucache.policy.content",
+    "ThresholdOnly": "gpucache.guard.verifier",
+    "TransformerEmbedder": "gpucache.embedding.embedder",
+    "Verdict": "gpucache.guard.verifier",
+    "resolve_device": "gpucache.devices",
+}
+
 __all__ = [
-    "DEFAULT_SCOPE",
     "AdmissionPolicy",
     "CachePolicy",
-    "ContentPolicy",
-    "LoadAbandoned",
-    "PolicyDecision",
-    "ScanKernelChooser",
-    "StoreEverything",
+    "CacheSettings",
     "CacheStats",
+    "ContentPolicy",
+    "DEFAULT_SCOPE",
     "Embedder",
     "ExactScanStore",
+    "ExplainingVerifier",
     "Hit",
     "HitVerifier",
     "LexicalNearMissVerifier",
+    "LoadAbandoned",
+    "PolicyDecision",
+    "ScanKernelChooser",
     "SemanticCache",
     "SnapshotError",
+    "StoreEverything",
     "ThresholdOnly",
     "TransformerEmbedder",
     "Verdict",
     "prompt_key",
+    "quiet_blas_pool",
     "resolve_device",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpucache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

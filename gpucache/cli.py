@@ -19,31 +19,30 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     from gpucache import __version__
-    from gpucache.blas_pool import BLAS_POOL_QUIET
+    from gpucache.cache.settings import CacheSettings
     from gpucache.devices import cpu_has_native_bf16, cpu_vendor, resolve_device
-    from gpucache.store import (
-        FP32_MATMUL_VIA_NUMPY,
-        INT8_GEMV,
-        INT8_GEMV_DIM,
-        INT8_MATMUL,
-        INT8_SCALE_BLOCK,
-    )
+    from gpucache.index.blas_pool import blas_pool_quiet
+    from gpucache.index.codecs import INT8_SCALE_BLOCK
+    from gpucache.index.probes import INT8_GEMV_DIM, CpuPaths
     from gpucache.telemetry import gpu_readings
 
+    paths = CpuPaths.detect()
     print(f"gpucache      {__version__}")
     print(f"python        {platform.python_version()}")
     print(f"torch         {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
     print(f"device        {resolve_device('auto')} (chosen by device='auto')")
     print(f"cpu           {cpu_vendor() or 'vendor unknown'}, bf16 "
           f"{'native' if cpu_has_native_bf16() else 'emulated'}")
-    pool = ("sleeps when idle" if BLAS_POOL_QUIET else
+    pool = ("sleeps when idle" if blas_pool_quiet() else
             "spins when idle (set OPENBLAS_THREAD_TIMEOUT=4 before numpy is imported)")
-    print(f"fp32 cpu scan {'numpy BLAS' if FP32_MATMUL_VIA_NUMPY else 'torch'}; numpy's BLAS pool {pool}")
-    int8_batches = (f"int8 x int8 -> int32, one scale per {INT8_SCALE_BLOCK} rows" if INT8_MATMUL
+    print(f"fp32 cpu scan {'numpy BLAS' if paths.fp32_via_numpy else 'torch'}; numpy's BLAS pool {pool}")
+    int8_batches = (f"int8 x int8 -> int32, one scale per {INT8_SCALE_BLOCK} rows" if paths.int8_matmul
                     else "rows widened to fp32")
-    int8_single = (f"int8 GEMV (dimensions in multiples of {INT8_GEMV_DIM})" if INT8_GEMV
+    int8_single = (f"int8 GEMV (dimensions in multiples of {INT8_GEMV_DIM})" if paths.int8_gemv
                    else "as batches")
     print(f"int8 cpu scan batches {int8_batches}; one query {int8_single}")
+    defaults = ", ".join(f"{name}={value!r}" for name, value in CacheSettings().items())
+    print(f"settings      {defaults}")
     readings = gpu_readings()
     if not readings:
         print("gpus          none visible to NVML (no driver or no GPU)")
@@ -62,7 +61,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from gpucache import SemanticCache
-    from gpucache.demo import StandInModel, load_workload, run_demo
+    from gpucache.tools.demo import StandInModel, load_workload, run_demo
 
     hf_logging.disable_progress_bar()
     started = time.perf_counter()
@@ -88,8 +87,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from gpucache import LexicalNearMissVerifier, TransformerEmbedder
-    from gpucache.cache import DEFAULT_THRESHOLD, DEFAULT_TOP_K
-    from gpucache.evaluation import (
+    from gpucache.cache.settings import DEFAULT_THRESHOLD, DEFAULT_TOP_K
+    from gpucache.tools.evaluation import (
         evaluate_pairs,
         plot_curves,
         render_report,
@@ -142,7 +141,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from gpucache.benchmark import run_bench, write
+    from gpucache.tools.benchmark import run_bench, write
 
     hf_logging.disable_progress_bar()
     if args.device == "all":
@@ -199,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The command is an application: it quiets numpy's BLAS pool for itself, before anything
+    # here imports numpy (gpucache/index/blas_pool.py says why)
+    from gpucache.index.blas_pool import quiet_blas_pool
+
+    quiet_blas_pool()
     args = build_parser().parse_args(argv)
     return int(args.run(args))
 

@@ -6,6 +6,8 @@ laptop, in CI and on an inference server; every other module takes the resolved 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 DeviceLike = str | torch.device
@@ -35,6 +37,7 @@ def resolve_device(device: DeviceLike = "auto") -> torch.device:
     return resolved
 
 
+@functools.cache
 def _cpuinfo(field: str) -> str:
     """The first value of ``field`` in Linux's ``/proc/cpuinfo``; "" elsewhere, which reads as
     "no special fast paths"."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 
-# gpucache first, as an application would import it: it quiets numpy's BLAS thread pool, which
-# only works before numpy is loaded (gpucache/blas_pool.py), so the tests run the same paths.
-import gpucache  # noqa: F401
+# As an application would, before anything loads numpy: quiet numpy's BLAS thread pool
+# (gpucache/index/blas_pool.py), so the tests run the paths the command runs.
+import gpucache
+
+gpucache.quiet_blas_pool()
 
 # isort: split
-import torch
+import torch  # noqa: E402
 
 # Triton kernels run on a CPU machine through Triton's interpreter; the variable must be set
 # before triton decorates the kernels (at import of gpucache.kernels).
@@ -17,10 +19,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import hashlib  # noqa: E402
-import re
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-from collections.abc import Sequence
+from collections.abc import Sequence  # noqa: E402
 
 import pytest  # noqa: E402
 

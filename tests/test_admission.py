@@ -129,7 +129,7 @@ def test_state_round_trips_through_json():
 
 def test_the_same_counters_in_processes_with_different_hash_seeds():
     code = (
-        "from gpucache.admission import AdmissionPolicy\n"
+        "from gpucache.policy.admission import AdmissionPolicy\n"
         "s = AdmissionPolicy(sketch_width=256)\n"
         "for n in range(300): s.record(f'scope{n % 3}', f'prompt number {n % 50} ünïcode')\n"
         "print(s.state()['counters'])"

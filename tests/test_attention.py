@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-import gpucache.attention as attention_module
-import gpucache.embedder as embedder_module
+import gpucache.embedding.attention as attention_module
+import gpucache.embedding.embedder as embedder_module
 from gpucache.devices import cpu_has_native_bf16
-from gpucache.embedder import AGREEMENT_MIN, TransformerEmbedder
+from gpucache.embedding.embedder import AGREEMENT_MIN, TransformerEmbedder
 
 
 class _Module(torch.nn.Module):

@@ -38,7 +38,7 @@ def test_bench_quick_writes_a_report(tmp_path):
 def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):
     import torch
 
-    import gpucache.benchmark as bench
+    import gpucache.tools.benchmark as bench
 
     monkeypatch.setattr(bench, "BLOCK_SECONDS", 0.0)  # exactly the runs asked for
     log: list[str] = []
@@ -52,7 +52,7 @@ def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):
 def test_fast_engines_run_until_the_block_has_taken_long_enough(monkeypatch):
     import torch
 
-    import gpucache.benchmark as bench
+    import gpucache.tools.benchmark as bench
 
     monkeypatch.setattr(bench, "BLOCK_RUNS", 7)
     monkeypatch.setattr(bench, "BLOCK_SECONDS", 10.0)  # never reached: capped by BLOCK_RUNS
@@ -62,7 +62,7 @@ def test_fast_engines_run_until_the_block_has_taken_long_enough(monkeypatch):
 
 
 def test_the_report_compares_each_mode_with_faiss_and_the_gpu_with_the_cpu():
-    from gpucache.benchmark import BenchReport, ScanResult, render
+    from gpucache.tools.benchmark import BenchReport, ScanResult, render
 
     versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "12", "transformers": "5",
                 "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
@@ -88,12 +88,12 @@ def test_int8_compute_is_a_fraction_of_the_int8_matmul_rate():
     in int8 (a CPU with torch._int_mm), and fp32 where it widens the rows."""
     import torch
 
-    from gpucache.benchmark import BenchReport, ScanResult, machine_limits, matmul_rate, render
-    from gpucache.store import INT8_MATMUL
+    from gpucache.index.probes import CpuPaths
+    from gpucache.tools.benchmark import BenchReport, ScanResult, machine_limits, matmul_rate, render
 
     assert matmul_rate(torch.device("cpu"), torch.int8, 1, 64) > 0
     _, rates = machine_limits(torch.device("cpu"), 1, quick=True)
-    assert ("int8" in rates) == INT8_MATMUL and {"fp32", "bf16", "fp16"} <= set(rates)
+    assert ("int8" in rates) == CpuPaths.detect().int8_matmul and {"fp32", "bf16", "fp16"} <= set(rates)
     versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "-", "transformers": "5",
                 "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
     # 2 * 64 * 1000 * 384 ops in 1 ms: 49.2 GOP/s, half of a 98.3 GOP/s int8 rate
@@ -110,7 +110,7 @@ def test_int8_compute_is_a_fraction_of_the_int8_matmul_rate():
 def test_a_single_query_is_a_fraction_of_the_read_rate_measured_beside_it():
     """On a shared machine the read bandwidth moves minute to minute: Q = 1 is compared with a
     plain read timed in the same blocks, not with the machine figure from the run's start."""
-    from gpucache.benchmark import BenchReport, ScanResult, render
+    from gpucache.tools.benchmark import BenchReport, ScanResult, render
 
     versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "-", "transformers": "5",
                 "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import gpucache
-from gpucache.demo import StandInModel, load_workload, run_demo
+from gpucache.tools.demo import StandInModel, load_workload, run_demo
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpucache import LexicalNearMissVerifier, ThresholdOnly
-from gpucache.evaluation import (
+from gpucache.tools.evaluation import (
     PairResult,
     ablation_variants,
     evaluate_pairs,

@@ -9,8 +9,11 @@ import pytest
 import torch
 from gpucache.kernels import triton_available
 
-from gpucache.kernel_choice import TIMED_RUNS, ScanKernelChooser, bucket, size_class, wall_timer
-from gpucache.store import ExactScanStore
+from gpucache.index.engines.choose import ChoosingEngine
+from gpucache.index.engines.torch_engine import TorchEngine
+from gpucache.index.engines.triton_engine import TritonEngine
+from gpucache.index.kernel_choice import TIMED_RUNS, ScanKernelChooser, bucket, size_class, wall_timer
+from gpucache.index.store import ExactScanStore
 
 
 class ScriptedTimer:
@@ -92,15 +95,16 @@ def test_an_auto_store_answers_the_same_whichever_kernel_wins(faster):
     vectors, queries = unit_rows(n, d, 1), unit_rows(q, d, 2)
     expires = [math.inf if i % 7 else 5.0 for i in range(n)]
     reference = ExactScanStore(d, device="cpu", scan_kernel="torch")
-    auto = ExactScanStore(d, device="cpu", scan_kernel="torch")
     timer = ScriptedTimer({"torch": 1.0, "triton": 1.0, faster: 0.5})
-    auto.kernel_chooser = ScanKernelChooser(auto.device, min_rows=1, timer=timer)
-    auto.scan_kernel = "auto"  # as a CUDA store with Triton would be built
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=timer)
+    # the engine a CUDA store with Triton is built with, here on the CPU
+    auto = ExactScanStore(d, device="cpu", engine=ChoosingEngine(
+        chooser, {"torch": TorchEngine(), "triton": TritonEngine()}))
     for store in (reference, auto):
         store.add(vectors, 0, expires)
     want = reference.search(queries, k, 0, now=10.0)
     got = auto.search(queries, k, 0, now=10.0)
-    assert auto.kernel_chooser.choices == {("<=64", size_class(n)): faster}
+    assert chooser.choices == {("<=64", size_class(n)): faster}
     for result in (got, *timer.results.values()):
         torch.testing.assert_close(result[0], want[0], rtol=0, atol=1e-5)
         assert torch.equal(result[1], want[1])

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucache import LexicalNearMissVerifier, Verdict
-from gpucache.lexical import ADDED_RULES, RULES, SEED_RULES
+from gpucache.guard.lexical import ADDED_RULES, RULES, SEED_RULES
 
 V = LexicalNearMissVerifier()
 
@@ -282,39 +285,23 @@ def test_name_is_stable():
     assert LexicalNearMissVerifier.name == "lexical-near-miss"
 
 
-def test_the_verifier_imports_no_torch():
-    """The verifier and everything it imports from gpucache stay free of torch (and numpy):
-    pure CPU code, the same answer on every machine."""
-    import ast
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent / "gpucache"
-    todo, seen, imported = ["lexical"], set(), set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        tree = ast.parse((root / f"{name}.py").read_text())
-        for node in ast.walk(tree):
-            modules = []
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                modules = [node.module]
-            for module in modules:
-                imported.add(module.split(".")[0])
-                if module.startswith("gpucache."):
-                    todo.append(module.split(".")[1])
-    assert seen == {"lexical", "verifier"}
-    assert not imported & {"torch", "numpy", "transformers"}
+@pytest.mark.parametrize("module", ["gpucache.guard.lexical", "gpucache.policy.admission",
+                                    "gpucache.policy.content"])
+def test_the_verifier_and_the_policies_import_no_torch(module):
+    """The verifier and the policies stay free of torch and numpy: pure CPU code, the same
+    answer on every machine. Imported in a fresh process, they load neither."""
+    probe = (f"import sys, {module}; "
+             "print(sorted({'torch', 'numpy', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_same_verdicts_in_processes_with_different_hash_seeds():
     pairs = [(a, b) for a, b, _ in MUST_REJECT] + MUST_ACCEPT
     code = (
         "import json, sys\n"
-        "from gpucache.lexical import LexicalNearMissVerifier\n"
+        "from gpucache.guard.lexical import LexicalNearMissVerifier\n"
         "V = LexicalNearMissVerifier()\n"
         "pairs = json.load(sys.stdin)\n"
         "print(json.dumps([str(V.explain(a, b)) for a, b in pairs]))"
@@ -338,19 +325,3 @@ def test_never_raises_and_agrees_with_explain(a, b):
 @given(st.text())
 def test_identical_prompts_are_always_accepted(a):
     assert V.verify(a, a, 1.0) is True
-
-
-def test_explaining_a_pair_just_verified_runs_the_rules_once(monkeypatch):
-    """The cache asks for the rule of each rejection right after ``verify``: one evaluation."""
-    verifier = LexicalNearMissVerifier()
-    calls = []
-    decide = verifier._decide
-    monkeypatch.setattr(verifier, "_decide", lambda a, b: calls.append((a, b)) or decide(a, b))
-    assert not verifier.verify("reset my password", "reset my username", 0.95)
-    assert verifier.explain("reset my password", "reset my username").rule == "substitution"
-    assert len(calls) == 1
-    # another pair, then the first again: each answer is its own pair's, never a stale one
-    assert verifier.explain("convert 10 miles to km", "convert 10 km to miles").rejected
-    assert verifier.explain("reset my password", "reset my username").rule == "substitution"
-    assert verifier.explain("reset my username", "reset my password").rule == "substitution"
-    assert len(calls) == 4

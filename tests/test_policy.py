@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpucache import ContentPolicy, PolicyDecision, StoreEverything
-from gpucache.policy import luhn_valid
+from gpucache.policy.content import luhn_valid
 
 P = ContentPolicy()
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucache import ExactScanStore, SemanticCache, StoreEverything, ThresholdOnly
+from gpucache.index.engines.torch_engine import TorchEngine
 
 
 class Clock:
@@ -49,30 +50,34 @@ def test_a_batch_loader_failing_stores_nothing_from_that_batch_and_the_cache_sta
     assert len(cache) == 3
 
 
-class OomStore(ExactScanStore):
-    """Raises out-of-memory on the device path for blocks larger than ``fits`` rows (or
-    always, with ``fits=0``), never on the CPU fallback."""
+class OomEngine:
+    """The torch engine, out of device memory for chunks larger than ``fits`` rows (or always,
+    with ``fits=0``). The store's CPU fallback scans with its own CPU engine, which never
+    raises."""
 
-    fits = 0
+    name = "oom"
 
-    def _score(self, queries, block, out=None):
-        if not self._falling_back and block.shape[0] > self.fits:
+    def __init__(self, fits: int = 0) -> None:
+        self.fits = fits
+        self.inner = TorchEngine()
+
+    def scan(self, rows, job, buffer):
+        if job.chunk > self.fits:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return super()._score(queries, block, out)
+        return self.inner.scan(rows, job, buffer)
 
 
 def test_out_of_memory_retries_in_smaller_chunks():
-    store = OomStore(8, device="cpu", scan_budget_bytes=4 * 4096)
-    store.fits = 512
+    store = ExactScanStore(8, device="cpu", scan_budget_bytes=4 * 4096, engine=OomEngine(fits=512))
     vectors = torch.nn.functional.normalize(torch.randn(3000, 8), dim=1)
     store.add(vectors, 0, [float("inf")] * 3000)
     scores, rows = store.search(vectors[:1], 1, 0)
+    # 3000 rows in one chunk, then 1500, 750, 375: three retries
     assert rows.item() == 0 and store.scan_retries == 3 and store.cpu_fallbacks == 0
 
 
 def test_out_of_memory_falls_back_to_the_cpu_with_a_warning_and_a_count(fake_embedder):
-    cache = make(fake_embedder)
-    cache.store.__class__ = OomStore  # inject the fault into this cache's store
+    cache = make(fake_embedder, engine=OomEngine(fits=0))
     cache.warm([("alpha beta", "a"), ("gamma delta", "g")])
     with pytest.warns(RuntimeWarning, match="ran out of memory"):
         hit = cache.get("Alpha beta!")
@@ -145,7 +150,7 @@ def _async_const(value):
 
 
 def _state(cache):
-    return (len(cache), cache.stats(), sorted(e.prompt for e in cache._entries.values()))
+    return (len(cache), cache.stats(), sorted(e.prompt for e in cache._table))
 
 
 @pytest.mark.parametrize("bad, error", BAD_PROMPTS, ids=[repr(b) for b, _ in BAD_PROMPTS])
@@ -300,7 +305,7 @@ def test_threads_under_stress_keep_the_invariants():
     assert stats.entries == len(cache) <= cache.capacity
     assert stats.hits == stats.exact_hits + stats.semantic_hits
     assert len(cache._flights) == 0  # no claim left behind
-    for entry in list(cache._entries.values()):  # every stored entry is found by an exact get
+    for entry in list(cache._table):  # every stored entry is found by an exact get
         hit = cache.get(entry.prompt, scope=entry.scope)
         assert hit is not None and hit.exact and hit.response == entry.response
 

@@ -10,9 +10,10 @@ import threading
 import pytest
 import torch
 
-import gpucache.store as store_module
 from gpucache import ExactScanStore
-from gpucache.scratch import ScanScratch
+from gpucache.index.engines.numpy_engine import NumpyEngine
+from gpucache.index.engines.torch_engine import TorchEngine
+from gpucache.index.scratch import ScanScratch
 
 
 def unit_rows(n: int, d: int, seed: int) -> torch.Tensor:
@@ -91,12 +92,19 @@ def test_release_waits_for_the_scan_that_holds_the_buffers():
     assert not releaser.is_alive() and scratch.nbytes == 0
 
 
+def engine_for(mode: str, via_numpy: bool):
+    """fp32 rows through numpy or torch; the other modes with their own default engine."""
+    if mode != "fp32":
+        return None
+    return NumpyEngine() if via_numpy else TorchEngine()
+
+
 @pytest.mark.parametrize("mode", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("via_numpy", [True, False])
-def test_a_store_keeps_its_scan_buffers_within_the_budget(monkeypatch, mode, via_numpy):
-    monkeypatch.setattr(store_module, "FP32_MATMUL_VIA_NUMPY", via_numpy)
+def test_a_store_keeps_its_scan_buffers_within_the_budget(mode, via_numpy):
     n, d, q, budget = 3000, 32, 40, 4 * 40 * 1000  # three chunks of 1000 rows
-    store = ExactScanStore(d, device="cpu", quantization=mode, scan_budget_bytes=budget)
+    store = ExactScanStore(d, device="cpu", quantization=mode, scan_budget_bytes=budget,
+                           engine=engine_for(mode, via_numpy))
     store.add(unit_rows(n, d, 1), 0, [math.inf] * n)
     assert store.scratch.nbytes == 0
     store.search(unit_rows(q, d, 2), 4, 0)
@@ -110,15 +118,13 @@ def test_a_store_keeps_its_scan_buffers_within_the_budget(monkeypatch, mode, via
 
 @pytest.mark.parametrize("mode", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("via_numpy", [True, False])
-def test_answers_stay_exact_whatever_the_last_scan_left_in_the_buffers(
-    monkeypatch, mode, via_numpy
-):
+def test_answers_stay_exact_whatever_the_last_scan_left_in_the_buffers(mode, via_numpy):
     """Scans of different widths and scopes in turn: stale products from a wider scan, or from
     other rows, must never leak into the next answer."""
-    monkeypatch.setattr(store_module, "FP32_MATMUL_VIA_NUMPY", via_numpy)
     n, d = 2500, 32
     vectors = unit_rows(n, d, 11)
-    store = ExactScanStore(d, device="cpu", quantization=mode, scan_budget_bytes=4 * 300 * 700)
+    store = ExactScanStore(d, device="cpu", quantization=mode, scan_budget_bytes=4 * 300 * 700,
+                           engine=engine_for(mode, via_numpy))
     store.add(vectors[:1500], 0, [math.inf] * 1500)
     store.add(vectors[1500:], 1, [math.inf] * 1000)
     for step, (q, scope) in enumerate([(300, 0), (3, 1), (150, 0), (1, 1), (300, 1), (2, 0)]):

@@ -8,8 +8,13 @@ import math
 import pytest
 import torch
 
-import gpucache.store as store_module
 from gpucache import ExactScanStore
+from gpucache.index.codecs import INT8_SCALE_BLOCK
+from gpucache.index.engines.int8_cpu import Int8CpuEngine
+from gpucache.index.engines.numpy_engine import NumpyEngine
+from gpucache.index.engines.torch_engine import TorchEngine
+from gpucache.index.interface import FREE
+from gpucache.index.refine import SMALL_INDEX_MAX_ROWS, SMALL_INDEX_MIN_QUERIES, RefinePolicy
 
 
 def unit_rows(n: int, d: int, seed: int) -> torch.Tensor:
@@ -149,20 +154,19 @@ def test_bad_shapes_and_arguments_raise_value_error(device):
 # --------------------------------------------------------------------- quantized storage
 
 
-@pytest.mark.parametrize("small_store_rows", [{}, store_module.SMALL_STORE_MAX_ROWS])
+@pytest.mark.parametrize("small_index_rows", [{}, SMALL_INDEX_MAX_ROWS])
 @pytest.mark.parametrize("q", [1, 40, 150])  # 150: the rescore's query blocks, one ragged
 @pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
-def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q, small_store_rows,
-                                                            monkeypatch):
-    # small_store_rows {}: every bf16/int8 batch scans the quantized rows and rescores; at the
+def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q, small_index_rows):
+    # small_index_rows {}: every bf16/int8 batch scans the quantized rows and rescores; at the
     # default, a CPU batch of 150 queries over these 2000 rows scans the exact copy instead
-    monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", small_store_rows)
     d, n, k = 32, 2000, 4
     vectors = unit_rows(n, d, seed=11)
     # queries near stored rows, so the top candidates are close together: the hard case
     queries = torch.nn.functional.normalize(vectors[:q] + 0.3 * unit_rows(q, d, seed=12), dim=1)
     exact = ExactScanStore(d, device=device)
-    quant = ExactScanStore(d, device=device, quantization=mode, scan_budget_bytes=4 * q * 97)
+    quant = ExactScanStore(d, device=device, quantization=mode, scan_budget_bytes=4 * q * 97,
+                           refine=RefinePolicy(small_index_rows=small_index_rows))
     for store in (exact, quant):
         store.add(vectors, 0, [math.inf] * n)
     want_scores, want_rows = exact.search(queries.to(device), k, 0)
@@ -174,59 +178,58 @@ def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q, sma
     assert recall / (q * k) >= 0.99
 
 
+def test_the_refine_policy_scans_the_exact_copy_only_where_that_is_cheaper():
+    """fp16 CPU batches always (no fast fp16 product on x86); bf16/int8 only for a small index
+    asked many queries at once; never for one query, on CUDA, or with the Triton kernel."""
+    policy = RefinePolicy()
+    many = SMALL_INDEX_MIN_QUERIES
+    assert policy.scans_copy("fp16", True, True, 2, 10**6)
+    assert not policy.scans_copy("fp16", True, True, 1, 10)
+    for mode in ("bf16", "int8"):
+        small = SMALL_INDEX_MAX_ROWS[mode]
+        assert policy.scans_copy(mode, True, True, many, small)
+        assert not policy.scans_copy(mode, True, True, many, small + 1)
+        assert not policy.scans_copy(mode, True, True, many - 1, small)
+        assert not policy.scans_copy(mode, False, True, many, small)  # a CUDA index
+        assert not policy.scans_copy(mode, True, False, many, small)  # the Triton kernel
+    assert not RefinePolicy(small_index_rows={}).scans_copy("int8", True, True, many, 10)
+
+
 @pytest.mark.parametrize("mode", ["bf16", "int8"])
-def test_a_small_cpu_store_answers_a_large_batch_from_its_exact_copy(mode, monkeypatch):
+def test_a_small_cpu_store_answers_a_large_batch_from_its_exact_copy(mode):
     """Where the rescore would cost more than the quantized product saves, a bf16/int8 CPU
-    store ranks by exact scores: the fp32 store's answer, and no rescore runs."""
+    store ranks by exact scores: exactly the fp32 store's answer. Past the size it scans the
+    quantized rows, and the rescored answer is exact too."""
     d, n = 32, 3000
     vectors = unit_rows(n, d, seed=31)
-    queries = unit_rows(store_module.SMALL_STORE_MIN_QUERIES, d, seed=32)
+    queries = unit_rows(SMALL_INDEX_MIN_QUERIES, d, seed=32)
     exact = ExactScanStore(d, device="cpu")
-    quant = ExactScanStore(d, device="cpu", quantization=mode)
-    for store in (exact, quant):
+    small = ExactScanStore(d, device="cpu", quantization=mode)
+    past = ExactScanStore(d, device="cpu", quantization=mode,
+                          refine=RefinePolicy(small_index_rows={mode: n - 1}))
+    for store in (exact, small, past):
         store.add(vectors, 0, [math.inf] * n)
-    rescored = []
-    rescore = quant._rescore
-
-    def counted_rescore(*args):
-        rescored.append(args[0].shape[0])
-        return rescore(*args)
-
-    monkeypatch.setattr(quant, "_rescore", counted_rescore)
     want = exact.search(queries, 4, 0)
-    got = quant.search(queries, 4, 0)
-    assert rescored == []
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    # fewer queries, or a store past the size, scan the quantized rows and rescore them
-    quant.search(queries[:8], 4, 0)
-    monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", {mode: n - 1})
-    scores, rows = quant.search(queries, 4, 0)
-    assert rescored == [8, store_module.SMALL_STORE_MIN_QUERIES]
+    torch.testing.assert_close(small.search(queries, 4, 0), want, rtol=0, atol=0)
+    scores, rows = past.search(queries, 4, 0)
     torch.testing.assert_close(scores, (queries @ vectors.T).gather(1, rows), rtol=0, atol=1e-5)
+    assert torch.equal(rows, want[1])
 
 
 @pytest.mark.parametrize("d", [24, 48, 384])
-def test_a_single_int8_query_is_exact_whatever_the_dimension(d, monkeypatch):
-    """One query against int8 rows goes through torch's int8 GEMV only where its kernel is
-    right (dimensions in multiples of 16; it returned wrong sums or crashed on others) and
-    through the int8 matmul elsewhere; either way the scores are the exact ones."""
+@pytest.mark.parametrize("gemv", [True, False])
+def test_a_single_int8_query_is_exact_whatever_the_dimension(d, gemv):
+    """One query against int8 rows, through the GEMV where the engine takes it and through the
+    int8 matmul elsewhere: either way the scores are the exact ones."""
     n = 1001  # not a multiple of anything the kernel blocks by
     vectors = unit_rows(n, d, seed=41)
     query = torch.nn.functional.normalize(vectors[7:8] + 0.3 * unit_rows(1, d, seed=42), dim=1)
     exact = ExactScanStore(d, device="cpu")
-    quant = ExactScanStore(d, device="cpu", quantization="int8")
+    quant = ExactScanStore(d, device="cpu", quantization="int8",
+                           engine=Int8CpuEngine(matmul=True, gemv=gemv))
     for store in (exact, quant):
         store.add(vectors, 0, [math.inf] * n)
-    calls = []
-    gemv = torch._weight_int8pack_mm
-
-    def counted_gemv(*args):
-        calls.append(args[1].shape)
-        return gemv(*args)
-
-    monkeypatch.setattr(torch, "_weight_int8pack_mm", counted_gemv)
     scores, rows = quant.search(query, 4, 0)
-    assert bool(calls) == (store_module.INT8_GEMV and d % store_module.INT8_GEMV_DIM == 0)
     torch.testing.assert_close(scores, (query @ vectors.T).gather(1, rows), rtol=0, atol=1e-5)
     assert rows.tolist() == exact.search(query, 4, 0)[1].tolist()
 
@@ -268,21 +271,19 @@ def test_max_device_bytes_caps_the_allocation():
         ExactScanStore(16, quantization="fp8")
 
 
-@pytest.mark.parametrize("via_numpy", [True, False])
+@pytest.mark.parametrize("engine", [NumpyEngine(), TorchEngine()], ids=["numpy", "torch"])
 @pytest.mark.parametrize("q", [1, 7, 40, 300])
 @pytest.mark.parametrize("chunk_rows", [64, 1000, 5000])
-def test_both_scan_loops_agree_with_brute_force_on_masked_rows(monkeypatch, via_numpy, q, chunk_rows):
+def test_both_scan_loops_agree_with_brute_force_on_masked_rows(engine, q, chunk_rows):
     """Wide blocks (the block-maxima top-k), both product orientations (Q <= 256 and above),
     several scopes and expired rows, on the numpy loop and on the torch loop."""
-    import gpucache.store as store_module
-
-    monkeypatch.setattr(store_module, "FP32_MATMUL_VIA_NUMPY", via_numpy)
     n = 4099
     vectors = unit_rows(n, 24, 41)
     queries = unit_rows(q, 24, 42)
     scopes = [i % 3 for i in range(n)]
     expires = [5.0 if i % 7 == 0 else math.inf for i in range(n)]
-    store = ExactScanStore(24, device="cpu", scan_budget_bytes=chunk_budget(chunk_rows, q))
+    store = ExactScanStore(24, device="cpu", scan_budget_bytes=chunk_budget(chunk_rows, q),
+                           engine=engine)
     for scope in range(3):
         rows = [i for i in range(n) if scopes[i] == scope]
         store.add(vectors[rows], scope, [expires[i] for i in rows])
@@ -297,56 +298,38 @@ def test_both_scan_loops_agree_with_brute_force_on_masked_rows(monkeypatch, via_
             assert abs(float(queries[0] @ vectors[original]) - float(scores[0, i])) < 1e-5
 
 
-@pytest.mark.parametrize("via_numpy", [True, False])
-def test_both_cpu_matmul_paths_give_the_same_results(monkeypatch, via_numpy):
-    """The fp32 CPU scan multiplies through numpy's BLAS on AMD CPUs and through torch
-    elsewhere; both paths are exercised here whatever this machine is."""
-    import gpucache.store as store_module
-
-    monkeypatch.setattr(store_module, "FP32_MATMUL_VIA_NUMPY", via_numpy)
-    vectors = unit_rows(300, 24, 31)
-    queries = unit_rows(7, 24, 32)
-    store = ExactScanStore(24, device="cpu", scan_budget_bytes=chunk_budget(64, 7))
-    store.add(vectors, 0, [math.inf] * 300)
-    scores, rows = store.search(queries, 5, 0)
-    want_scores, want_rows = brute_force(queries, vectors, [0] * 300, [math.inf] * 300, 5, 0, 0.0)
-    torch.testing.assert_close(scores, want_scores, rtol=0, atol=1e-5)
-    assert torch.equal(rows, want_rows)
-
-
-@pytest.mark.parametrize("int8_matmul", [True, False])
-def test_both_int8_scan_paths_keep_recall_and_exact_scores(monkeypatch, int8_matmul):
+@pytest.mark.parametrize("paths", [(True, True), (True, False), (False, True), (False, False)])
+def test_every_int8_scan_path_keeps_recall_and_exact_scores(paths):
     """int8 rows are scanned with an int8 x int8 matmul where torch has one on the CPU, else
     widened to fp32; both rank well enough for the fp32 rescore to find the true top-k."""
-    import gpucache.store as store_module
-
-    monkeypatch.setattr(store_module, "INT8_MATMUL", int8_matmul)
     d, n, q, k = 48, 3000, 30, 4
     vectors = unit_rows(n, d, seed=41)
     queries = torch.nn.functional.normalize(vectors[:q] + 0.3 * unit_rows(q, d, seed=42), dim=1)
-    store = ExactScanStore(d, device="cpu", quantization="int8")
+    store = ExactScanStore(d, device="cpu", quantization="int8",
+                           engine=Int8CpuEngine(matmul=paths[0], gemv=paths[1]))
     store.add(vectors, 0, [math.inf] * n)
-    scores, rows = store.search(queries, k, 0)
-    want = (queries @ vectors.T).topk(k, dim=1)
-    torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
-    recall = sum(len(set(a) & set(b)) for a, b in zip(rows.tolist(), want.indices.tolist()))
-    assert recall / (q * k) >= 0.99
+    for batch in (queries, queries[:1]):
+        scores, rows = store.search(batch, k, 0)
+        want = (batch @ vectors.T).topk(k, dim=1)
+        torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
+        recall = sum(len(set(a) & set(b)) for a, b in zip(rows.tolist(), want.indices.tolist()))
+        assert recall / (batch.shape[0] * k) >= 0.99
 
 
 def _assert_block_scales(store: ExactScanStore) -> None:
     """Every block of int8 rows has one scale, its live rows' largest magnitude / 127, and every
     live row dequantizes to within half a step of its fp32 copy."""
-    size = store_module.INT8_SCALE_BLOCK
-    for first in range(0, store._high, size):
-        rows = torch.arange(first, min(first + size, store._vectors.shape[0]))
-        block_live = rows[store._scopes[rows] != store_module.FREE]
+    size, codec = INT8_SCALE_BLOCK, store.codec
+    for first in range(0, store.rows.high, size):
+        rows = torch.arange(first, min(first + size, codec.data.shape[0]))
+        block_live = rows[store.rows.scopes[rows] != FREE]
         if len(block_live) == 0:
             continue
-        scales = store._scales[rows]
+        scales = codec.scales[rows]
         assert bool((scales == scales[0]).all()), f"block at row {first} has several scales"
-        full = store._full[block_live]
+        full = store.copy.data[block_live]
         torch.testing.assert_close(scales[0], full.abs().max() / 127.0)
-        error = (store._vectors[block_live].float() * scales[0] - full).abs().max()
+        error = (codec.data[block_live].float() * scales[0] - full).abs().max()
         assert float(error) <= float(scales[0]) / 2 + 1e-7
 
 
@@ -366,13 +349,13 @@ def test_a_larger_row_requantizes_its_block_and_a_smaller_block_regains_precisio
     store = ExactScanStore(d, device="cpu", quantization="int8")
     small = torch.full((1, d), 0.01)
     store.add(small, 0, [math.inf])
-    assert int(store._vectors[0, 0]) == 127  # the block's only row: its own full scale
+    assert int(store.codec.data[0, 0]) == 127  # the block's only row: its own full scale
     (big_row,) = store.add(torch.full((1, d), 0.5), 0, [math.inf])
-    assert int(store._vectors[0, 0]) == round(0.01 / (0.5 / 127))  # re-quantized: 3 steps
+    assert int(store.codec.data[0, 0]) == round(0.01 / (0.5 / 127))  # re-quantized: 3 steps
     _assert_block_scales(store)
     store.remove([big_row])
     store.add(small * 3, 0, [math.inf])  # the next row to join the block rescales it
-    assert int(store._vectors[0, 0]) == round(0.01 / (0.03 / 127))  # 42 steps, not 3
+    assert int(store.codec.data[0, 0]) == round(0.01 / (0.03 / 127))  # 42 steps, not 3
     _assert_block_scales(store)
 
 
@@ -388,35 +371,6 @@ def test_int8_search_is_exact_and_finds_small_rows_beside_large_ones():
     scores, rows = store.search(queries, 4, 0, now=10.0)
     want = (queries @ vectors.T)
     want[:, ::7] = -math.inf
-    want = want.topk(4, dim=1)
-    torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
-    assert torch.equal(rows, want.indices)
-
-
-@pytest.mark.parametrize(("mode", "q", "rows_first"), [
-    ("fp32", 2, True), ("fp32", 40, True), ("fp32", 300, False),
-    ("bf16", 32, False), ("bf16", 64, True), ("bf16", 128, True), ("bf16", 200, False),
-])
-def test_torch_products_come_rows_first_where_that_is_faster(monkeypatch, mode, q, rows_first):
-    """Which layout torch's CPU product takes, and that either answers like brute force, with
-    dead rows masked in the layout the product came in."""
-    monkeypatch.setattr(store_module, "FP32_MATMUL_VIA_NUMPY", False)
-    monkeypatch.setattr(store_module, "SMALL_STORE_MAX_ROWS", {})
-    calls = []
-    rows_topk = store_module.block_topk_rows
-    monkeypatch.setattr(store_module, "block_topk_rows",
-                        lambda s, k: calls.append(s.shape) or rows_topk(s, k))
-    d, n = 32, 5000
-    vectors = unit_rows(n, d, seed=71)
-    queries = torch.nn.functional.normalize(vectors[:q] + 0.1 * unit_rows(q, d, 72), dim=1)
-    expires = [5.0 if i % 5 == 0 else math.inf for i in range(n)]
-    store = ExactScanStore(d, device="cpu", quantization=mode,
-                           scan_budget_bytes=chunk_budget(2048, q))  # three chunks
-    store.add(vectors, 0, expires)
-    scores, rows = store.search(queries, 4, 0, now=10.0)
-    assert bool(calls) == rows_first
-    want = queries @ vectors.T
-    want[:, ::5] = -math.inf
     want = want.topk(4, dim=1)
     torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
     assert torch.equal(rows, want.indices)

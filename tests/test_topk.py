@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpucache.topk as topk_module
-from gpucache.topk import BLOCK, block_topk, block_topk_numpy
+import gpucache.index.topk as topk_module
+from gpucache.index.topk import BLOCK, block_topk, block_topk_numpy
 
 Select = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 

@@ -23,6 +23,21 @@ class HitVerifier(Protocol):
         ...
 
 
+@runtime_checkable
+class ExplainingVerifier(HitVerifier, Protocol):
+    """A verifier that can say why: ``explain`` names the rule that decided a pair.
+
+    The cache asks ``explain`` alone, once per candidate, and counts each rejection under its
+    rule (``CacheStats.rejections``); ``verify`` must agree with it
+    (``verify(a, b, s) == (not explain(a, b).rejected)``). A verifier without ``explain`` is
+    asked ``verify``, and its rejections are counted under its name.
+    """
+
+    def explain(self, cached_prompt: str, new_prompt: str) -> Verdict:
+        """The rule that decides this pair, and the words involved."""
+        ...
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Why a verifier accepted or rejected a pair: the rule that fired and the words involved."""
@@ -48,3 +63,6 @@ class ThresholdOnly:
 
     def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
         return True
+
+    def explain(self, cached_prompt: str, new_prompt: str) -> Verdict:
+        return Verdict(False, self.name)

@@ -48,7 +48,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import NamedTuple
 
-from gpucache.verifier import Verdict
+from gpucache.guard.verifier import Verdict
 
 # Words that carry no question of their own: articles, auxiliaries, pronouns, politeness, and
 # the framing wh-words ("how do I" / "what is the way to" / "which is"). Negations, polarity and
@@ -434,10 +434,6 @@ class LexicalNearMissVerifier:
         if unknown:
             raise ValueError(f"unknown rules {unknown}; the rules are {', '.join(RULES)}")
         self.skip = skipped
-        # The latest pair and its verdict: the cache asks ``explain`` for the rule of a pair
-        # ``verify`` has just rejected, and the rules cost ~60 us a pair (64 rejections were 4%
-        # of a batch's embedding time). One tuple, swapped whole, so threads see a whole pair.
-        self._latest: tuple[str, str, Verdict] | None = None
         if skipped:
             self.name = f"lexical-near-miss-without-{'-'.join(r for r in RULES if r in skipped)}"
 
@@ -450,14 +446,6 @@ class LexicalNearMissVerifier:
 
     def explain(self, cached_prompt: str, new_prompt: str) -> Verdict:
         """Which rule decides this pair, and the words involved."""
-        latest = self._latest
-        if latest is not None and latest[0] == cached_prompt and latest[1] == new_prompt:
-            return latest[2]
-        verdict = self._decide(cached_prompt, new_prompt)
-        self._latest = (cached_prompt, new_prompt, verdict)
-        return verdict
-
-    def _decide(self, cached_prompt: str, new_prompt: str) -> Verdict:
         a, b = _parse(cached_prompt), _parse(new_prompt)
         if a.norm == b.norm:
             return Verdict(False, "identical")

@@ -3,12 +3,16 @@
 A miss on a popular prompt tends to arrive many times at once (a burst of users, a retry
 storm). Without coordination every one of them calls the model. The first caller to miss a key
 claims it and loads; later callers get the claimant's ``Future`` and wait on it. If the load
-fails, every waiter receives the same exception and nothing is stored. The table is guarded by
-the cache's lock; waiting happens outside it.
+fails, every waiter receives the same exception and nothing is stored.
+
+The table has a lock of its own, held only for a dict operation: the async drivers release a
+claim on the event loop (a cancelled task must release it at once), and the cache's lock, which
+a scan holds, must never be waited on there. Waiting on a future happens outside any lock.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable, Iterable
 from concurrent.futures import Future
 from typing import Generic, TypeVar
@@ -17,11 +21,18 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
+class LoadAbandoned(RuntimeError):
+    """The call loading a prompt gave up before its load completed: its stream's consumer
+    stopped reading, or its asyncio task was cancelled. Calls that were waiting for that load
+    run their own instead; callers never see this error."""
+
+
 class SingleFlight(Generic[K, V]):
-    """Claims on keys being loaded. Call every method with the owner's lock held."""
+    """Claims on keys being loaded; safe to call from any thread."""
 
     def __init__(self) -> None:
         self._inflight: dict[K, Future[V]] = {}
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -30,22 +41,26 @@ class SingleFlight(Generic[K, V]):
         """Split ``keys`` into those this caller must load and the futures of those in flight."""
         mine: list[K] = []
         theirs: dict[K, Future[V]] = {}
-        for key in keys:
-            if key in self._inflight:
-                theirs[key] = self._inflight[key]
-            else:
-                self._inflight[key] = Future()
-                mine.append(key)
+        with self._lock:
+            for key in keys:
+                if key in self._inflight:
+                    theirs[key] = self._inflight[key]
+                else:
+                    self._inflight[key] = Future()
+                    mine.append(key)
         return mine, theirs
 
     def resolve(self, results: dict[K, V]) -> None:
         """Hand each claimed key's result to its waiters and release the claim."""
-        for key, value in results.items():
-            self._inflight.pop(key).set_result(value)
+        with self._lock:
+            futures = [(self._inflight.pop(key), value) for key, value in results.items()]
+        for future, value in futures:  # runs waiters' callbacks: outside the lock
+            future.set_result(value)
 
     def fail(self, keys: Iterable[K], error: BaseException) -> None:
         """Hand ``error`` to the waiters of every claimed key and release the claims."""
-        for key in keys:
-            future = self._inflight.pop(key, None)
+        with self._lock:
+            futures = [self._inflight.pop(key, None) for key in keys]
+        for future in futures:
             if future is not None:
                 future.set_exception(error)

@@ -31,9 +31,11 @@ from typing import Any
 
 import torch
 
-from gpucache.blas_pool import BLAS_POOL_QUIET
-from gpucache.kernel_choice import bucket, size_class
-from gpucache.store import INT8_MATMUL, QUANTIZATIONS, ExactScanStore
+from gpucache.index.blas_pool import blas_pool_quiet
+from gpucache.index.interface import QUANTIZATIONS
+from gpucache.index.kernel_choice import bucket, size_class
+from gpucache.index.probes import CpuPaths
+from gpucache.index.store import ExactScanStore
 
 
 def _sync(device: torch.device) -> None:
@@ -114,7 +116,7 @@ def bench_embedder(device: torch.device, prompts: list[str], repeat: int) -> dic
     """Our embedder against sentence-transformers on the same model and prompts, and against
     itself in plain fp32 where the default took a faster dtype: all timed together
     (``timed_together``), so the ratios do not carry a shared machine's drift between them."""
-    from gpucache.embedder import TransformerEmbedder, default_model_path
+    from gpucache.embedding.embedder import TransformerEmbedder, default_model_path
 
     ours = TransformerEmbedder(device=device)
     engines: dict[str, Callable[[], Any]] = {"gpucache": lambda: ours.encode(prompts)}
@@ -322,8 +324,8 @@ def _faiss_engines(data: torch.Tensor) -> list[_Engine]:
 
 def bench_end_to_end(device: torch.device, repeat: int) -> dict[str, Any]:
     from gpucache import SemanticCache
-    from gpucache.demo import load_workload
-    from gpucache.embedder import TransformerEmbedder
+    from gpucache.embedding.embedder import TransformerEmbedder
+    from gpucache.tools.demo import load_workload
 
     prompts = [item.prompt for item in load_workload()]
     embedder = TransformerEmbedder(device=device)
@@ -383,9 +385,9 @@ def bench_overhead(
     call moved by 10-30% from run to run on a shared machine, more than the overhead itself.
     The scan is also timed alone, right after an embedding, as the call meets it."""
     from gpucache import SemanticCache, StoreEverything
-    from gpucache.demo import load_workload
-    from gpucache.embedder import TransformerEmbedder
-    from gpucache.validation import check_scope
+    from gpucache.cache.validation import check_scope
+    from gpucache.embedding.embedder import TransformerEmbedder
+    from gpucache.tools.demo import load_workload
 
     router = _FillRouter(TransformerEmbedder(device=device))
     cache = SemanticCache(router, device=device, capacity=n + 10_000,  # type: ignore[arg-type]
@@ -393,7 +395,9 @@ def bench_overhead(
     for first in range(0, n, 50_000):
         cache.warm([(f"{router.prefix}{i}", "x") for i in range(first, min(n, first + 50_000))])
     base = list(dict.fromkeys(item.prompt for item in load_workload()))[:64]
-    scope_id = cache._scope_ids[check_scope(None)]  # the default scope the fill went to
+    scope_id = cache._table.scope_id(check_scope(None))  # the default scope the fill went to
+    if scope_id is None:
+        raise RuntimeError("gpucache bug: the fill stored nothing in the default scope")
     runs: list[tuple[float, float, float]] = []  # (embed, scan, get_or_put_all) per run
     for run in range(repeat + 1):
         batch = [f"{p} (variant {run})" for p in base]  # new text each run: no exact-tier hits
@@ -427,7 +431,7 @@ def versions() -> dict[str, str]:
            "transformers": transformers.__version__, "cuda": str(torch.version.cuda),
            "machine": platform.machine(), "processor": platform.processor() or "unknown",
            "cpu_threads": str(torch.get_num_threads()),
-           "blas_pool": "quiet" if BLAS_POOL_QUIET else "spinning"}
+           "blas_pool": "quiet" if blas_pool_quiet() else "spinning"}
     try:
         import faiss
 
@@ -446,7 +450,7 @@ def machine_limits(device: torch.device, repeat: int, quick: bool) -> tuple[floa
     int8 is measured only where the store multiplies in int8 (a CPU with torch._int_mm); a
     CUDA store widens int8 rows to fp32, so fp32 is its int8 roofline."""
     dtypes = [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)]
-    if device.type == "cpu" and INT8_MATMUL:
+    if device.type == "cpu" and CpuPaths.detect().int8_matmul:
         dtypes.append(("int8", torch.int8))
     return read_bandwidth(device, repeat, 256 if quick else 1024), {
         name: matmul_rate(device, dtype, repeat, 512 if quick else 2048) for name, dtype in dtypes
@@ -464,7 +468,7 @@ def _limits_spread(r: BenchReport) -> str:
 def run_bench(
     devices: list[torch.device], *, quick: bool, repeat: int
 ) -> list[BenchReport]:
-    from gpucache.demo import load_workload
+    from gpucache.tools.demo import load_workload
 
     ns = [10_000] if quick else [10_000, 100_000, 1_000_000]
     qs = [1, 64] if quick else [1, 64, 1024]
@@ -615,7 +619,7 @@ def write(reports: list[BenchReport], out: Path, command: str) -> list[Path]:
     data = out.with_suffix(".json")
     data.write_text(json.dumps([asdict(r) for r in reports], indent=1), encoding="utf-8")
     written.append(data)
-    from gpucache.plotting import headless_pyplot
+    from gpucache.tools.plotting import headless_pyplot
 
     plt = headless_pyplot()
     if plt is None:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from gpucache.cache import SemanticCache
-from gpucache.embedder import Embedder
-from gpucache.lexical import ADDED_RULES, RULES, LexicalNearMissVerifier
-from gpucache.verifier import HitVerifier, ThresholdOnly
+from gpucache.cache.core import SemanticCache
+from gpucache.embedding.embedder import Embedder
+from gpucache.guard.lexical import ADDED_RULES, RULES, LexicalNearMissVerifier
+from gpucache.guard.verifier import HitVerifier, ThresholdOnly
 
 THRESHOLDS = tuple(sorted({round(0.70 + 0.01 * i, 2) for i in range(29)} | {0.875}))
 NEAR_MISS_JACCARD = 0.8
@@ -189,7 +189,7 @@ def time_verifier(
     """Median microseconds of one ``verify``: with both prompts unseen (cold), and with the
     cached prompt seen before, as it is in a running cache where entries are checked again and
     again (warm). Memoised parses are cleared first, so neither figure is flattered."""
-    from gpucache.lexical import clear_caches
+    from gpucache.guard.lexical import clear_caches
 
     clear_caches()
     cold = []
@@ -406,7 +406,7 @@ def _ablation_section(results: Sequence[PairResult], threshold: float) -> list[s
 def plot_curves(results: Sequence[PairResult], path: str | Path) -> bool:
     """Hit rate against false-hit rate over the thresholds, both modes; False without
     matplotlib (the ``bench`` extra)."""
-    from gpucache.plotting import headless_pyplot
+    from gpucache.tools.plotting import headless_pyplot
 
     plt = headless_pyplot()
     if plt is None:

@@ -173,3 +173,45 @@ def _widen(dots: torch.Tensor, scale: torch.Tensor, masked: bool) -> torch.Tenso
     """float32 ``dots * scale``, with masked products at ``-inf``."""
     scores = dots.float().mul_(scale)
     return scores.masked_fill_(dots == INT32_MASKED, -math.inf) if masked else scores
+
+
+class RunningTopK:
+    """The best ``k`` (score, row) pairs per query over a scan's chunks, merged as each chunk's
+    own top-k arrives (FAISS's ``ResultHeap``, for torch tensors)."""
+
+    def __init__(self, q: int, k: int, high: int, device: torch.device) -> None:
+        self.k, self.high = k, high
+        self.scores = torch.full((q, k), -math.inf, dtype=torch.float32, device=device)  # (Q, K)
+        self.rows = torch.full((q, k), -1, dtype=torch.int64, device=device)  # (Q, K)
+
+    def add(self, top: torch.Tensor, columns: torch.Tensor, start: int, stop: int) -> bool:
+        """Merge chunk ``[start, stop)``'s top ``(Q, k')`` at ``columns`` of the chunk; True when
+        that chunk was the whole scan (its top-k is the answer, no merge to pay for)."""
+        if start == 0 and stop == self.high and top.shape[1] == self.k:
+            self.scores, self.rows = top.float(), columns
+            return True
+        merged_scores = torch.cat([self.scores, top.float()], dim=1)  # (Q, K + k')
+        merged_rows = torch.cat([self.rows, columns + start], dim=1)  # (Q, K + k')
+        self.scores, pick = merged_scores.topk(self.k, dim=1)  # (Q, K)
+        self.rows = merged_rows.gather(1, pick)  # (Q, K)
+        return False
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scores, rows)``, ``(Q, K)`` each, rows -1 where no live row filled a place."""
+        self.rows.masked_fill_(self.scores == -math.inf, -1)
+        return self.scores, self.rows
+
+
+def chunk_topk(
+    scores: torch.Tensor, dead: torch.Tensor, any_dead: bool, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top ``k`` of one chunk's ``(Q, C)`` scores with its dead rows masked, both ``(Q, k)``.
+    A product laid out rows-first (``scores.T`` contiguous, Q > 1) is reduced in that layout
+    (``block_topk_rows``), saving a transpose as long as the product."""
+    if scores.shape[0] > 1 and scores.T.is_contiguous():
+        if any_dead:
+            scores.T.masked_fill_(dead[:, None], -math.inf)  # broadcast over queries
+        return block_topk_rows(scores.T, k)
+    if any_dead:
+        scores.masked_fill_(dead, -math.inf)  # broadcast over queries
+    return block_topk(scores, k)

@@ -26,8 +26,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from gpucache import attention
 from gpucache.devices import DeviceLike, cpu_has_native_bf16, resolve_device
+from gpucache.embedding import attention
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -168,7 +168,7 @@ class TransformerEmbedder:
         whole model cast to bf16) at the same speed (1.7x fp32 on 304 demo prompts). Only the
         Linear layers, whose matmuls autocast runs in ``dtype`` anyway, keep ``dtype`` weights.
 
-        The short-prompt attention of ``gpucache.attention`` is tried first and kept if the
+        The short-prompt attention of ``gpucache.embedding.attention`` is tried first and kept if the
         check passes with it; else the model's own attention is checked alone.
         """
         reference = self.encode(PROBE_TEXTS)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TextIO
 
-from gpucache.cache import SemanticCache
+from gpucache.cache.core import SemanticCache
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,169 @@
+"""The cache's entries and the index rows behind them.
+
+An entry is a stored answer: its scope, its prompt, its response and the index row holding its
+vector. Entries are kept in least-recently-used order (an ``OrderedDict``, oldest first), keyed
+by ``prompt_key(scope, prompt)`` for the exact tier, and by row for the semantic tier.
+
+Expiry has one owner, the index: each row carries its expiry time, which the scan masks on and
+which the exact tier reads back through ``index.expires_at(row)``. An entry keeps no copy.
+
+Every method is called with the cache's lock held; nothing here computes an embedding.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gpucache.cache.stats import StatsCounter
+from gpucache.index.interface import VectorIndex
+from gpucache.keys import prompt_key
+
+
+@dataclass
+class Entry:
+    key: bytes
+    scope: str
+    prompt: str
+    response: str
+    row: int
+
+
+class EntryTable:
+    """Entries in LRU order over a ``VectorIndex``; at most ``limit`` of them."""
+
+    def __init__(self, index: VectorIndex, limit: int, stats: StatsCounter) -> None:
+        self.index = index
+        self.limit = limit
+        self.stats = stats
+        self._entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
+        self._by_row: dict[int, Entry] = {}
+        self._scope_ids: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Least recently used first."""
+        return iter(list(self._entries.values()))
+
+    def scope_id(self, scope: str) -> int | None:
+        """The index's id for ``scope``; None when nothing was ever stored in it."""
+        return self._scope_ids.get(scope)
+
+    def at_row(self, row: int) -> Entry:
+        entry = self._by_row.get(row)
+        if entry is None:
+            raise RuntimeError(f"gpucache bug: index row {row} has no entry")
+        return entry
+
+    def expires_at(self, entry: Entry) -> float:
+        return self.index.expires_at(entry.row)
+
+    def touch(self, entry: Entry) -> None:
+        self._entries.move_to_end(entry.key)
+
+    def exact(self, scope: str, prompt: str, now: float) -> Entry | None:
+        """The live entry stored under exactly (scope, prompt), marked as recently used; an
+        expired one is dropped on the way."""
+        entry = self._entries.get(prompt_key(scope, prompt))
+        if entry is None:
+            return None
+        if self.index.expires_at(entry.row) <= now:
+            self.drop([entry])
+            self.stats.expirations += 1
+            return None
+        self.touch(entry)
+        return entry
+
+    def store(
+        self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor, expires_at: float,
+        now: float,
+    ) -> int:
+        """Write (prompt, response) pairs with their (M, D) vectors; an existing entry for the
+        same prompt takes the new response and expiry. Evicts to stay within ``limit``.
+        Returns M."""
+        fresh: list[int] = []
+        updated = 0
+        for i, (prompt, response) in enumerate(items):
+            entry = self._entries.get(prompt_key(scope, prompt))
+            if entry is None:
+                fresh.append(i)
+                continue
+            updated += 1
+            entry.response = response
+            self.index.set_expiry([entry.row], [expires_at])
+            self.touch(entry)
+        fresh = fresh[-self.limit :]  # more than fit: the earliest would be evicted at once
+        if fresh:
+            self._make_room(len(fresh), now)
+            scope_id = self._scope_ids.setdefault(scope, len(self._scope_ids))
+            index = torch.tensor(fresh, dtype=torch.int64, device=vectors.device)
+            rows = self.index.add(vectors[index], scope_id, [expires_at] * len(fresh))
+            for i, row in zip(fresh, rows):
+                prompt, response = items[i]
+                self._insert(Entry(prompt_key(scope, prompt), scope, prompt, response, row))
+        self.stats.stores += updated + len(fresh)
+        return updated + len(fresh)
+
+    def restore(
+        self, scope: str, items: Sequence[tuple[str, str]], vectors: torch.Tensor,
+        expires_at: Sequence[float],
+    ) -> list[Entry]:
+        """Entries read back from a snapshot, in the order given (least recently used first)."""
+        scope_id = self._scope_ids.setdefault(scope, len(self._scope_ids))
+        rows = self.index.add(vectors, scope_id, expires_at)
+        entries = [Entry(prompt_key(scope, p), scope, p, r, row) for (p, r), row in zip(items, rows)]
+        for entry in entries:
+            self._insert(entry)
+        return entries
+
+    def reorder(self, entries: Sequence[Entry]) -> None:
+        """Put ``entries`` in this recency order, least recently used first."""
+        for entry in entries:
+            self._entries.move_to_end(entry.key)
+
+    def purge_expired(self, now: float) -> int:
+        rows = self.index.expired_rows(now)
+        if rows:
+            self.drop([self._by_row[r] for r in rows])
+            self.stats.expirations += len(rows)
+        return len(rows)
+
+    def remove(self, scope: str, prompt: str) -> bool:
+        entry = self._entries.get(prompt_key(scope, prompt))
+        if entry is None:
+            return False
+        self.drop([entry])
+        return True
+
+    def clear(self, scope: str | None = None) -> None:
+        if scope is None:
+            self._entries.clear()
+            self._by_row.clear()
+            self.index.clear()
+        else:
+            self.drop([e for e in self._entries.values() if e.scope == scope])
+
+    def drop(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            del self._entries[entry.key]
+            del self._by_row[entry.row]
+        self.index.remove([e.row for e in entries])
+
+    def _insert(self, entry: Entry) -> None:
+        self._entries[entry.key] = entry
+        self._by_row[entry.row] = entry
+
+    def _make_room(self, needed: int, now: float) -> None:
+        if len(self._entries) + needed <= self.limit:
+            return
+        self.purge_expired(now)
+        excess = len(self._entries) + needed - self.limit
+        if excess > 0:
+            victims = [entry for _, entry in zip(range(excess), self._entries.values())]
+            self.drop(victims)
+            self.stats.evictions += len(victims)

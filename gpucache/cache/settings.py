@@ -1,0 +1,140 @@
+"""``CacheSettings``: every scalar setting of a cache, in one frozen dataclass.
+
+Why one object: the constructor, ``save``/``load``, ``gpucache info`` and the README's options
+table all read these fields, so a setting is added in one place and cannot be dropped by one
+of them (a snapshot used to replay a hand-kept dict of settings, and silently lost any setting
+not added there). Each field carries its own documentation and whether a snapshot keeps it;
+``scan_kernel`` is a speed choice of the machine at hand, so a snapshot leaves it out.
+
+Collaborators (embedder, verifier, policies, device, timer) are not settings: they are objects
+the caller builds, passed to ``SemanticCache`` beside these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucache.cache.validation import check_positive_int, check_threshold, check_ttl
+from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
+
+# Chosen from bench/reports/semantic-false-hits.md: with the lexical verifier, the threshold at
+# which qqp serves about 6% of its different-question pairs. The README quotes the figures.
+DEFAULT_THRESHOLD = 0.875
+# One candidate: in the intent replay a second candidate added more wrong answers than hits.
+DEFAULT_TOP_K = 1
+DEFAULT_CAPACITY = 100_000
+
+
+def _setting(default: Any, doc: str, *, shown: str | None = None, saved: bool = True) -> Any:
+    return field(default=default, metadata={"doc": doc, "shown": shown, "saved": saved})
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """The scalar settings of a ``SemanticCache``; each has a default and is checked here."""
+
+    threshold: float = _setting(
+        DEFAULT_THRESHOLD,
+        "lowest cosine similarity a semantic candidate may have, in (0, 1] (see the evidence above)",
+    )
+    top_k: int = _setting(DEFAULT_TOP_K, "candidates above the threshold offered to the verifier, best first")
+    capacity: int = _setting(
+        DEFAULT_CAPACITY, "most entries kept; a full cache evicts the least recently used"
+    )
+    ttl: float | None = _setting(
+        None, "default seconds an entry lives (`None`: until evicted); `put(..., ttl=)` overrides"
+    )
+    replay_chunk_chars: int = _setting(64, "characters per chunk when a hit is replayed as a stream")
+    quantization: str | None = _setting(
+        None,
+        'device storage: `None`/`"fp32"`, `"fp16"`, `"bf16"`, `"int8"` (rescored in fp32)',
+    )
+    max_device_bytes: int | None = _setting(
+        None, "most device memory the store may take; the cache evicts to stay within it"
+    )
+    scan_budget_bytes: int = _setting(
+        DEFAULT_SCAN_BUDGET_BYTES, "most scratch memory one chunk of the similarity scan may take",
+        shown="64 MiB",
+    )
+    scan_kernel: str = _setting(
+        "auto",
+        '`"auto"`: on CUDA with Triton installed, the store times the fused Triton kernel and '
+        "matmul + topk on its own scans (per query bucket 1 / up to 64 / more, again each time "
+        "the store grows 4x, from 65,536 rows) and keeps the faster; elsewhere `\"torch\"`. "
+        'Or `"torch"`, `"triton"`. Not kept in snapshots: it is a speed choice of this machine',
+        saved=False,
+    )
+
+    def __post_init__(self) -> None:
+        check_threshold(self.threshold)
+        check_positive_int(self.top_k, "top_k")
+        check_positive_int(self.capacity, "capacity")
+        check_ttl(self.ttl)
+        check_positive_int(self.replay_chunk_chars, "replay_chunk_chars")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be None or one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
+        if self.max_device_bytes is not None:
+            check_positive_int(self.max_device_bytes, "max_device_bytes")
+        check_positive_int(self.scan_budget_bytes, "scan_budget_bytes")
+        if self.scan_kernel not in SCAN_KERNELS:
+            raise ValueError(f"scan_kernel must be one of {SCAN_KERNELS}, got {self.scan_kernel!r}")
+        # numbers given as ints are kept as floats, so a saved snapshot reads back equal
+        object.__setattr__(self, "threshold", float(self.threshold))
+        if self.ttl is not None:
+            object.__setattr__(self, "ttl", float(self.ttl))
+
+    @classmethod
+    def from_options(cls, base: CacheSettings | None = None, **options: Any) -> CacheSettings:
+        """``base`` (or the defaults) with ``options`` replaced; an unknown name is a TypeError
+        that lists the known ones."""
+        unknown = sorted(set(options) - set(cls.names()))
+        if unknown:
+            raise TypeError(
+                f"unknown cache setting(s) {', '.join(map(repr, unknown))}; "
+                f"settings are: {', '.join(cls.names())}"
+            )
+        return dataclasses.replace(base or cls(), **options)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings a snapshot keeps (all but the machine's speed choices)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["saved"]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> CacheSettings:
+        """Settings read back from ``to_json``; names this version does not know are refused
+        (a snapshot from a newer gpucache), missing ones take their defaults (an older one)."""
+        saved = {f.name for f in dataclasses.fields(cls) if f.metadata["saved"]}
+        unknown = sorted(set(doc) - saved)
+        if unknown:
+            raise ValueError(f"unknown saved setting(s): {', '.join(unknown)}")
+        return cls(**doc)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        for f in dataclasses.fields(self):
+            yield f.name, getattr(self, f.name)
+
+    @classmethod
+    def markdown_rows(cls) -> list[str]:
+        """The README's options-table rows for these settings: name, default, meaning."""
+        rows = []
+        for f in dataclasses.fields(cls):
+            shown = f.metadata["shown"] or _markdown_value(f.default)
+            rows.append(f"| `{f.name}` | {shown} | {f.metadata['doc']} |")
+        return rows
+
+
+def _markdown_value(value: object) -> str:
+    if value is None:
+        return "`None`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value}`"

@@ -1,0 +1,1 @@
+"""Turning prompts into unit vectors: the ``Embedder`` protocol and the transformer embedder."""

@@ -1,0 +1,275 @@
+"""``ExactScanStore``: every stored row is scored against every query.
+
+Why an exact scan rather than an approximate index: a semantic cache must be able to say
+"nothing stored is close enough", and an approximate index can only say "nothing I looked at
+is". At the sizes a response cache reaches (1e4..1e6 rows) a dense matmul over the whole store
+is also fast on a GPU and tolerable on a CPU, and it needs no training or rebuild.
+
+The store composes its parts (shapes as in ``interface.py``):
+- ``RowTable`` (rows.py): which rows are used, their scope ids and expiry times;
+- a codec (codecs.py): the rows on the device, in fp32, fp16, bf16 or int8 with block scales;
+- ``FullCopy`` and ``RefinePolicy`` (refine.py): a quantized store's exact host copy, the
+  over-fetch and the exact rescore;
+- an engine (engines/): the chunked scan for the device and dtype, chosen once;
+- ``OomFallback`` (fallback.py): a scan that runs out of device memory retries smaller, then
+  runs on the CPU;
+- ``ScanScratch`` (scratch.py): a CPU scan's product buffers, kept between scans.
+
+The scan walks the rows in chunks so the ``(Q, chunk)`` score block stays within
+``scan_budget_bytes``, with a running top-K, so a million rows scan in a few megabytes of
+scratch. ``max_device_bytes`` caps the allocation; the store then holds at most ``max_rows``
+rows and the cache evicts to stay within them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from gpucache.devices import DeviceLike, resolve_device
+from gpucache.index.codecs import Codec, make_codec
+from gpucache.index.engines.base import RowsView, ScanEngine, ScanJob
+from gpucache.index.engines.choose import default_engine, engine_for
+from gpucache.index.fallback import OomFallback
+from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
+from gpucache.index.kernel_choice import ScanKernelChooser
+from gpucache.index.refine import FullCopy, RefinePolicy, overfetch
+from gpucache.index.rows import RowTable
+from gpucache.index.scratch import ScanScratch
+
+
+class ExactScanStore:
+    """Rows of unit vectors with a scope and an expiry each, searched by exact dot product.
+
+    Args:
+        dim: embedding dimension D.
+        device: where the vectors live ("auto", "cpu", "cuda[:N]").
+        initial_rows: rows allocated up front; the tensors double when they fill.
+        scan_budget_bytes: the most memory one (Q, chunk) fp32 score block may take.
+        quantization: None or "fp32" (full precision on the device), "fp16", "bf16" or "int8".
+        max_device_bytes: the most device memory the store's tensors may take; None: no cap.
+        scan_kernel: "auto", "torch" (chunked matmul + topk) or "triton" (the fused kernel
+            of ``gpucache.kernels``; fp32/fp16/bf16 storage, CUDA or Triton's CPU interpreter).
+            "auto" times both on this store's own scans on CUDA when Triton is installed and
+            keeps the faster per shape (``ScanKernelChooser``); elsewhere it is "torch".
+        engine: the scan engine to use instead of the one ``scan_kernel`` chooses (tests and
+            benchmarks pick engines this way; ``gpucache.index.engines``).
+        refine: when a quantized CPU store answers a batch from its exact copy
+            (``RefinePolicy``); None takes the measured defaults.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        device: DeviceLike = "auto",
+        initial_rows: int = 1024,
+        scan_budget_bytes: int = DEFAULT_SCAN_BUDGET_BYTES,
+        quantization: str | None = None,
+        max_device_bytes: int | None = None,
+        scan_kernel: str = "auto",
+        engine: ScanEngine | None = None,
+        refine: RefinePolicy | None = None,
+    ) -> None:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be an int >= 1, got {dim!r}")
+        if isinstance(initial_rows, bool) or not isinstance(initial_rows, int) or initial_rows < 1:
+            raise ValueError(f"initial_rows must be an int >= 1, got {initial_rows!r}")
+        if (isinstance(scan_budget_bytes, bool) or not isinstance(scan_budget_bytes, int)
+                or scan_budget_bytes < 4):
+            raise ValueError(f"scan_budget_bytes must be an int >= 4, got {scan_budget_bytes!r}")
+        mode = "fp32" if quantization is None else quantization
+        if mode not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
+        if scan_kernel not in SCAN_KERNELS:
+            raise ValueError(f"scan_kernel must be 'auto', 'torch' or 'triton', got {scan_kernel!r}")
+        if scan_kernel == "triton":
+            from gpucache.kernels import triton_available
+
+            if not triton_available():
+                raise ValueError("scan_kernel='triton' needs triton: pip install 'gpucache[kernels]'")
+            if mode == "int8":
+                raise ValueError("scan_kernel='triton' supports fp32, fp16 and bf16 storage")
+        self.dim = dim
+        self.device = resolve_device(device)
+        self.quantization = mode
+        self.scan_budget_bytes = scan_budget_bytes
+        self.row_bytes = Codec.row_bytes(mode, dim)
+        if max_device_bytes is None:
+            self.max_rows: int | None = None
+        else:
+            if isinstance(max_device_bytes, bool) or not isinstance(max_device_bytes, int) or (
+                max_device_bytes < self.row_bytes
+            ):
+                raise ValueError(
+                    f"max_device_bytes must be an int >= {self.row_bytes} (one row), "
+                    f"got {max_device_bytes!r}"
+                )
+            self.max_rows = max_device_bytes // self.row_bytes
+            initial_rows = min(initial_rows, self.max_rows)
+        self.max_device_bytes = max_device_bytes
+        self.rows = RowTable(initial_rows, self.device)
+        self.codec = make_codec(mode, dim, initial_rows, self.device)
+        self.copy = FullCopy(dim, initial_rows) if mode != "fp32" else None
+        self.refine = refine if refine is not None else RefinePolicy()
+        self.kernel_chooser: ScanKernelChooser | None = None
+        if engine is None:
+            engine, self.kernel_chooser = engine_for(scan_kernel, self.device, self.codec.dtype)
+            if scan_kernel == "auto" and self.kernel_chooser is None:
+                scan_kernel = "torch"  # nothing to choose between: said so in the attribute
+        self.scan_kernel = scan_kernel
+        self.engine = engine
+        self.oom = OomFallback()
+        self.scratch = ScanScratch()  # a CPU scan's product buffers, kept between scans
+
+    def __len__(self) -> int:
+        return self.rows.count
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held by the allocated tensors (used and spare rows)."""
+        return self.codec.nbytes + self.rows.nbytes
+
+    @property
+    def host_nbytes(self) -> int:
+        """Host bytes held by the full-precision copy (quantized modes only)."""
+        return self.copy.nbytes if self.copy is not None else 0
+
+    @property
+    def scan_retries(self) -> int:
+        return self.oom.scan_retries
+
+    @property
+    def cpu_fallbacks(self) -> int:
+        return self.oom.cpu_fallbacks
+
+    # ----------------------------------------------------------------------------- writes
+
+    def add(self, vectors: torch.Tensor, scope_id: int, expires_at: Sequence[float]) -> list[int]:
+        """Store (M, D) vectors in ``scope_id``; returns the M row numbers they took."""
+        m = vectors.shape[0]
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ValueError(f"vectors must have shape (M, {self.dim}), got {tuple(vectors.shape)}")
+        if len(expires_at) != m:
+            raise ValueError(f"expires_at has {len(expires_at)} entries for {m} vectors")
+        if scope_id < 0:
+            raise ValueError(f"scope_id must be >= 0, got {scope_id}")
+        needed = self.rows.high + self.rows.fresh_needed(m)
+        if needed > self.rows.capacity:
+            self._grow(needed)
+        rows = self.rows.take(m)
+        full = vectors.to(self.device, torch.float32)
+        if self.copy is not None:
+            self.copy.write(rows, full)
+        self.rows.assign(rows, scope_id, expires_at)
+        self.codec.write(rows, full, self.copy.data if self.copy is not None else full, self.rows.scopes)
+        return rows
+
+    def remove(self, rows: Sequence[int]) -> None:
+        """Free ``rows``; a removed row can never be returned by ``search`` again."""
+        self.rows.release(rows)
+
+    def set_expiry(self, rows: Sequence[int], expires_at: Sequence[float]) -> None:
+        """Give stored ``rows`` new expiry times (seconds on the cache's clock, inf = never)."""
+        self.rows.set_expiry(rows, expires_at)
+
+    def expires_at(self, row: int) -> float:
+        return self.rows.expires_at(row)
+
+    def expired_rows(self, now: float) -> list[int]:
+        """Rows in use whose expiry is at or before ``now``."""
+        return self.rows.expired_rows(now)
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.scratch.release()
+
+    def vectors(self, rows: Sequence[int]) -> torch.Tensor:
+        """(M, D) full-precision copies of stored rows (for persistence): fp32, on the device
+        for fp32 storage, on the host for quantized storage."""
+        if self.copy is not None:
+            return self.copy.gather(rows)
+        return self.codec.data[torch.tensor(list(rows), dtype=torch.int64, device=self.device)]
+
+    def _grow(self, needed: int) -> None:
+        if self.max_rows is not None and needed > self.max_rows:
+            raise RuntimeError(
+                f"gpucache bug: {needed} rows asked of a store capped at {self.max_rows} rows"
+            )
+        size = max(needed, 2 * self.rows.capacity)
+        if self.max_rows is not None:
+            size = min(size, self.max_rows)
+        extra = size - self.rows.capacity
+        self.rows.grow(extra)
+        self.codec.grow(extra)
+        if self.copy is not None:
+            self.copy.grow(extra)
+
+    # ----------------------------------------------------------------------------- search
+
+    def search(
+        self, queries: torch.Tensor, k: int, scope_id: int, now: float = -math.inf
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-``k`` rows by dot product among live rows of ``scope_id``, per query.
+
+        Returns ``(scores, rows)``, both ``(Q, K)``, best first, padded with ``-inf`` / ``-1``
+        where fewer than ``k`` rows qualify. Rows whose expiry is at or before ``now`` and rows
+        of other scopes are masked inside the scan, never filtered afterwards in Python.
+        """
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise ValueError(f"queries must have shape (Q, {self.dim}), got {tuple(queries.shape)}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}")
+        q = queries.shape[0]
+        if q == 0 or len(self) == 0:
+            return (
+                torch.full((q, k), -math.inf, dtype=torch.float32, device=self.device),
+                torch.full((q, k), -1, dtype=torch.int64, device=self.device),
+            )
+        queries = queries.to(self.device, torch.float32)
+        if self.copy is None:
+            return self._scan(queries, k, scope_id, now, exact=True)
+        if self.refine.scans_copy(self.quantization, self.device.type == "cpu",
+                                  self.scan_kernel == "torch", q, self.rows.high):
+            return self._scan(queries, k, scope_id, now, exact=True)
+        wide = min(overfetch(k), self.rows.high)
+        _, rows = self._scan(queries, wide, scope_id, now, exact=False)  # (Q, wide) by quantized score
+        scores, rows = self.copy.rescore(queries, rows, k)
+        return scores.to(self.device), rows.to(self.device)
+
+    def _scan(
+        self, queries: torch.Tensor, k: int, scope_id: int, now: float, exact: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunked scan with out-of-memory handling. ``exact``: of fp32 rows, the device
+        rows of an fp32 store or a quantized store's host copy; else of the quantized rows."""
+        high = self.rows.high
+        if exact and self.copy is not None:
+            view = self._view(self.copy.data)
+            engine = default_engine(self.device, torch.float32)
+        else:
+            view = self._view(self.codec.data)
+            engine = self.engine
+
+        def on_device(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+            with self.scratch.lend() as buffer:
+                return engine.scan(view, ScanJob(queries, k, scope_id, now, chunk), buffer)
+
+        def on_cpu(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+            # fp32 rows on the host: a quantized store's exact copy (a CPU has no fast
+            # half-precision product), or a copy of an fp32 store's device rows
+            cpu = torch.device("cpu")
+            vectors = self.copy.data[:high] if self.copy is not None else self.codec.data[:high].cpu()
+            rows = RowsView(vectors, torch.ones(0), self.rows.scopes[:high].cpu(),
+                            self.rows.expires[:high].cpu(), high)
+            job = ScanJob(queries.cpu(), k, scope_id, now, chunk)
+            with self.scratch.lend(keep=False) as buffer:
+                scores, found = default_engine(cpu, torch.float32).scan(rows, job, buffer)
+            return scores.to(self.device), found.to(self.device)
+
+        chunk = max(1, min(high, self.scan_budget_bytes // (4 * queries.shape[0])))
+        return self.oom.run(on_device, on_cpu, chunk)
+
+    def _view(self, vectors: torch.Tensor) -> RowsView:
+        return RowsView(vectors, self.codec.scales, self.rows.scopes, self.rows.expires, self.rows.high)
