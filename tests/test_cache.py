@@ -4,7 +4,6 @@ through the real model)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -468,10 +467,7 @@ def test_concurrent_misses_on_one_prompt_call_the_loader_once(fake_embedder):
     ]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
-    while not calls and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # let the other threads reach the flight table
+    assert cache._flights.wait_for_joins(7, timeout=10)  # one loads, seven wait on it
     gate.set()
     for t in threads:
         t.join(10)
@@ -502,7 +498,7 @@ def test_waiters_receive_the_loaders_error(fake_embedder):
     started.wait(5)
     second = threading.Thread(target=call)
     second.start()
-    time.sleep(0.2)
+    assert cache._flights.wait_for_joins(1, timeout=10)  # the second waits on the first's load
     gate.set()
     first.join(10)
     second.join(10)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import gpucache
 from gpucache.tools.demo import StandInModel, load_workload, run_demo
 
@@ -45,7 +47,29 @@ def test_run_demo_counts_add_up(real_embedder):
     assert report.exact_hits > 0 and report.misses > 0
 
 
-def test_kernels_subpackage_is_installed_with_the_library():
-    import gpucache.kernels
+def test_the_demo_serves_no_wrong_answer(real_embedder):
+    """The whole packaged workload through the default cache: hits, and not one of them a
+    different question's answer. The same replay with similarity alone at a lower threshold
+    does serve wrong answers, so the count can see them."""
+    defaults = gpucache.SemanticCache(real_embedder, device="cpu")
+    report = run_demo(defaults, model=StandInModel(seconds_per_word=0), batch_size=16)
+    assert report.prompts == len(load_workload())
+    assert report.semantic_hits > 0 and report.false_hits == 0, report.false_examples
+    unguarded = gpucache.SemanticCache(real_embedder, device="cpu", threshold=0.8,
+                                       verifier=gpucache.ThresholdOnly())
+    assert run_demo(unguarded, model=StandInModel(seconds_per_word=0)).false_hits > 0
 
-    assert gpucache.kernels.__name__ == "gpucache.kernels"
+
+def test_every_package_of_the_tree_is_installed_with_the_library():
+    """pyproject.toml lists the packages by name: one added to the tree and not listed there
+    would be missing from an installed (non-editable) gpucache."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    in_tree = {".".join(p.parent.relative_to(root).parts) for p in (root / "gpucache").rglob("__init__.py")}
+    assert in_tree | {"gpucache.kernels"} == listed
+    assert config["package-dir"] == {"gpucache.kernels": "kernels"}
+    assert (root / "kernels" / "__init__.py").exists()

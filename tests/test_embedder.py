@@ -72,7 +72,10 @@ def test_batches_follow_token_length_within_the_row_and_token_caps():
     assert flat == sorted(lengths, reverse=True)  # longest first, by tokens
     for batch in batches:
         assert len(batch) <= 3 and len(batch) * lengths[batch[0]] <= 40
-    assert [len(b) for b in batches] == [2, 3, 3]  # 20 + 12 would pad to 60 > 40: 20 alone
+    # greedy: a pass closes when the next text would take rows x longest over 40 or rows over 3
+    # (20, 12): 2 x 20 = 40, a third would make 60; (12, 9, 8): 3 x 12 = 36, and 3 rows is
+    # the most; (7, 6, 5)
+    assert [[lengths[j] for j in b] for b in batches] == [[20, 12], [12, 9, 8], [7, 6, 5]]
     # a text longer than the budget still gets a pass of its own
     embedder.max_batch_tokens = 1
     assert embedder._batches([4, 9, 2]) == [[1], [0], [2]]
@@ -156,14 +159,18 @@ def test_the_default_model_folder_can_be_redirected(monkeypatch, tmp_path):
         TransformerEmbedder(device="cpu")
 
 
-def test_the_default_takes_bf16_only_where_it_agrees_with_fp32(real_embedder):
-    """On a CPU with native bf16 the default runs its matmuls in bf16 (autocast) and keeps
-    AGREEMENT_MIN cosine with fp32, on its probe texts and on other prompts; elsewhere it is fp32."""
+def test_an_fp32_embedder_runs_no_autocast(real_embedder):
     exact = TransformerEmbedder(device="cpu", dtype=torch.float32)
     assert exact.autocast_dtype is None and exact.agreement is None
     if not cpu_has_native_bf16():
-        assert real_embedder.autocast_dtype is None
-        return
+        assert real_embedder.autocast_dtype is None  # the default on this CPU is fp32 too
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX-512 BF16 "
+                    "or AMX): the default runs in fp32 here, checked above")
+def test_the_default_takes_bf16_only_where_it_agrees_with_fp32(real_embedder):
+    """On a CPU with native bf16 the default runs its matmuls in bf16 (autocast) and keeps
+    AGREEMENT_MIN cosine with fp32, on its probe texts and on other prompts."""
     assert real_embedder.autocast_dtype == torch.bfloat16
     assert real_embedder.dtype == torch.float32  # the embeddings and LayerNorm stay fp32
     linears = [m for m in real_embedder._model.modules() if isinstance(m, torch.nn.Linear)]
@@ -172,6 +179,7 @@ def test_the_default_takes_bf16_only_where_it_agrees_with_fp32(real_embedder):
                if isinstance(m, torch.nn.LayerNorm) for p in m.parameters())
     assert real_embedder.agreement is not None and real_embedder.agreement >= AGREEMENT_MIN
     prompts = [item.prompt for item in load_workload()][:200]
+    exact = TransformerEmbedder(device="cpu", dtype=torch.float32)
     cosine = (real_embedder.encode(prompts) * exact.encode(prompts)).sum(dim=1)
     assert float(cosine.min()) >= AGREEMENT_MIN
 

@@ -223,16 +223,23 @@ def test_unusual_text_is_stored_and_found_exactly(prompt, real_embedder):
     assert cache.get_or_put(prompt, lambda p: "never") == "answer"
 
 
-def test_a_one_megabyte_prompt_is_embedded_truncated_and_compared_in_full(real_embedder):
+def test_a_one_megabyte_prompt_is_embedded_truncated_and_found_exactly(real_embedder):
     cache = SemanticCache(real_embedder, device="cpu")
     big = "word " * 200_000  # 1 MB
     cache.put(big, "big answer")
-    assert cache.get(big).exact
-    # the same first 256 tokens but a different tail: the embedder sees the same text, the
-    # exact tier does not, and the verifier (comparing in full) sees the difference
-    other = big + " and one more question at the end"
-    hit = cache.get(other)
-    assert hit is None or not hit.exact
+    hit = cache.get(big)
+    assert hit.exact and hit.response == "big answer"
+
+
+@pytest.mark.xfail(strict=True, reason="an added question is a near-miss none of today's rules "
+                   "catches; the insertion rule of the guard issue (15) is to")
+def test_a_question_added_past_the_embedders_window_is_not_served_the_answer(real_embedder):
+    """The same first 256 tokens and a different tail: the embedder sees the same text
+    (similarity 1.0), so only the verifier, comparing in full, can tell them apart."""
+    cache = SemanticCache(real_embedder, device="cpu")
+    big = "word " * 200_000
+    cache.put(big, "big answer")
+    assert cache.get(big + " and one more question at the end") is None
 
 
 def test_a_100k_prompt_batch_goes_through_in_one_call():
@@ -352,11 +359,18 @@ def test_no_cross_scope_hit_ever(sequence):
         if op == "put":
             cache.put(prompt, f"{scope}:{prompt}", scope=scope)
             model[scope][prompt] = f"{scope}:{prompt}"
-        elif op in ("get", "get_or_put"):
+        elif op == "get":
             hit = cache.get(prompt, scope=scope)
-            if hit is not None:
-                assert hit.response.startswith(f"{scope}:")
+            if prompt in model[scope]:  # stored here: always found, exactly
+                assert hit is not None and hit.exact and hit.response == model[scope][prompt]
+            elif hit is not None:  # a semantic hit: only ever an entry of this scope
                 assert model[scope].get(hit.cached_prompt) == hit.response
+        elif op == "get_or_put":
+            answer = cache.get_or_put(prompt, lambda p, s=scope: f"{s}:{p}", scope=scope)
+            assert answer.startswith(f"{scope}:")  # loaded here, or another entry of this scope
+            assert answer in model[scope].values() or answer == f"{scope}:{prompt}"
+            if prompt not in model[scope] and answer == f"{scope}:{prompt}":
+                model[scope][prompt] = answer  # a miss: loaded and stored
         elif op == "invalidate":
             cache.invalidate(prompt, scope=scope)
             model[scope].pop(prompt, None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -235,7 +234,7 @@ def test_a_second_streamer_replays_the_first_stream_once_it_completes(make):
         target=lambda: result.append("".join(cache.get_or_put_streaming("q", loader)))
     )
     second.start()
-    time.sleep(0.2)
+    assert cache._flights.wait_for_joins(1, timeout=10)  # the second stream waits on the first
     release.set()
     assert list(first) == ["two"]
     second.join(5)
@@ -258,7 +257,7 @@ def test_a_waiter_loads_itself_when_the_first_consumer_abandons(make):
         target=lambda: result.append(cache.get_or_put("q", lambda p: "own load"))
     )
     waiter.start()
-    time.sleep(0.2)
+    assert cache._flights.wait_for_joins(1, timeout=10)
     first.close()  # the leader gives up: the waiter must not fail, it loads itself
     waiter.join(5)
     assert result == ["own load"]
@@ -347,19 +346,22 @@ def test_threads_and_tasks_share_one_load(make):
     calls = []
     gate = threading.Event()
 
+    loading = threading.Event()
+
     def blocking(prompt):
         calls.append(prompt)
+        loading.set()
         gate.wait(5)
         return "from thread"
 
     thread_result = []
     t = threading.Thread(target=lambda: thread_result.append(cache.get_or_put("hot", blocking)))
     t.start()
-    time.sleep(0.2)
+    assert loading.wait(10)  # the thread leads the load
 
     async def main():
         task = asyncio.ensure_future(cache.aget_or_put("hot", _async_const("from task")))
-        await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(cache._flights.wait_for_joins, 1, 10)  # the task waits on it
         gate.set()
         return await task
 
@@ -371,15 +373,18 @@ def test_threads_and_tasks_share_one_load(make):
 def test_a_cancelled_leader_lets_waiters_load(make):
     cache = make()
 
-    async def never(prompt):
-        await asyncio.sleep(60)
-        return "never"
-
     async def main():
-        leader = asyncio.ensure_future(cache.aget_or_put("q", never))
-        await asyncio.sleep(0.1)
+        loading, never = asyncio.Event(), asyncio.Event()
+
+        async def stuck(prompt):
+            loading.set()
+            await never.wait()  # never set: only the cancellation ends this load
+            return "never"
+
+        leader = asyncio.ensure_future(cache.aget_or_put("q", stuck))
+        await loading.wait()
         follower = asyncio.ensure_future(cache.aget_or_put("q", _async_const("mine")))
-        await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(cache._flights.wait_for_joins, 1, 10)
         leader.cancel()
         return await follower
 
@@ -387,30 +392,40 @@ def test_a_cancelled_leader_lets_waiters_load(make):
 
 
 def test_the_event_loop_keeps_serving_while_a_large_batch_is_embedded(real_embedder):
-    cache = SemanticCache(real_embedder, device="cpu")
-    prompts = [f"Question number {i}: how do I configure feature {i} of product {i % 7}?"
-               for i in range(1500)]
-    ticks = []
+    """The real embedder, held inside its batch until the loop has ticked five times: were the
+    batch embedded on the loop's thread, the loop could not tick and the wait would time out."""
+    ticked = threading.Event()
 
-    async def ticker(stop):
-        while not stop.is_set():
-            ticks.append(time.perf_counter())
-            await asyncio.sleep(0.01)
+    class HeldEmbedder:
+        name, dim, device = real_embedder.name, real_embedder.dim, real_embedder.device
+
+        def encode(self, texts):
+            vectors = real_embedder.encode(texts)
+            if not ticked.wait(10):
+                raise TimeoutError("the event loop did not tick while the batch was embedded")
+            return vectors
+
+    cache = SemanticCache(HeldEmbedder(), device="cpu")
+    prompts = [f"Question number {i}: how do I configure feature {i} of product {i % 7}?"
+               for i in range(200)]
 
     async def main():
-        stop = asyncio.Event()
-        tick = asyncio.ensure_future(ticker(stop))
-        started = time.perf_counter()
-        await cache.aget_all(prompts)
-        took = time.perf_counter() - started
+        stop, ticks = asyncio.Event(), []
+
+        async def ticker():
+            while not stop.is_set():
+                ticks.append(1)
+                if len(ticks) == 5:
+                    ticked.set()
+                await asyncio.sleep(0)  # a turn of the loop
+
+        tick = asyncio.ensure_future(ticker())
+        hits = await cache.aget_all(prompts)
         stop.set()
         await tick
-        return took
+        return hits
 
-    took = run(main())
-    # the batch took a while; the loop kept ticking through it (were it blocked, one tick)
-    assert took > 0.3
-    assert len(ticks) >= 10
+    assert run(main()) == [None] * len(prompts)
 
 
 def test_a_stream_that_is_never_started_holds_nothing(make):

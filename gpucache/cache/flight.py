@@ -33,6 +33,14 @@ class SingleFlight(Generic[K, V]):
     def __init__(self) -> None:
         self._inflight: dict[K, Future[V]] = {}
         self._lock = threading.Lock()
+        self._joined = threading.Condition(self._lock)
+        self.joins = 0  # claims that found their key in flight and waited on its load
+
+    def wait_for_joins(self, n: int, timeout: float | None = None) -> bool:
+        """Block until ``n`` claims in all have joined a load in flight; False on timeout.
+        For tests and diagnostics: "the other caller is waiting on my load" is an event."""
+        with self._joined:
+            return self._joined.wait_for(lambda: self.joins >= n, timeout)
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -48,6 +56,9 @@ class SingleFlight(Generic[K, V]):
                 else:
                     self._inflight[key] = Future()
                     mine.append(key)
+            if theirs:
+                self.joins += len(theirs)
+                self._joined.notify_all()
         return mine, theirs
 
     def resolve(self, results: dict[K, V]) -> None:

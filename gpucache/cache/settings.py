@@ -57,7 +57,7 @@ class CacheSettings:
     )
     scan_budget_bytes: int = _setting(
         DEFAULT_SCAN_BUDGET_BYTES, "most scratch memory one chunk of the similarity scan may take",
-        shown="64 MiB",
+        shown="`64 MiB`",
     )
     scan_kernel: str = _setting(
         "auto",

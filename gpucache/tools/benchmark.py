@@ -169,7 +169,8 @@ BLOCK_RUNS = 50
 
 
 def timed_together(
-    fns: Sequence[Callable[[], object]], device: torch.device, repeat: int
+    fns: Sequence[Callable[[], object]], device: torch.device, repeat: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[float, float]]:
     """``timed`` for several functions compared with each other: each is timed in a block
     right after the others (seconds apart, where timing all N and Q of one engine before the
@@ -192,10 +193,10 @@ def timed_together(
             # fast cases run until the block has taken BLOCK_SECONDS (up to BLOCK_RUNS runs):
             # a median of 3 runs of a 1 ms search is mostly the machine's noise
             while done < runs or (spent < BLOCK_SECONDS and done < BLOCK_RUNS):
-                start = time.perf_counter()
+                start = clock()
                 fns[i]()
                 _sync(device)
-                times[i].append(time.perf_counter() - start)
+                times[i].append(clock() - start)
                 spent += times[i][-1]
                 done += 1
     return [(statistics.median(t), max(t) - min(t)) for t in times]

@@ -1,0 +1,88 @@
+"""The async API never blocks its event loop (DESIGN.md, contract 12).
+
+One thread runs long scans over a large store, holding the cache's lock for each; meanwhile an
+asyncio ticker on the loop keeps its period, while small async calls wait for that lock in
+worker threads. The bound is derived from the scan itself: a loop that waited on the lock would
+be late by about a whole scan, so the ticker's worst lateness must stay well under one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+
+import torch
+
+from gpucache import SemanticCache, StoreEverything, ThresholdOnly
+
+
+class RandomEmbedder:
+    """Seeded random unit vectors, one per text: fast to make in bulk, and distinct."""
+
+    name = "random"
+    dim = 384
+    device = torch.device("cpu")
+
+    def encode(self, texts):
+        gen = torch.Generator().manual_seed(len(texts) * 7919 + len(texts[0]))
+        return torch.nn.functional.normalize(torch.randn(len(texts), self.dim, generator=gen), dim=1)
+
+
+def large_cache(entries: int) -> SemanticCache:
+    cache = SemanticCache(RandomEmbedder(), device="cpu", verifier=ThresholdOnly(),
+                          cache_policy=StoreEverything(), capacity=entries)
+    cache.warm((f"stored prompt {i}", "answer") for i in range(entries))
+    return cache
+
+
+def test_a_long_scan_in_another_thread_never_stalls_the_loop():
+    cache = large_cache(200_000)
+    batch = [f"scanned prompt {i}" for i in range(512)]
+    three_scans, stop = threading.Event(), threading.Event()
+    scan_seconds: list[float] = []
+
+    def scanner() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            cache.get_all(batch)  # holds the cache's lock for the whole scan
+            scan_seconds.append(time.perf_counter() - started)
+            if len(scan_seconds) == 3:
+                three_scans.set()
+
+    async def main() -> tuple[list[float], int]:
+        period = 0.005
+        lateness: list[float] = []
+        answered = 0
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                expected = time.perf_counter() + period
+                await asyncio.sleep(period)  # the ticker's own period, not a synchronisation
+                lateness.append(time.perf_counter() - expected)
+
+        async def small_calls() -> None:
+            nonlocal answered
+            while not stop.is_set():
+                await cache.aget_all(["a small lookup"])  # waits for the lock in a worker
+                answered += 1
+
+        tick = asyncio.create_task(ticker())
+        calls = asyncio.create_task(small_calls())
+        await asyncio.to_thread(three_scans.wait)  # three whole scans ran while the loop was busy
+        stop.set()
+        await asyncio.gather(tick, calls)
+        return lateness, answered
+
+    thread = threading.Thread(target=scanner)
+    thread.start()
+    try:
+        lateness, answered = asyncio.run(main())
+    finally:
+        stop.set()
+        thread.join()
+    scan = statistics.median(scan_seconds)
+    assert answered >= 1  # the small calls went through between scans
+    assert len(lateness) >= 10
+    assert max(lateness) < scan / 4, (max(lateness), scan)

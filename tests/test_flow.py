@@ -1,0 +1,102 @@
+"""The get-or-load state machine (gpucache/cache/flow.py): the operations it asks for, and the
+async driver's handling of waiters that give up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpucache import SemanticCache, StoreEverything, ThresholdOnly
+from gpucache.cache import flow
+
+
+@pytest.fixture
+def cache(fake_embedder) -> SemanticCache:
+    return SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
+                         cache_policy=StoreEverything())
+
+
+def steps(gen: flow.Flow, loader=lambda prompts: [p.upper() for p in prompts]):
+    """Drive ``gen`` by hand, recording each operation's kind."""
+    kinds, value = [], None
+    while True:
+        try:
+            op = gen.send(value)
+        except StopIteration as stop:
+            return kinds, stop.value
+        kinds.append(type(op).__name__)
+        value = loader(op.prompts) if isinstance(op, flow.Load) else flow._call(op)
+
+
+def test_a_miss_looks_up_loads_then_stores_and_a_hit_only_looks_up(cache):
+    kinds, answers = steps(flow.get_or_load(cache, ["what is a monad", "what is a monad"], "s"))
+    assert (kinds, answers) == (["Work", "Load", "Work"], ["WHAT IS A MONAD"] * 2)
+    kinds, answers = steps(flow.get_or_load(cache, ["what is a monad"], "s"))
+    assert (kinds, answers) == (["Work"], ["WHAT IS A MONAD"])
+
+
+def test_a_stream_loads_a_miss_then_replays_it_as_a_hit(cache):
+    gen = flow.stream(cache, "tell me a joke", "s")
+    op = gen.send(None)
+    assert isinstance(op, flow.Work)
+    op = gen.send(flow._call(op))
+    assert isinstance(op, flow.LoadStream)  # the driver passes the chunks through
+    op = gen.send("why did the chicken")  # ... and answers with the whole text
+    assert isinstance(op, flow.Work)  # store it
+    with pytest.raises(StopIteration) as done:
+        gen.send(flow._call(op))
+    assert done.value.value is None
+    gen = flow.stream(cache, "tell me a joke", "s")
+    op = gen.send(None)
+    with pytest.raises(StopIteration) as done:
+        gen.send(flow._call(op))
+    assert done.value.value == flow.Replay("why did the chicken")
+
+
+def test_a_loader_error_thrown_into_the_flow_releases_the_claim(cache):
+    gen = flow.get_or_load(cache, ["p"], "s")
+    gen.send(None)  # Work(begin)
+    load = gen.send(flow._call(flow.Work(cache._begin, (["p"], "s", True))))
+    assert isinstance(load, flow.Load) and len(cache._flights) == 1
+    with pytest.raises(KeyError):
+        gen.throw(KeyError("the model is down"))
+    assert len(cache._flights) == 0
+
+
+def test_a_cancelled_waiter_leaves_the_load_and_the_other_waiters_alone(cache, monkeypatch):
+    """Cancelling a task that waits on another call's load must not cancel the shared future:
+    the loader finishes, the other waiters get its answer, and it is stored."""
+    async def main() -> None:
+        started, release, both_waiting = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        calls, waiting = [], []
+        real_wait = flow.wait
+
+        async def observed_wait(future):
+            waiting.append(future)
+            if len(waiting) == 2:
+                both_waiting.set()
+            return await real_wait(future)
+
+        monkeypatch.setattr(flow, "wait", observed_wait)
+
+        async def loader(prompt: str) -> str:
+            calls.append(prompt)
+            started.set()
+            await release.wait()
+            return "the answer"
+
+        leader = asyncio.create_task(cache.aget_or_put("a slow question", loader))
+        await started.wait()
+        quitter = asyncio.create_task(cache.aget_or_put("a slow question", loader))
+        stayer = asyncio.create_task(cache.aget_or_put("a slow question", loader))
+        await both_waiting.wait()
+        quitter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await quitter
+        release.set()
+        assert await leader == await stayer == "the answer"
+        assert calls == ["a slow question"]
+        assert cache.get("a slow question").response == "the answer"
+
+    asyncio.run(main())
