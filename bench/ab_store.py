@@ -25,12 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-# gpucache first, as an application would import it: it quiets numpy's BLAS thread pool,
-# which only works before numpy is loaded (gpucache/index/blas_pool.py)
+# As an application would, before anything loads numpy: quiet numpy's BLAS thread pool
+# (gpucache/index/blas_pool.py), so both stores run the paths the command runs
 import gpucache
 
+gpucache.quiet_blas_pool()
+
 # isort: split
-import torch
+import torch  # noqa: E402
 
 ExactScanStore = gpucache.ExactScanStore
 

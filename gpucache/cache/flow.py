@@ -34,7 +34,7 @@ from gpucache.cache.flight import LoadAbandoned
 from gpucache.cache.validation import check_response
 
 if TYPE_CHECKING:
-    from gpucache.cache.core import Plan, SemanticCache
+    from gpucache.cache.state import CacheState, Plan
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _abandoned(exc: BaseException) -> BaseException:
     return exc
 
 
-def get_or_load(cache: SemanticCache, prompts: list[str], scope: str) -> Flow:
+def get_or_load(cache: CacheState, prompts: list[str], scope: str) -> Flow:
     """Answers for ``prompts`` in input order, loading the misses this call claims."""
     plan: Plan = yield Work(cache._begin, (prompts, scope, True))
     while True:
@@ -109,7 +109,7 @@ def get_or_load(cache: SemanticCache, prompts: list[str], scope: str) -> Flow:
         plan = again.after(plan)
 
 
-def stream(cache: SemanticCache, prompt: str, scope: str) -> Flow:
+def stream(cache: CacheState, prompt: str, scope: str) -> Flow:
     """Returns ``Replay(answer)`` for a hit or another call's load; otherwise loads through
     ``LoadStream`` and stores the whole text once the stream completes."""
     plan: Plan = yield Work(cache._begin, ([prompt], scope, True))
@@ -195,7 +195,7 @@ async def arun(flow: Flow, load: Callable[[list[str]], Awaitable[list[str]]]) ->
             value, error = None, exc
 
 
-def run_stream(cache: SemanticCache, flow: Flow, chunks: Callable[[], Iterable[str]]) -> Iterator[str]:
+def run_stream(cache: CacheState, flow: Flow, chunks: Callable[[], Iterable[str]]) -> Iterator[str]:
     """Drive a ``stream`` flow for a sync consumer, yielding the chunks it is to see. A
     consumer that stops reading raises GeneratorExit at a ``yield``; thrown into the flow, it
     releases the claim, and the flow re-raises it."""
@@ -225,7 +225,7 @@ def run_stream(cache: SemanticCache, flow: Flow, chunks: Callable[[], Iterable[s
 
 
 async def arun_stream(
-    cache: SemanticCache, flow: Flow, chunks: Callable[[], Any]
+    cache: CacheState, flow: Flow, chunks: Callable[[], Any]
 ) -> AsyncIterator[str]:
     """``run_stream`` for an async consumer: ``chunks()`` may return an async iterable, an
     awaitable of one, or a plain iterable."""

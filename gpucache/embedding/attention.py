@@ -1,12 +1,10 @@
 """Attention for short prompts on the CPU, where torch's fused kernel is slowest.
 
 Why: a cache's prompts are short (the demo's: 6 to 15 tokens), and for such sequences torch's
-CPU flash-attention kernel spends its time on tiling, not arithmetic: one MiniLM layer's
-attention over 64 prompts of 11 tokens took 1.7-2.2 ms there, against 0.5 ms as two batched
-matmuls and a softmax written out (the same numbers; torch's own softmax over rows of 11
-values took 0.8 ms of it, the written-out one 0.15 ms). Attention was a fifth of the
-embedder's time; with this, the embedder ran 11% faster end to end (304 demo prompts: 290 ms
-against 326), at the same agreement with fp32 (min cosine 0.99998 on the demo prompts).
+CPU flash-attention kernel spends its time on tiling, not arithmetic, and its softmax over
+rows of a dozen values is slower than one written out. Two batched matmuls and a softmax give
+the same numbers several times faster, and the whole embedder about a tenth faster, at the
+same agreement with fp32 (``bench/reports/performance-notes.md``, "The embedder").
 
 Longer sequences keep the fused kernel: the (B, H, T, T) score tensor grows with the square
 of the length, and from 32 tokens the fused kernel was as fast or faster. Anything else this

@@ -88,9 +88,9 @@ PROBE_TEXTS = (
 
 
 def _default_dtype(device: torch.device) -> torch.dtype:
-    """fp16 on CUDA (half the memory traffic at no measurable cost in agreement); bf16 on a CPU
-    that multiplies it natively (as autocast, 1.7x the fp32 throughput on this project's AMD
-    EPYC, min cosine 0.99993), provided the load-time check agrees; fp32 elsewhere."""
+    """fp16 on CUDA (half the memory traffic); bf16 on a CPU that multiplies it natively
+    (autocast, markedly faster than fp32: ``bench/reports/performance-notes.md``), provided the
+    load-time check agrees with fp32; fp32 elsewhere."""
     if device.type == "cuda":
         return torch.float16
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
@@ -187,7 +187,7 @@ class TransformerEmbedder:
             return
         # Autocast casts every Linear's fp32 weights to ``dtype`` again in every forward pass
         # (its cast cache lasts one autocast region); cast once, the same rounding, so the
-        # embeddings are bit-identical and a pass is ~5% faster. LayerNorm and the embedding
+        # embeddings are bit-identical and a pass saves the casts. LayerNorm and the embedding
         # tables keep their fp32 weights.
         for module in self._model.modules():
             if isinstance(module, torch.nn.Linear):
@@ -258,8 +258,7 @@ class TransformerEmbedder:
         the least).
 
         Sorted by tokens, not characters (as sentence-transformers does), because a pass pads
-        to its longest row: on the demo prompts, batches by tokens held 3392 token slots for
-        3131 tokens, against 4064 by characters, and embedded 17% faster."""
+        to its longest row: batches by tokens pad far less (``bench/reports/performance-notes.md``)."""
         order = sorted(range(len(lengths)), key=lambda j: -lengths[j])
         batches: list[list[int]] = []
         for j in order:

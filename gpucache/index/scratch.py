@@ -3,8 +3,7 @@
 Why keep them: a CPU scan writes each chunk's (Q, C) products into one buffer, and a fresh
 buffer is fresh pages, which the kernel must fault in and zero before the product can land in
 them. Right after the embedder had run (the order of every ``get_or_put_all``) that cost more
-than the scan itself: an int8 scan of 100k rows for 64 queries took 42 ms into fresh buffers
-and 13 ms into kept ones, on this project's 2-core machine.
+than the scan itself (``bench/reports/performance-notes.md``, "Kept scan buffers").
 
 What it costs: a store holds, between scans, the largest buffers a scan has asked of it; a
 (Q, chunk) block never exceeds the store's ``scan_budget_bytes``, so that is at most the
@@ -31,8 +30,7 @@ def host_buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
     """A 1-D CPU tensor of ``n`` elements from numpy's allocator, for the scan's product buffer.
 
     numpy asks Linux for transparent huge pages on large arrays (torch's allocator does not),
-    and a product written into such a buffer ran 25% faster here (300k rows x 64 queries in
-    fp32: 106 ms against 131 into torch.empty): fewer page faults and TLB misses."""
+    and a product written into such a buffer runs faster: fewer page faults and TLB misses."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     return torch.from_numpy(np.empty(n * itemsize, dtype=np.uint8)).view(dtype)
 

@@ -1,10 +1,10 @@
 """Top-k of a wide score block by way of block maxima.
 
 Why: the scan's score blocks are wide (Q queries x tens of thousands of rows) and K is small (1
-to a few dozen). ``torch.topk`` along a wide row on the CPU costs about as much as the matmul
-that produced the row: on this project's 2-core machine, topk(4) of a (1024, 100k) block took
-66-120 ms after a 470 ms matmul. A maximum over blocks of 64 columns is a plain streaming
-reduction (12 ms for the same block), and the top K columns always lie in the K blocks with the
+to a few dozen). ``torch.topk`` along a wide row on the CPU costs a sizeable fraction of the
+matmul that produced the row. A maximum over blocks of 64 columns is a plain streaming
+reduction, several times cheaper (``bench/reports/performance-notes.md``, "Top-k"), and the
+top K columns always lie in the K blocks with the
 largest maxima: a block holding one of the top K has a maximum at least that large, and fewer
 than K blocks can hold a larger element. So the exact top K is found by a topk over the block
 maxima, then a topk over the K x 64 columns of the chosen blocks.
@@ -20,9 +20,8 @@ import numpy as np
 import torch
 
 BLOCK = 64
-# Below this many scores the plain topk is already cheap and the gathers are not. Counted in
-# scores, not queries: one query over 1M rows took 1.7 ms through topk and 0.18 ms here (fp32;
-# 0.57 ms in bf16), one over 10k rows 0.03 ms through topk and 0.06 ms here.
+# Below this many scores the plain topk is already cheap and the gathers are not (counted in
+# scores, not queries: one query over 1M rows gains, one over 10k rows loses).
 MIN_SCORES = 65_536
 
 
@@ -50,8 +49,8 @@ def block_topk(scores: torch.Tensor, k: int, block: int = BLOCK) -> tuple[torch.
 
 def block_topk_rows(scores: torch.Tensor, k: int, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """``block_topk`` for a torch block laid out rows-first, ``(C, Q)`` and contiguous (the
-    layout a CPU product of C rows by Q queries is fastest in: 100k bf16 rows x 64 queries
-    took 14 ms against 19 queries-first, fp32 in torch 38 against 57). Returns ``(values,
+    layout a CPU product of C rows by Q queries is fastest in, ``torch_engine.rows_first``).
+    Returns ``(values,
     rows)``, both ``(Q, k)``, values in descending order.
 
     Block g is rows [gB, gB + B): its maxima are a reduction over the middle axis of a
@@ -77,20 +76,19 @@ def block_topk_rows(scores: torch.Tensor, k: int, block: int = BLOCK) -> tuple[t
 def block_topk_numpy(scores: np.ndarray, k: int, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """``block_topk`` for a numpy block laid out rows-first, ``(C, Q)``. Returns ``(values,
     rows)``, both ``(Q, k)``, values in descending order. A ``(Q, C)`` block passed as
-    ``scores.T`` is answered correctly but slower (18 ms against torch's 7 ms for 1024 x 10k):
-    the store hands those to ``block_topk``.
+    ``scores.T`` is answered correctly but slower than torch's: the numpy engine hands those
+    to ``block_topk``.
 
     Why a numpy twin: on a CPU whose fp32 scan multiplies through numpy's BLAS, following the
     product with torch reductions hands the cores back and forth between two thread pools,
-    and torch's OpenMP threads spin while BLAS wants the cores (a (64, 100k) scan in 8k-row
-    chunks took 168 ms that way against 50 ms with torch held to one thread). Staying in numpy
-    keeps one pool. Rows-first because BLAS computes (C, D) x (D, Q) faster than (Q, D) x (D, C)
-    for small Q (64 x 100k rows: 40 ms against 48 ms here).
+    and torch's OpenMP threads spin while BLAS wants the cores. Staying in numpy keeps one
+    pool. Rows-first because BLAS computes (C, D) x (D, Q) faster than (Q, D) x (D, C) for
+    small Q.
 
     The blocks interleave here: block g holds rows g, g + G, g + 2G, ... (G blocks), so that the
     maxima are element-wise maxima of contiguous (G, Q) slabs, which numpy vectorises; a
-    reduction along a short last axis runs a slow generic loop (7.6 ms against 1.5 ms for a
-    (64, 102400) block). The argument of the module docstring holds for any partition.
+    reduction along a short last axis runs a slow generic loop. The argument of the module
+    docstring holds for any partition. (Figures: ``bench/reports/performance-notes.md``.)
     """
     c, q = scores.shape
     if not 1 <= k <= c:
@@ -132,10 +130,10 @@ def block_topk_scaled(
     Returns ``(values, columns)``, float32 values, both ``(Q, k)``, values in descending order.
 
     Why: the int8 store scans int32 products, and widening a whole (Q, C) block to scaled
-    float32 scores cost a pass as long as the top-k itself (100k rows x 64 queries: the
-    product 8.3 ms, the widening 2.1 ms). With one scale per block, a block's largest score is
-    its largest product times its scale, so the block maxima are taken on the int32 products
-    and only the chosen blocks are widened; the argument of the module docstring is unchanged.
+    float32 scores costs a pass as long as the top-k itself. With one scale per block, a
+    block's largest score is its largest product times its scale, so the block maxima are taken
+    on the int32 products and only the chosen blocks are widened; the argument of the module
+    docstring is unchanged.
     """
     q, c = dots.shape
     if not 1 <= k <= c:

@@ -1,0 +1,423 @@
+"""``CacheState``: the state of a cache and the operations on it, under one lock.
+
+The facade (``SemanticCache``, core.py) validates what callers hand it and runs the get-or-load
+flows (flow.py); the flows yield the operations defined here (``_begin``, ``_finish``,
+``_abort``), and the drivers run them, in place or in a worker thread. What is here: the
+collaborators and settings, the lock, the entry table over the index, single-flight, the
+counters and the clock; the lookup (exact tier, embed, scan, verify); stores after a load; and
+the upkeep and snapshot operations.
+
+Locking: one re-entrant lock guards the entries, the index and the counters. The embedder and
+the caller's loader never run under it, so a slow model call never blocks readers; state that
+may have changed meanwhile is re-read after the lock is taken again. Single-flight has its own
+lock (flight.py), so a claim can be released on the event loop.
+"""
+
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gpucache.cache.entries import Entry, EntryTable
+from gpucache.cache.flight import SingleFlight
+from gpucache.cache.settings import CacheSettings
+from gpucache.cache.snapshot import Snapshot, SnapshotEntry, write_snapshot
+from gpucache.cache.stats import CacheStats, StatsCounter
+from gpucache.cache.validation import (
+    check_prompt,
+    check_prompts,
+    check_scope,
+    check_threshold,
+)
+from gpucache.devices import DeviceLike, resolve_device
+from gpucache.embedding.embedder import Embedder, TransformerEmbedder
+from gpucache.guard.lexical import LexicalNearMissVerifier
+from gpucache.guard.verifier import ExplainingVerifier, HitVerifier, Verdict
+from gpucache.index.engines.base import ScanEngine
+from gpucache.index.interface import NEVER
+from gpucache.index.store import ExactScanStore
+from gpucache.keys import prompt_key
+from gpucache.policy.admission import AdmissionPolicy
+from gpucache.policy.content import CachePolicy, ContentPolicy
+
+log = logging.getLogger("gpucache")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A served answer: the response, the prompt it was stored under, and how it matched.
+
+    ``similarity`` is the full-precision cosine similarity (1.0 for exact hits); ``exact`` is
+    True when the exact tier answered without running the embedder.
+    """
+
+    response: str
+    cached_prompt: str
+    similarity: float
+    exact: bool
+
+
+@dataclass
+class Plan:
+    """What one get-or-load call found and must do: ``_begin`` fills it before the loader runs,
+    ``_finish`` stores what the loader returned, so the loader runs with no lock held."""
+
+    scope: str
+    prompts: list[str]  # input order
+    unique: list[str]  # distinct, first-seen order
+    vectors: torch.Tensor  # (len(unique), D): embeddings of every prompt that missed the exact tier
+    answers: dict[str, str] = field(default_factory=dict)
+    keys: dict[bytes, str] = field(default_factory=dict)
+    mine: list[bytes] = field(default_factory=list)  # misses this call loads
+    theirs: dict[bytes, Future[str]] = field(default_factory=dict)  # misses another call loads
+
+    @property
+    def to_load(self) -> list[str]:
+        return [self.keys[k] for k in self.mine]
+
+    def ordered(self) -> list[str]:
+        return [self.answers[p] for p in self.prompts]
+
+    def after(self, previous: Plan) -> Plan:
+        """This plan for a retry of some of ``previous``'s prompts, carrying its answers."""
+        self.answers = {**previous.answers, **self.answers}
+        self.prompts = previous.prompts
+        return self
+
+
+class CacheState:
+    """Everything a ``SemanticCache`` holds; its constructor is the cache's (see there)."""
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        *,
+        verifier: HitVerifier | None = None,
+        device: DeviceLike = "auto",
+        timer: Callable[[], float] = time.time,
+        cache_policy: CachePolicy | None = None,
+        admission: AdmissionPolicy | None = None,
+        engine: ScanEngine | None = None,
+        settings: CacheSettings | None = None,
+        **options: Any,
+    ) -> None:
+        if settings is not None and not isinstance(settings, CacheSettings):
+            raise TypeError(f"settings must be a CacheSettings, got {type(settings).__name__}")
+        self.settings = CacheSettings.from_options(settings, **options)
+        if not callable(timer):
+            raise TypeError("timer must be a callable returning seconds")
+        self.timer = timer
+        self.device = resolve_device(device)
+        if verifier is not None and not isinstance(verifier, HitVerifier):
+            raise TypeError("verifier must have a name and verify(cached, new, similarity)")
+        self.verifier: HitVerifier = verifier if verifier is not None else LexicalNearMissVerifier()
+        if cache_policy is not None and not isinstance(cache_policy, CachePolicy):
+            raise TypeError("cache_policy must have a name and decide(prompt, response, scope)")
+        self.cache_policy: CachePolicy = cache_policy if cache_policy is not None else ContentPolicy()
+        if admission is not None and not isinstance(admission, AdmissionPolicy):
+            raise TypeError("admission must be an AdmissionPolicy or None")
+        self.admission = admission
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise TypeError("embedder must have name, dim, device and encode(texts)")
+        if embedder is None:
+            embedder = TransformerEmbedder(device=self.device)
+        self.embedder: Embedder = embedder
+        s = self.settings
+        self.store = ExactScanStore(
+            self.embedder.dim, device=self.device, scan_budget_bytes=s.scan_budget_bytes,
+            quantization=s.quantization, max_device_bytes=s.max_device_bytes,
+            initial_rows=min(1024, s.capacity), scan_kernel=s.scan_kernel, engine=engine,
+        )
+        self._lock = threading.RLock()
+        self._stats = StatsCounter()
+        # the most entries kept: the capacity, or fewer where the device budget says so
+        limit = min(s.capacity, self.store.max_rows or s.capacity)
+        self._table = EntryTable(self.store, limit, self._stats)
+        self._flights: SingleFlight[bytes, str] = SingleFlight()
+        self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
+
+    # Read-only views of the most asked-for settings; every setting is in ``self.settings``.
+    @property
+    def threshold(self) -> float:
+        return self.settings.threshold
+
+    @property
+    def top_k(self) -> int:
+        return self.settings.top_k
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.capacity
+
+    @property
+    def ttl(self) -> float | None:
+        return self.settings.ttl
+
+    @property
+    def quantization(self) -> str:
+        """The index's storage mode: "fp32", "fp16", "bf16" or "int8"."""
+        return self.store.quantization
+
+    def __repr__(self) -> str:
+        return (
+            f"SemanticCache(entries={len(self._table)}, threshold={self.threshold}, "
+            f"verifier={self.verifier.name!r}, device={self.device})"
+        )
+
+
+    # ----------------------------------------------------------------------------- upkeep
+
+    def invalidate(self, prompt: str, *, scope: str | None = None) -> bool:
+        """Remove the entry stored under exactly ``prompt`` in ``scope``; True if there was one."""
+        scope, prompt = check_scope(scope), check_prompt(prompt)
+        with self._lock:
+            return self._table.remove(scope, prompt)
+
+    def clear(self, scope: str | None = None) -> None:
+        """Remove every entry, or only those of ``scope`` when one is given."""
+        scope = None if scope is None else check_scope(scope)
+        with self._lock:
+            self._table.clear(scope)
+
+    def purge_expired(self) -> int:
+        """Drop expired entries now (they are never served either way); returns how many."""
+        with self._lock:
+            return self._table.purge_expired(self._now())
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._table.purge_expired(self._now())
+            return len(self._table)
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            self._table.purge_expired(self._now())
+            return self._stats.snapshot(
+                entries=len(self._table),
+                scan_retries=self.store.scan_retries,
+                cpu_fallbacks=self.store.cpu_fallbacks,
+            )
+
+    # ----------------------------------------------------------------------------- snapshots
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the cache to one file, atomically (see ``gpucache.cache.snapshot``): entries,
+        vectors, settings, counters and the admission sketch. Expired entries are left out."""
+        with self._lock:
+            self._table.purge_expired(self._now())
+            entries = list(self._table)  # least recently used first
+            rows = [e.row for e in entries]
+            vectors = (
+                self.store.vectors(rows).cpu()
+                if rows else torch.empty((0, self.embedder.dim), dtype=torch.float32)
+            )
+            snapshot = Snapshot(
+                model=self.embedder.name,
+                dim=self.embedder.dim,
+                settings=self.settings.to_json(),
+                entries=[SnapshotEntry(e.scope, e.prompt, e.response, self._table.expires_at(e))
+                         for e in entries],
+                vectors=vectors,
+                stats=self._stats.to_json(),
+                admission=self.admission.state() if self.admission is not None else None,
+            )
+        write_snapshot(snapshot, path)  # file I/O with no lock held
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            now = self._now()
+            live = [i for i, e in enumerate(snapshot.entries) if e.expires_at > now]
+            live = live[-self._table.limit :]
+            by_scope: dict[str, list[int]] = {}
+            for i in live:
+                by_scope.setdefault(snapshot.entries[i].scope, []).append(i)
+            restored: dict[int, Entry] = {}
+            for scope, items in by_scope.items():
+                saved = [snapshot.entries[i] for i in items]
+                entries = self._table.restore(
+                    scope, [(e.prompt, e.response) for e in saved], snapshot.vectors[items],
+                    [e.expires_at for e in saved],
+                )
+                restored.update(zip(items, entries))
+            self._table.reorder([restored[i] for i in live])  # least recently used stays first
+            self._stats = StatsCounter.from_json(snapshot.stats)
+            self._stats.expirations += len(snapshot.entries) - len(live)
+            self._table.stats = self._stats
+
+    # ----------------------------------------------------------------------------- state
+
+    def _now(self) -> float:
+        """The cache's clock: the injected timer, but never earlier than a time already seen,
+        so a clock stepped backwards cannot bring an expired entry back."""
+        now = self.timer()
+        if now > self._clock:
+            self._clock = now
+        return self._clock
+
+    def _check_lookup(
+        self, prompts: Sequence[str], scope: str | None, threshold: float | None
+    ) -> tuple[list[str], str, float]:
+        return (check_prompts(prompts), check_scope(scope),
+                self.threshold if threshold is None else check_threshold(threshold))
+
+    def _get_all(self, prompts: list[str], scope: str, threshold: float) -> list[Hit | None]:
+        found, _ = self._lookup(list(dict.fromkeys(prompts)), scope, threshold)
+        with self._lock:
+            self._count_lookups(prompts, found)
+        return [found[p] for p in prompts]
+
+    def _put(self, items: list[tuple[str, str]], scope: str, ttl: float | None) -> int:
+        with self._lock:
+            items = [(p, r) for p, r in items if self._allowed(p, r, scope)]
+        if not items:
+            return 0
+        vectors = self.embedder.encode([p for p, _ in items])  # no lock held
+        with self._lock:
+            now = self._now()
+            return self._table.store(scope, items, vectors, _expiry(now, ttl), now)
+
+    def _begin(self, prompts: list[str], scope: str, count: bool) -> Plan:
+        """Look every prompt up, record sightings, and claim the misses to load."""
+        unique = list(dict.fromkeys(prompts))
+        found, vectors = self._lookup(unique, scope, self.threshold)
+        plan = Plan(scope, prompts, unique, vectors)
+        plan.answers = {p: hit.response for p, hit in found.items() if hit is not None}
+        with self._lock:
+            if count:
+                self._count_lookups(prompts, found)
+                if self.admission is not None:
+                    for prompt in prompts:  # every request is a sighting, hit or miss
+                        self.admission.record(scope, prompt)
+            # The lookup ran without the lock: a call that loaded one of these misses may have
+            # stored it since. Re-read the exact tier before claiming, or that prompt would be
+            # loaded a second time by a new leader.
+            now = self._now()
+            misses = [p for p in unique if found[p] is None]
+            for prompt in misses:
+                entry = self._table.exact(scope, prompt, now)
+                if entry is not None:
+                    plan.answers[prompt] = entry.response
+            plan.keys = {prompt_key(scope, p): p for p in misses if p not in plan.answers}
+            plan.mine, plan.theirs = self._flights.claim(plan.keys)
+            if plan.mine:
+                self._stats.loads += 1
+        return plan
+
+    def _finish(self, plan: Plan, responses: list[str]) -> None:
+        """Store what the loader returned (policy and admission permitting) and hand every
+        response to the calls waiting on it."""
+        loaded = plan.to_load
+        plan.answers.update(zip(loaded, responses))
+        position = {p: i for i, p in enumerate(plan.unique)}
+        with self._lock:
+            keep = [
+                (p, r) for p, r in zip(loaded, responses)
+                if self._allowed(p, r, plan.scope) and self._admitted(p, plan.scope)
+            ]
+            if keep:
+                rows = torch.tensor([position[p] for p, _ in keep], device=plan.vectors.device)
+                now = self._now()
+                self._table.store(plan.scope, keep, plan.vectors[rows], _expiry(now, self.ttl), now)
+            self._flights.resolve(dict(zip(plan.mine, responses)))
+
+    def _abort(self, plan: Plan, error: BaseException) -> None:
+        """Release this call's claims, handing ``error`` to their waiters. Takes only
+        single-flight's own lock: the async drivers call it on the event loop."""
+        self._flights.fail(plan.mine, error)
+
+    def _replay(self, answer: str) -> Iterator[str]:
+        size = self.settings.replay_chunk_chars
+        for start in range(0, len(answer), size):
+            yield answer[start : start + size]
+
+    def _allowed(self, prompt: str, response: str, scope: str) -> bool:
+        decision = self.cache_policy.decide(prompt, response, scope)
+        if not decision.allowed:
+            self._stats.refusals[decision.reason] += 1
+            log.debug("cache policy refused to store %r: %s", prompt[:80], decision.reason)
+        return decision.allowed
+
+    def _admitted(self, prompt: str, scope: str) -> bool:
+        if self.admission is None or self.admission.admits(scope, prompt):
+            return True
+        self._stats.admissions_deferred += 1
+        return False
+
+    def _lookup(
+        self, prompts: list[str], scope: str, threshold: float
+    ) -> tuple[dict[str, Hit | None], torch.Tensor]:
+        """Hits for distinct ``prompts`` and the (Q, D) embeddings of all of them that missed
+        the exact tier (rows follow ``prompts`` order; exact hits get zero rows)."""
+        found: dict[str, Hit | None] = {}
+        need: list[str] = []
+        with self._lock:
+            now = self._now()
+            for prompt in prompts:
+                entry = self._table.exact(scope, prompt, now)
+                if entry is None:
+                    need.append(prompt)
+                else:
+                    found[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)
+        vectors = torch.zeros((len(prompts), self.embedder.dim), dtype=torch.float32)
+        if not need:
+            return found, vectors
+        embedded = self.embedder.encode(need)  # (Q, D), no lock held
+        vectors = vectors.to(embedded.device)
+        index = {p: i for i, p in enumerate(prompts)}
+        vectors[torch.tensor([index[p] for p in need], device=embedded.device)] = embedded
+        with self._lock:
+            now = self._now()
+            scope_id = self._table.scope_id(scope)
+            if scope_id is None or len(self.store) == 0:
+                found.update(dict.fromkeys(need))
+                return found, vectors
+            scores, rows = self.store.search(embedded, self.top_k, scope_id, now)  # (Q, K)
+            scores_host, rows_host = scores.cpu().tolist(), rows.cpu().tolist()  # one transfer
+            for prompt, cand_scores, cand_rows in zip(need, scores_host, rows_host):
+                found[prompt] = self._verify(prompt, cand_scores, cand_rows, threshold)
+        return found, vectors
+
+    def _verify(
+        self, prompt: str, scores: list[float], rows: list[int], threshold: float
+    ) -> Hit | None:
+        """The best candidate above ``threshold`` that the verifier accepts, or None."""
+        for similarity, row in zip(scores, rows):
+            if row < 0 or similarity < threshold:
+                break
+            entry = self._table.at_row(row)
+            verdict = self._judge(entry.prompt, prompt, similarity)
+            if not verdict.rejected:
+                self._table.touch(entry)
+                return Hit(entry.response, entry.prompt, min(similarity, 1.0), exact=False)
+            self._stats.rejections[verdict.rule] += 1
+            log.debug("verifier rejected %r for %r: %s", entry.prompt, prompt, verdict)
+        return None
+
+    def _judge(self, cached: str, new: str, similarity: float) -> Verdict:
+        """The verifier's decision on one candidate, evaluated once."""
+        if isinstance(self.verifier, ExplainingVerifier):
+            return self.verifier.explain(cached, new)
+        return Verdict(not self.verifier.verify(cached, new, similarity), self.verifier.name)
+
+    def _count_lookups(self, prompts: list[str], found: dict[str, Hit | None]) -> None:
+        for prompt in prompts:
+            hit = found[prompt]
+            if hit is None:
+                self._stats.misses += 1
+            elif hit.exact:
+                self._stats.exact_hits += 1
+            else:
+                self._stats.semantic_hits += 1
+
+
+def _expiry(now: float, ttl: float | None) -> float:
+    return NEVER if ttl is None else now + ttl

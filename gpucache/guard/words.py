@@ -1,0 +1,363 @@
+"""The words the lexical verifier knows, and how it reads a prompt.
+
+Word lists (stopwords, negations, polarity axes, antonyms, interchangeable classes, directional
+words, number words), the normaliser and tokeniser, the light stemmer, and ``_parse``: a
+prompt's content words, numbers, polar and directional words and their positions, memoised.
+Everything is a pure function of the text: no floating point, no ``hash()``, no torch.
+The rules that judge two parsed prompts are in lexical.py.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+from typing import NamedTuple
+
+# Words that carry no question of their own: articles, auxiliaries, pronouns, politeness, and
+# the framing wh-words ("how do I" / "what is the way to" / "which is"). Negations, polarity and
+# directional words, numbers, and the wh-words that change the question (who, when, where, why)
+# are deliberately absent.
+STOPWORDS = frozenset(
+    """
+    a an the is are was were be been being am do does did doing done can could would should
+    will shall may might must i me my mine myself we us our ours you your yours it its this
+    that these those there here he she him her his they them their of please kindly tell let
+    know some any just really very so also and or but if then about as at have has had having
+    s re ve ll d m t whats possible way ways someone somebody anyone something thing things
+    get got getting go going need want like would able actually basically exactly
+    what which how
+    """.split()
+)
+
+NEGATIONS = frozenset(
+    "not no non never nor none nothing nobody neither nowhere cannot without".split()
+)
+
+# Pairs of opposites that turn one question into another. "to"/"from" style words are common
+# in rewordings too, so they only reject when the rest of the content is the same (polarity);
+# the strong opposites reject wherever they split across the two prompts (antonym).
+POLARITY_AXES: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
+    (("to", "into", "onto", "toward", "towards"), ("from",)), (("on",), ("off",)),
+    (("with",), ("without",)), (("in", "inside", "into"), ("out", "outside")),
+    (("up",), ("down",)), (("before",), ("after",)), (("above",), ("below",)),
+    (("over",), ("under",)), (("more",), ("less", "fewer")), (("higher",), ("lower",)),
+    (("high",), ("low",)), (("first",), ("last",)), (("left",), ("right",)),
+    (("yes",), ("no",)), (("true",), ("false",)), (("front",), ("back",)),
+    (("top",), ("bottom",)), (("early",), ("late",)), (("earlier",), ("later",)),
+    (("old",), ("new",)), (("older",), ("newer",)), (("big", "large"), ("small", "little")),
+    (("bigger", "larger"), ("smaller",)), (("long",), ("short",)), (("longer",), ("shorter",)),
+    (("fast",), ("slow",)), (("faster",), ("slower",)), (("hot",), ("cold",)),
+    (("plus",), ("minus",)),
+]
+ANTONYM_PAIRS = [
+    ("enable", "disable"), ("add", "remove"), ("open", "close"), ("buy", "sell"),
+    ("minimum", "maximum"), ("min", "max"), ("start", "stop"), ("import", "export"),
+    ("upload", "download"), ("encrypt", "decrypt"), ("encode", "decode"),
+    ("increase", "decrease"), ("lock", "unlock"), ("login", "logout"), ("include", "exclude"),
+    ("accept", "reject"), ("debit", "credit"), ("deposit", "withdraw"), ("send", "receive"),
+    ("push", "pull"), ("install", "uninstall"), ("subscribe", "unsubscribe"),
+    ("block", "unblock"), ("connect", "disconnect"), ("show", "hide"), ("freeze", "unfreeze"),
+    ("compress", "decompress"), ("mount", "unmount"), ("ascend", "descend"),
+    ("ascending", "descending"), ("asc", "desc"), ("north", "south"), ("east", "west"),
+    ("best", "worst"), ("better", "worse"), ("cheap", "expensive"), ("cheapest", "expensive"),
+    ("win", "lose"), ("gain", "lose"), ("pass", "fail"), ("positive", "negative"),
+    ("male", "female"), ("men", "women"), ("man", "woman"), ("boy", "girl"),
+    ("advantage", "disadvantage"), ("pro", "con"), ("pros", "cons"), ("legal", "illegal"),
+    ("possible", "impossible"), ("like", "dislike"), ("agree", "disagree"),
+    ("follow", "unfollow"), ("archive", "unarchive"), ("pause", "resume"),
+    ("activate", "deactivate"), ("allow", "deny"), ("allow", "block"), ("sunrise", "sunset"),
+    ("morning", "evening"), ("am", "pm"), ("day", "night"), ("summer", "winter"),
+    ("spring", "autumn"), ("spring", "fall"), ("import", "export"), ("input", "output"),
+    ("client", "server"), ("read", "write"), ("sender", "recipient"), ("buyer", "seller"),
+    ("parent", "child"), ("husband", "wife"), ("mother", "father"), ("son", "daughter"),
+    ("brother", "sister"), ("past", "future"), ("birth", "death"), ("born", "die"),
+    ("love", "hate"), ("rich", "poor"), ("strong", "weak"), ("easy", "hard"),
+    ("easiest", "hardest"), ("safe", "dangerous"), ("safe", "unsafe"), ("win", "loss"),
+    ("profit", "loss"), ("asset", "liability"), ("income", "expense"), ("borrow", "lend"),
+    ("hire", "fire"), ("join", "leave"), ("arrive", "depart"), ("arrival", "departure"),
+    ("inbound", "outbound"), ("incoming", "outgoing"), ("upper", "lower"),
+    ("uppercase", "lowercase"), ("horizontal", "vertical"), ("vertically", "horizontally"),
+    ("row", "column"), ("rows", "columns"), ("ceil", "floor"), ("sum", "difference"),
+    ("multiply", "divide"), ("celsius", "fahrenheit"), ("km", "mile"), ("kg", "lb"),
+]
+
+# Words that ask the same question in any prompt: swapping one for another of its class is a
+# rewording, not a substitution ("the best laptop" / "a good laptop", "movie" / "film"). Short
+# on purpose: every other one-word swap still rejects (the seed's conservative default), and a
+# class joins only when no question changes with the word. Measured in the false-hit report.
+INTERCHANGEABLE_CLASSES = [
+    "good best great top nice excellent finest greatest awesome ideal",
+    "movie film", "website site", "photo picture pic image", "buy purchase", "begin start",
+    "fix repair", "kid child", "cost price", "phone smartphone cellphone mobile",
+    "help assist", "job career", "earn make", "learn study", "car vehicle", "email mail",
+    "quickest fastest", "easiest simplest", "big large huge", "small little tiny", "ocean sea",
+]
+
+# Words whose object says where something goes or comes from: moving a content word across
+# one of them changes the question ("10 miles to km" / "10 km to miles").
+DIRECTIONAL = frozenset(
+    """to from into onto than vs versus per by over under before after above below toward
+    towards via against between for in on at with without of as""".split()
+)
+
+NUMBER_WORDS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen twenty".split()
+    )
+}
+NUMBER_WORDS.update(
+    thirty="30", forty="40", fifty="50", sixty="60", seventy="70", eighty="80", ninety="90",
+    hundred="100", thousand="1000", million="1000000", billion="1000000000",
+    trillion="1000000000000", dozen="12", half="0.5", quarter="0.25", twice="x2",
+    triple="x3", double="x2",
+)
+ORDINAL_WORDS = {
+    w: f"#{i}"
+    for i, w in enumerate(
+        "first second third fourth fifth sixth seventh eighth ninth tenth".split(), start=1
+    )
+}
+# "one" is also a pronoun ("how does one learn"); it counts as a number only when the other
+# prompt has a number too.
+SOFT_NUMBERS = frozenset({"one"})
+
+REORDER_MIN_SHARED = 5
+# Beyond these sizes the pairwise rules switch to bounded work, so a megabyte prompt is
+# still compared in full (numbers, negation, polarity, substitution) in linear-ish time.
+LONG_ALIGNMENT = 2000  # tokens in the differing middle before difflib's autojunk heuristic
+CROSSED_MAX_SHARED = 200  # shared words the pairwise crossed rule examines
+
+# Wh-words that name what is asked for: "who wrote X" and "when was X published" share every
+# other word and still ask different questions.
+QUESTION_WORDS = frozenset({"who", "whom", "whose", "when", "where", "why"})
+
+_TOKEN = re.compile(r"[^\W_]+(?:['.][^\W_]+)*|[$€£¥₹%#+@&]")
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+_ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
+_GROUPED = re.compile(r"(?<=\d)[,_ ](?=\d{3}\b)")
+_QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'", "´": "'"})
+
+_POLAR: dict[str, list[tuple[int, int]]] = {}
+for _axis, _poles in enumerate(POLARITY_AXES):
+    for _pole, _words in enumerate(_poles):
+        for _w in _words:
+            _POLAR.setdefault(_w, []).append((_axis, _pole))
+_ANTONYM: dict[str, set[str]] = {}
+for _a, _b in ANTONYM_PAIRS:
+    _ANTONYM.setdefault(_a, set()).add(_b)
+    _ANTONYM.setdefault(_b, set()).add(_a)
+_SPECIAL = NEGATIONS | DIRECTIONAL
+
+
+def _stem(word: str) -> str:
+    """Light suffix normalisation: plural and verb endings, enough to match "resets"/"reset"."""
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    for suffix, repl, min_len in (("ies", "y", 5), ("sses", "ss", 5), ("ing", "", 6),
+                                  ("ed", "", 5), ("es", "", 5), ("s", "", 4)):
+        if word.endswith(suffix) and len(word) >= min_len:
+            if suffix == "s" and word.endswith(("ss", "us", "is")):
+                return word
+            if suffix == "es" and not word.endswith(("ches", "shes", "xes", "zes", "sses")):
+                continue
+            stem = word[: len(word) - len(suffix)] + repl
+            if suffix in ("ing", "ed") and len(stem) > 2 and stem[-1] == stem[-2] and stem[-1] not in "lsz":
+                stem = stem[:-1]  # "resetting" -> "resett" -> "reset"
+            return stem
+    return word
+
+
+_INTERCHANGEABLE: dict[str, int] = {
+    _stem(word): n for n, words in enumerate(INTERCHANGEABLE_CLASSES) for word in words.split()
+}
+
+
+class _Parsed(NamedTuple):
+    """A prompt reduced to what the rules compare."""
+
+    norm: str
+    tokens: tuple[str, ...]  # every token, stemmed, negations folded to "not"
+    surface: frozenset[str]  # every token as written and stemmed, for the antonym lists
+    content: tuple[str, ...]  # tokens that are not stopwords, negations or directional words
+    core: tuple[str, ...]  # content less the polarity words, sorted
+    bag: tuple[str, ...]  # content, sorted (a multiset compared in one tuple comparison)
+    directions: tuple[str, ...]  # the directional words that have an object, sorted
+    skeleton: tuple[str, ...]  # content and directional words, in order
+    numbers: tuple[str, ...]  # sorted normalised numbers (hard)
+    soft_numbers: tuple[str, ...]  # numbers from words that are also pronouns ("one")
+    negations: int
+    polarity: tuple[tuple[int, int], ...]  # sorted (pair, pole)
+    attachments: tuple[tuple[str, str], ...]  # sorted (directional word, its object)
+
+
+def _canonical(tok: str) -> str:
+    """The form a token is compared in: numbers by value, other words stemmed."""
+    if tok in NUMBER_WORDS:
+        return NUMBER_WORDS[tok]
+    if _DIGITS.fullmatch(tok):
+        return _number(tok)
+    if tok in _SPECIAL or tok in STOPWORDS:
+        return tok
+    return _stem(tok)
+
+
+def _number(text: str) -> str:
+    try:
+        value = Decimal(text).normalize()
+    except InvalidOperation:  # pragma: no cover - the regex only passes digits
+        return text
+    return format(value, "f")
+
+
+# What a token is to the rules; "without" is directional ("coffee with/without sugar") and
+# not counted as a negation.
+_CONTENT, _DIRECTIONAL, _NEGATION, _STOPWORD = "content", "directional", "negation", "stopword"
+_TokenInfo = tuple[str, tuple[str, ...], bool, str, tuple[tuple[int, int], ...]]
+
+
+def _token_uncached(tok: str) -> _TokenInfo:
+    """(canonical form, numbers it carries, whether they are soft, its kind, its polarity
+    poles) of one token. Memoised for ordinary words (``_token_memo``), since prompts reuse a
+    small vocabulary and this is the inner loop of parsing."""
+    canonical = _canonical(tok)
+    if canonical in DIRECTIONAL:
+        kind = _DIRECTIONAL
+    elif canonical in NEGATIONS:
+        kind = _NEGATION
+    elif canonical in STOPWORDS:
+        kind = _STOPWORD
+    else:
+        kind = _CONTENT
+    polar = tuple(_POLAR.get(canonical, ()))
+    ordinal = _ORDINAL.match(tok)
+    if ordinal:
+        return canonical, (f"#{int(ordinal.group(1))}",), False, kind, polar
+    if tok in ORDINAL_WORDS:
+        return canonical, (ORDINAL_WORDS[tok],), False, kind, polar
+    if tok in SOFT_NUMBERS:
+        return canonical, (NUMBER_WORDS[tok],), True, kind, polar
+    if tok in NUMBER_WORDS:
+        return canonical, (NUMBER_WORDS[tok],), False, kind, polar
+    if not tok.isalpha():
+        return canonical, tuple(_number(d) for d in _DIGITS.findall(tok)), False, kind, polar
+    return canonical, (), False, kind, polar
+
+
+MEMO_MAX_CHARS = 4096  # longer prompts are parsed in full each time, never kept in the memo
+
+
+def _parse(prompt: str) -> _Parsed:
+    """The parsed prompt; memoised for prompts of ordinary length only, so a few megabyte-long
+    prompts cannot pin gigabytes in the memo."""
+    if len(prompt) > MEMO_MAX_CHARS:
+        return _parse_uncached(prompt)
+    return _parse_memo(prompt)
+
+
+def _parse_uncached(prompt: str) -> _Parsed:
+    norm = prompt.casefold() if prompt.isascii() else unicodedata.normalize("NFKC", prompt)
+    norm = norm.translate(_QUOTES).casefold()
+    if "," in norm or "_" in norm or " " in norm:
+        norm = _GROUPED.sub("", norm)
+    raw = _TOKEN.findall(norm)
+    if "'" not in norm:
+        return _build(raw)
+    return _build(_split_contractions(raw))
+
+
+_parse_memo = lru_cache(maxsize=4096)(_parse_uncached)
+_token_memo = lru_cache(maxsize=65536)(_token_uncached)
+
+
+def _split_contractions(raw: list[str]) -> list[str]:
+    tokens: list[str] = []
+    for tok in raw:
+        if tok.endswith("n't") or tok == "n't":
+            base = {"ca": "can", "wo": "will", "sha": "shall"}.get(tok[:-3], tok[:-3])
+            if base:
+                tokens.append(base)
+            tokens.append("not")
+            continue
+        if "'" in tok:
+            head, _, tail = tok.partition("'")
+            tokens.append(head)
+            if tail not in ("s", "re", "ve", "ll", "d", "m", "t"):
+                tokens.append(tail)
+            continue
+        tokens.append(tok)
+    return tokens
+
+
+def _build(tokens: list[str]) -> _Parsed:
+    """One pass over the tokens: this runs once per new prompt on every candidate check."""
+    numbers: list[str] = []
+    soft: list[str] = []
+    stemmed: list[str] = []
+    content: list[str] = []
+    skeleton: list[str] = []
+    attachments: list[tuple[str, str]] = []
+    polarity: list[tuple[int, int]] = []
+    pending: list[str] = []  # directional words waiting for their object
+    negations = 0
+    for tok in tokens:
+        canonical, hard, is_soft, kind, polar = (
+            _token_memo(tok) if len(tok) <= 64 else _token_uncached(tok)
+        )
+        stemmed.append(canonical)
+        if hard:
+            (soft if is_soft else numbers).extend(hard)
+        if polar:
+            polarity += polar
+        if kind == _CONTENT:
+            content.append(canonical)
+            skeleton.append(canonical)
+            if pending:
+                attachments += [(d, canonical) for d in pending]
+                pending = []
+        elif kind == _DIRECTIONAL:
+            pending.append(canonical)
+            skeleton.append(canonical)
+        elif kind == _NEGATION:
+            negations += 1
+    bag = sorted(content)
+    return _Parsed(
+        norm=" ".join(stemmed),
+        tokens=tuple(stemmed),
+        surface=frozenset(tokens).union(stemmed),
+        content=tuple(content),
+        core=tuple(t for t in bag if t not in _POLAR),
+        bag=tuple(bag),
+        directions=tuple(sorted(d for d, _ in attachments)),
+        skeleton=tuple(skeleton),
+        numbers=tuple(sorted(numbers)),
+        soft_numbers=tuple(sorted(soft)),
+        negations=negations,
+        polarity=tuple(sorted(polarity)),
+        attachments=tuple(sorted(attachments)),
+    )
+
+
+def _numbers_of(p: _Parsed, other: _Parsed) -> tuple[str, ...]:
+    if other.numbers or other.soft_numbers:
+        return tuple(sorted(p.numbers + p.soft_numbers))
+    return p.numbers
+
+
+def _exchanged(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | None:
+    """The two words, if b is a with exactly two single words exchanged ("dog bites man").
+
+    A phrase moved as a unit ("from London" to the end) is not an exchange: a rewording does
+    that. Two words trading places while the frame around them stays is a different question.
+    """
+    if len(a) != len(b):
+        return None
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(diff) == 2:
+        i, j = diff
+        if a[i] == b[j] and a[j] == b[i]:
+            return a[i], a[j]
+    return None
