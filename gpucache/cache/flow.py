@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -134,13 +134,35 @@ def stream(cache: CacheState, prompt: str, scope: str) -> Flow:
 # ---------------------------------------------------------------------------------- drivers
 
 
-def _step(flow: Flow, value: Any, error: BaseException | None) -> tuple[bool, Any]:
-    """Hand the last operation's result (or error) to ``flow``: (False, next operation), or
-    (True, the flow's return value)."""
-    try:
-        return False, (flow.throw(error) if error is not None else flow.send(value))
-    except StopIteration as stop:
-        return True, stop.value
+class _Stepper:
+    """The flow's side of a driver: hands the last operation's result (or error) back to the
+    flow and takes its next operation, until the flow returns."""
+
+    def __init__(self, flow: Flow) -> None:
+        self.flow = flow
+        self.op: Any = None
+        self.result: Any = None
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def next(self) -> bool:
+        """True with ``op`` set to the next operation; False once the flow has returned
+        ``result``. The flow's own exceptions propagate."""
+        try:
+            if self._error is not None:
+                self.op = self.flow.throw(self._error)
+            else:
+                self.op = self.flow.send(self._value)
+            return True
+        except StopIteration as stop:
+            self.result = stop.value
+            return False
+
+    def done(self, value: Any) -> None:
+        self._value, self._error = value, None
+
+    def failed(self, error: BaseException) -> None:
+        self._value, self._error = None, error
 
 
 def _call(op: Op, load: Callable[[list[str]], list[str]] | None = None) -> Any:
@@ -171,96 +193,98 @@ async def wait(future: Future[str]) -> str:
 
 def run(flow: Flow, load: Callable[[list[str]], list[str]]) -> Any:
     """Drive ``flow`` on this thread."""
-    value, error = None, None
-    while True:
-        done, op = _step(flow, value, error)
-        if done:
-            return op
+    step = _Stepper(flow)
+    while step.next():
         try:
-            value, error = _call(op, load), None
+            step.done(_call(step.op, load))
         except BaseException as exc:
-            value, error = None, exc
+            step.failed(exc)
+    return step.result
 
 
 async def arun(flow: Flow, load: Callable[[list[str]], Awaitable[list[str]]]) -> Any:
     """Drive ``flow`` on the event loop: cache work in a worker thread, the rest awaited."""
-    value, error = None, None
-    while True:
-        done, op = _step(flow, value, error)
-        if done:
-            return op
+    step = _Stepper(flow)
+    while step.next():
         try:
-            value, error = await _acall(op, load), None
+            step.done(await _acall(step.op, load))
         except BaseException as exc:
-            value, error = None, exc
+            step.failed(exc)
+    return step.result
 
 
 def run_stream(cache: CacheState, flow: Flow, chunks: Callable[[], Iterable[str]]) -> Iterator[str]:
     """Drive a ``stream`` flow for a sync consumer, yielding the chunks it is to see. A
     consumer that stops reading raises GeneratorExit at a ``yield``; thrown into the flow, it
     releases the claim, and the flow re-raises it."""
-    value, error = None, None
-    while True:
-        done, op = _step(flow, value, error)
-        if done:
-            if isinstance(op, Replay):
-                yield from cache._replay(op.answer)
-            return
+    step = _Stepper(flow)
+    while step.next():
+        if not isinstance(step.op, LoadStream):
+            try:
+                step.done(_call(step.op))
+            except BaseException as exc:
+                step.failed(exc)
+            continue
         source: Any = None
+        parts: list[str] = []
         try:
-            if not isinstance(op, LoadStream):
-                value, error = _call(op), None
-                continue
-            parts: list[str] = []
             source = _iterate(chunks())
             for chunk in source:
                 parts.append(check_response(chunk, "stream chunk"))
                 yield chunk
-            value, error = "".join(parts), None
+            step.done("".join(parts))
         except BaseException as exc:
-            value, error = None, exc
-            closer = getattr(source, "close", None)
-            if closer is not None:
-                closer()
+            step.failed(exc)
+            if hasattr(source, "close"):
+                source.close()
+    if isinstance(step.result, Replay):
+        yield from cache._replay(step.result.answer)
 
 
-async def arun_stream(
-    cache: CacheState, flow: Flow, chunks: Callable[[], Any]
-) -> AsyncIterator[str]:
+async def arun_stream(cache: CacheState, flow: Flow, chunks: Callable[[], Any]) -> AsyncIterator[str]:
     """``run_stream`` for an async consumer: ``chunks()`` may return an async iterable, an
     awaitable of one, or a plain iterable."""
-    value, error = None, None
-    while True:
-        done, op = _step(flow, value, error)
-        if done:
-            if isinstance(op, Replay):
-                for chunk in cache._replay(op.answer):
-                    yield chunk
-            return
+    step = _Stepper(flow)
+    while step.next():
+        if not isinstance(step.op, LoadStream):
+            try:
+                step.done(await _acall(step.op))
+            except BaseException as exc:
+                step.failed(exc)
+            continue
         source: Any = None
+        iterator: AsyncGenerator[str, None] | None = None
+        parts: list[str] = []
         try:
-            if not isinstance(op, LoadStream):
-                value, error = await _acall(op), None
-                continue
-            parts: list[str] = []
             source = chunks()
             if inspect.isawaitable(source):
                 source = await source
-            if hasattr(source, "__aiter__"):
-                async for chunk in source:
-                    parts.append(check_response(chunk, "stream chunk"))
-                    yield chunk
-            else:
-                for chunk in _iterate(source):
-                    parts.append(check_response(chunk, "stream chunk"))
-                    yield chunk
-            value, error = "".join(parts), None
+            iterator = _aiterate(source)
+            async for chunk in iterator:
+                parts.append(check_response(chunk, "stream chunk"))
+                yield chunk
+            step.done("".join(parts))
         except BaseException as exc:
-            value, error = None, exc
+            step.failed(exc)
+            if iterator is not None:
+                await iterator.aclose()
             if hasattr(source, "aclose"):
                 await source.aclose()
             elif hasattr(source, "close"):
                 source.close()
+    if isinstance(step.result, Replay):
+        for chunk in cache._replay(step.result.answer):
+            yield chunk
+
+
+async def _aiterate(source: Any) -> AsyncGenerator[str, None]:
+    """An async iterable's chunks, or a plain iterable's."""
+    if hasattr(source, "__aiter__"):
+        async for chunk in source:
+            yield chunk
+    else:
+        for chunk in _iterate(source):
+            yield chunk
 
 
 def _iterate(source: object) -> Iterator[str]:
