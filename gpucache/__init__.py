@@ -15,6 +15,7 @@ from gpucache.index.blas_pool import quiet_blas_pool
 from gpucache.keys import DEFAULT_SCOPE, prompt_key
 
 if TYPE_CHECKING:
+    from gpucache.cache.batching import LookupTimeout
     from gpucache.cache.core import Hit, LoadAbandoned, SemanticCache
     from gpucache.cache.settings import CacheSettings
     from gpucache.cache.snapshot import SnapshotError
@@ -43,6 +44,7 @@ _LAZY = {
     "HitVerifier": "gpucache.guard.verifier",
     "LexicalNearMissVerifier": "gpucache.guard.lexical",
     "LoadAbandoned": "gpucache.cache.core",
+    "LookupTimeout": "gpucache.cache.batching",
     "PolicyDecision": "gpucache.policy.content",
     "ScanKernelChooser": "gpucache.index.kernel_choice",
     "SemanticCache": "gpucache.cache.core",
@@ -68,6 +70,7 @@ __all__ = [
     "HitVerifier",
     "LexicalNearMissVerifier",
     "LoadAbandoned",
+    "LookupTimeout",
     "PolicyDecision",
     "ScanKernelChooser",
     "SemanticCache",

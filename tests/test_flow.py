@@ -9,6 +9,7 @@ import pytest
 
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly
 from gpucache.cache import flow
+from gpucache.cache.lookup import LookupRequest
 
 
 @pytest.fixture
@@ -31,15 +32,15 @@ def steps(gen: flow.Flow, loader=lambda prompts: [p.upper() for p in prompts]):
 
 def test_a_miss_looks_up_loads_then_stores_and_a_hit_only_looks_up(cache):
     kinds, answers = steps(flow.get_or_load(cache, ["what is a monad", "what is a monad"], "s"))
-    assert (kinds, answers) == (["Work", "Load", "Work"], ["WHAT IS A MONAD"] * 2)
+    assert (kinds, answers) == (["Find", "Load", "Work"], ["WHAT IS A MONAD"] * 2)
     kinds, answers = steps(flow.get_or_load(cache, ["what is a monad"], "s"))
-    assert (kinds, answers) == (["Work"], ["WHAT IS A MONAD"])
+    assert (kinds, answers) == (["Find"], ["WHAT IS A MONAD"])
 
 
 def test_a_stream_loads_a_miss_then_replays_it_as_a_hit(cache):
     gen = flow.stream(cache, "tell me a joke", "s")
     op = gen.send(None)
-    assert isinstance(op, flow.Work)
+    assert isinstance(op, flow.Find)
     op = gen.send(flow._call(op))
     assert isinstance(op, flow.LoadStream)  # the driver passes the chunks through
     op = gen.send("why did the chicken")  # ... and answers with the whole text
@@ -56,8 +57,8 @@ def test_a_stream_loads_a_miss_then_replays_it_as_a_hit(cache):
 
 def test_a_loader_error_thrown_into_the_flow_releases_the_claim(cache):
     gen = flow.get_or_load(cache, ["p"], "s")
-    gen.send(None)  # Work(begin)
-    load = gen.send(flow._call(flow.Work(cache._begin, (["p"], "s", True))))
+    assert isinstance(gen.send(None), flow.Find)
+    load = gen.send(flow._call(flow.Find(cache, LookupRequest(("p",), "s", 0.9, claim=True))))
     assert isinstance(load, flow.Load) and len(cache._flights) == 1
     with pytest.raises(KeyError):
         gen.throw(KeyError("the model is down"))

@@ -23,8 +23,13 @@ NON_DEFAULT = {
     "quantization": "int8",
     "max_device_bytes": 404 * 1000,
     "scan_budget_bytes": 2**20,
+    "lookup_window_seconds": 0.002,
+    "lookup_batch": 8,
+    "lookup_timeout_seconds": 0.5,
     "scan_kernel": "torch",
 }
+# the machine's and the server's speed choices: a snapshot leaves them out
+NOT_SAVED = {"scan_kernel", "lookup_window_seconds", "lookup_batch", "lookup_timeout_seconds"}
 
 
 def test_every_setting_has_a_non_default_value_here():
@@ -43,10 +48,11 @@ def test_a_snapshot_round_trips_every_saved_setting(fake_embedder, tmp_path):
     cache.save(tmp_path / "c.gpucache")
     loaded = SemanticCache.load(tmp_path / "c.gpucache", embedder=fake_embedder, device="cpu")
     saved = {f.name for f in dataclasses.fields(CacheSettings) if f.metadata["saved"]}
-    assert saved == set(NON_DEFAULT) - {"scan_kernel"}  # a speed choice of the machine
+    assert saved == set(NON_DEFAULT) - NOT_SAVED
     for name in saved:
         assert getattr(loaded.settings, name) == getattr(settings, name), name
-    assert loaded.settings.scan_kernel == CacheSettings().scan_kernel
+    for name in NOT_SAVED:
+        assert getattr(loaded.settings, name) == getattr(CacheSettings(), name), name
     assert loaded.get("a stored prompt").response == "its answer"
 
 
@@ -67,6 +73,8 @@ def test_an_unknown_setting_names_the_known_ones(fake_embedder):
     ("capacity", 2.5, TypeError), ("ttl", -1, ValueError), ("replay_chunk_chars", 0, ValueError),
     ("quantization", "fp8", ValueError), ("max_device_bytes", 0, ValueError),
     ("scan_budget_bytes", True, TypeError), ("scan_kernel", "fastest", ValueError),
+    ("lookup_window_seconds", -0.1, ValueError), ("lookup_batch", 0, ValueError),
+    ("lookup_timeout_seconds", 0, ValueError),
 ])
 def test_bad_values_are_refused_by_name(name, value, error):
     with pytest.raises(error, match=name):

@@ -23,16 +23,17 @@ it runs in a worker thread (flow.py).
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from gpucache.cache import flow
+from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.flight import LoadAbandoned
+from gpucache.cache.lookup import Hit, Plan
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import SnapshotError, read_snapshot
-from gpucache.cache.state import CacheState, Hit
+from gpucache.cache.state import CacheState
 from gpucache.cache.validation import (
     check_prompt,
     check_prompts,
@@ -44,7 +45,7 @@ from gpucache.devices import DeviceLike
 from gpucache.embedding.embedder import DEFAULT_MODEL_NAME, Embedder, TransformerEmbedder
 from gpucache.policy.admission import AdmissionPolicy
 
-__all__ = ["Hit", "LoadAbandoned", "SemanticCache"]
+__all__ = ["Hit", "LoadAbandoned", "LookupTimeout", "SemanticCache"]
 
 Loader = Callable[[str], str]
 BatchLoader = Callable[[list[str]], Sequence[str]]
@@ -86,7 +87,8 @@ class SemanticCache(CacheState):
         self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
     ) -> list[Hit | None]:
         """``get`` for a whole list: one embedder batch and one scan; results in input order."""
-        return self._get_all(*self._check_lookup(prompts, scope, threshold))
+        request = self._get_request(prompts, scope, threshold)
+        return _ordered_hits(self._lookup_batch([request])[0])
 
     async def aget(
         self, prompt: str, *, scope: str | None = None, threshold: float | None = None
@@ -97,8 +99,9 @@ class SemanticCache(CacheState):
     async def aget_all(
         self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
     ) -> list[Hit | None]:
-        """``get_all`` for asyncio: the event loop keeps serving while the batch is embedded."""
-        return await asyncio.to_thread(self._get_all, *self._check_lookup(prompts, scope, threshold))
+        """``get_all`` for asyncio: the event loop keeps serving while the batch is embedded, and
+        lookups from concurrent calls share one batch where ``lookup_window_seconds`` is set."""
+        return _ordered_hits(await self._alookup(self._get_request(prompts, scope, threshold)))
 
     # ----------------------------------------------------------------------------- writes
 
@@ -251,6 +254,10 @@ class SemanticCache(CacheState):
         cache = cls(embedder, device=device, settings=saved, **overrides)
         cache._restore(snapshot)
         return cache
+
+
+def _ordered_hits(plan: Plan) -> list[Hit | None]:
+    return [plan.hits[p] for p in plan.prompts]
 
 
 def _one(response: object) -> str:

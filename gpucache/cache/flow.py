@@ -6,14 +6,17 @@ call it waited on gave up (``LoadAbandoned``), it claims again and loads itself.
 generator here (``get_or_load``, ``stream``) that yields the operations it needs and receives
 their results, as httpx's auth flows and psycopg 3's protocol do:
 
-    Work(fn, *args)    cache work that may take the cache's lock or compute (lookup, store)
+    Find(request)      the lookup: exact tier, embedder, scan, verifier, claims (lookup.py)
+    Work(fn, *args)    other cache work that may take the cache's lock (storing a load)
     Load(prompts)      the caller's loader, on the misses this call claimed
     LoadStream()       the caller's streaming loader: its chunks pass through to the consumer
     Wait(future)       the answer another call is loading
 
 A driver runs the operations and knows nothing of the logic. The sync drivers call them in
-place. The async drivers run ``Work`` in a worker thread and await the rest, so nothing on the
-event loop ever waits on the cache's lock, which a scan holds (DESIGN.md, contract 12). The only
+place. The async drivers run ``Work`` in a worker thread, hand ``Find`` to the cache's lookup
+coalescer (which batches concurrent lookups and runs them in a worker thread, batching.py) and
+await the rest, so nothing on the event loop ever waits on the cache's lock, which a scan holds
+(DESIGN.md, contract 12). The only
 lock taken on the loop is single-flight's own, held for a dict operation and never across a
 scan.
 
@@ -31,10 +34,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucache.cache.flight import LoadAbandoned
+from gpucache.cache.lookup import LookupRequest, Plan
 from gpucache.cache.validation import check_response
 
 if TYPE_CHECKING:
-    from gpucache.cache.state import CacheState, Plan
+    from gpucache.cache.state import CacheState
+
+
+@dataclass(frozen=True)
+class Find:
+    """Look a request up: a ``Plan``. Async drivers batch it with concurrent lookups."""
+
+    cache: CacheState
+    request: LookupRequest
 
 
 @dataclass(frozen=True)
@@ -73,7 +85,7 @@ class Replay:
     answer: str
 
 
-Op = Work | Load | LoadStream | Wait
+Op = Find | Work | Load | LoadStream | Wait
 Flow = Generator[Op, Any, Any]
 
 
@@ -88,7 +100,7 @@ def _abandoned(exc: BaseException) -> BaseException:
 
 def get_or_load(cache: CacheState, prompts: list[str], scope: str) -> Flow:
     """Answers for ``prompts`` in input order, loading the misses this call claims."""
-    plan: Plan = yield Work(cache._begin, (prompts, scope, True))
+    plan: Plan = yield Find(cache, LookupRequest(tuple(prompts), scope, cache.threshold, claim=True))
     while True:
         if plan.mine:
             try:
@@ -105,19 +117,21 @@ def get_or_load(cache: CacheState, prompts: list[str], scope: str) -> Flow:
                 retry.append(plan.keys[key])
         if not retry:
             return plan.ordered()
-        again: Plan = yield Work(cache._begin, (retry, scope, False))
+        again: Plan = yield Find(
+            cache, LookupRequest(tuple(retry), scope, cache.threshold, claim=True, count=False))
         plan = again.after(plan)
 
 
 def stream(cache: CacheState, prompt: str, scope: str) -> Flow:
     """Returns ``Replay(answer)`` for a hit or another call's load; otherwise loads through
     ``LoadStream`` and stores the whole text once the stream completes."""
-    plan: Plan = yield Work(cache._begin, ([prompt], scope, True))
+    plan: Plan = yield Find(cache, LookupRequest((prompt,), scope, cache.threshold, claim=True))
     while plan.theirs:  # another call is loading it: replay its answer when it completes
         try:
             answer = yield Wait(next(iter(plan.theirs.values())))
         except LoadAbandoned:
-            plan = yield Work(cache._begin, ([prompt], scope, False))
+            plan = yield Find(
+                cache, LookupRequest((prompt,), scope, cache.threshold, claim=True, count=False))
             continue
         return Replay(answer)
     if not plan.mine:
@@ -166,6 +180,8 @@ class _Stepper:
 
 
 def _call(op: Op, load: Callable[[list[str]], list[str]] | None = None) -> Any:
+    if isinstance(op, Find):
+        return op.cache._lookup_batch([op.request])[0]
     if isinstance(op, Work):
         return op.fn(*op.args)
     if isinstance(op, Wait):
@@ -176,6 +192,8 @@ def _call(op: Op, load: Callable[[list[str]], list[str]] | None = None) -> Any:
 
 
 async def _acall(op: Op, load: Callable[[list[str]], Awaitable[list[str]]] | None = None) -> Any:
+    if isinstance(op, Find):
+        return await op.cache._alookup(op.request)
     if isinstance(op, Work):
         return await asyncio.to_thread(op.fn, *op.args)
     if isinstance(op, Wait):

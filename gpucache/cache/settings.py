@@ -59,6 +59,23 @@ class CacheSettings:
         DEFAULT_SCAN_BUDGET_BYTES, "most scratch memory one chunk of the similarity scan may take",
         shown="`64 MiB`",
     )
+    lookup_window_seconds: float = _setting(
+        0.0,
+        "async lookups that arrive within this many seconds of each other share one embedder "
+        "batch and one scan per scope (a server's concurrent requests); `0` looks each up at "
+        "once. Not kept in snapshots",
+        saved=False,
+    )
+    lookup_batch: int = _setting(
+        64, "most async lookups one coalesced batch holds: a full batch is sent at once. Not kept "
+        "in snapshots", saved=False,
+    )
+    lookup_timeout_seconds: float | None = _setting(
+        None,
+        "an async lookup taking longer raises `LookupTimeout` (a server then goes upstream); "
+        "`None`: no limit. Not kept in snapshots",
+        saved=False,
+    )
     scan_kernel: str = _setting(
         "auto",
         '`"auto"`: on CUDA with Triton installed, the store times the fused Triton kernel and '
@@ -81,6 +98,14 @@ class CacheSettings:
         if self.max_device_bytes is not None:
             check_positive_int(self.max_device_bytes, "max_device_bytes")
         check_positive_int(self.scan_budget_bytes, "scan_budget_bytes")
+        if isinstance(self.lookup_window_seconds, bool) or not isinstance(
+                self.lookup_window_seconds, (int, float)) or not 0 <= self.lookup_window_seconds <= 1:
+            raise ValueError(
+                f"lookup_window_seconds must be in [0, 1], got {self.lookup_window_seconds!r}"
+            )
+        check_positive_int(self.lookup_batch, "lookup_batch")
+        if self.lookup_timeout_seconds is not None:
+            check_ttl(self.lookup_timeout_seconds, "lookup_timeout_seconds")
         if self.scan_kernel not in SCAN_KERNELS:
             raise ValueError(f"scan_kernel must be one of {SCAN_KERNELS}, got {self.scan_kernel!r}")
         # numbers given as ints are kept as floats, so a saved snapshot reads back equal

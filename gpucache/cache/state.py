@@ -21,14 +21,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from gpucache.cache.batching import LookupCoalescer
 from gpucache.cache.entries import Entry, EntryTable
-from gpucache.cache.flight import SingleFlight
+from gpucache.cache.flight import LoadAbandoned, SingleFlight
+from gpucache.cache.lookup import LookupRequest, Plan, lookup_batch
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import Snapshot, SnapshotEntry, write_snapshot
 from gpucache.cache.stats import CacheStats, StatsCounter
@@ -41,57 +41,14 @@ from gpucache.cache.validation import (
 from gpucache.devices import DeviceLike, resolve_device
 from gpucache.embedding.embedder import Embedder, TransformerEmbedder
 from gpucache.guard.lexical import LexicalNearMissVerifier
-from gpucache.guard.verifier import ExplainingVerifier, HitVerifier, Verdict
+from gpucache.guard.verifier import HitVerifier
 from gpucache.index.engines.base import ScanEngine
 from gpucache.index.interface import NEVER
 from gpucache.index.store import ExactScanStore
-from gpucache.keys import prompt_key
 from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy, ContentPolicy
 
 log = logging.getLogger("gpucache")
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A served answer: the response, the prompt it was stored under, and how it matched.
-
-    ``similarity`` is the full-precision cosine similarity (1.0 for exact hits); ``exact`` is
-    True when the exact tier answered without running the embedder.
-    """
-
-    response: str
-    cached_prompt: str
-    similarity: float
-    exact: bool
-
-
-@dataclass
-class Plan:
-    """What one get-or-load call found and must do: ``_begin`` fills it before the loader runs,
-    ``_finish`` stores what the loader returned, so the loader runs with no lock held."""
-
-    scope: str
-    prompts: list[str]  # input order
-    unique: list[str]  # distinct, first-seen order
-    vectors: torch.Tensor  # (len(unique), D): embeddings of every prompt that missed the exact tier
-    answers: dict[str, str] = field(default_factory=dict)
-    keys: dict[bytes, str] = field(default_factory=dict)
-    mine: list[bytes] = field(default_factory=list)  # misses this call loads
-    theirs: dict[bytes, Future[str]] = field(default_factory=dict)  # misses another call loads
-
-    @property
-    def to_load(self) -> list[str]:
-        return [self.keys[k] for k in self.mine]
-
-    def ordered(self) -> list[str]:
-        return [self.answers[p] for p in self.prompts]
-
-    def after(self, previous: Plan) -> Plan:
-        """This plan for a retry of some of ``previous``'s prompts, carrying its answers."""
-        self.answers = {**previous.answers, **self.answers}
-        self.prompts = previous.prompts
-        return self
 
 
 class CacheState:
@@ -143,6 +100,8 @@ class CacheState:
         limit = min(s.capacity, self.store.max_rows or s.capacity)
         self._table = EntryTable(self.store, limit, self._stats)
         self._flights: SingleFlight[bytes, str] = SingleFlight()
+        self._coalescer = LookupCoalescer(self._lookup_batch, self._release,
+                                          window=s.lookup_window_seconds, max_batch=s.lookup_batch)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
 
     # Read-only views of the most asked-for settings; every setting is in ``self.settings``.
@@ -263,17 +222,13 @@ class CacheState:
             self._clock = now
         return self._clock
 
-    def _check_lookup(
+    def _get_request(
         self, prompts: Sequence[str], scope: str | None, threshold: float | None
-    ) -> tuple[list[str], str, float]:
-        return (check_prompts(prompts), check_scope(scope),
-                self.threshold if threshold is None else check_threshold(threshold))
-
-    def _get_all(self, prompts: list[str], scope: str, threshold: float) -> list[Hit | None]:
-        found, _ = self._lookup(list(dict.fromkeys(prompts)), scope, threshold)
-        with self._lock:
-            self._count_lookups(prompts, found)
-        return [found[p] for p in prompts]
+    ) -> LookupRequest:
+        """A plain lookup's request (no claims), its input checked."""
+        return LookupRequest(tuple(check_prompts(prompts)), check_scope(scope),
+                             self.threshold if threshold is None else check_threshold(threshold),
+                             claim=False)
 
     def _put(self, items: list[tuple[str, str]], scope: str, ttl: float | None) -> int:
         with self._lock:
@@ -285,32 +240,22 @@ class CacheState:
             now = self._now()
             return self._table.store(scope, items, vectors, _expiry(now, ttl), now)
 
-    def _begin(self, prompts: list[str], scope: str, count: bool) -> Plan:
-        """Look every prompt up, record sightings, and claim the misses to load."""
-        unique = list(dict.fromkeys(prompts))
-        found, vectors = self._lookup(unique, scope, self.threshold)
-        plan = Plan(scope, prompts, unique, vectors)
-        plan.answers = {p: hit.response for p, hit in found.items() if hit is not None}
-        with self._lock:
-            if count:
-                self._count_lookups(prompts, found)
-                if self.admission is not None:
-                    for prompt in prompts:  # every request is a sighting, hit or miss
-                        self.admission.record(scope, prompt)
-            # The lookup ran without the lock: a call that loaded one of these misses may have
-            # stored it since. Re-read the exact tier before claiming, or that prompt would be
-            # loaded a second time by a new leader.
-            now = self._now()
-            misses = [p for p in unique if found[p] is None]
-            for prompt in misses:
-                entry = self._table.exact(scope, prompt, now)
-                if entry is not None:
-                    plan.answers[prompt] = entry.response
-            plan.keys = {prompt_key(scope, p): p for p in misses if p not in plan.answers}
-            plan.mine, plan.theirs = self._flights.claim(plan.keys)
-            if plan.mine:
-                self._stats.loads += 1
-        return plan
+    def _lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Plan]:
+        """A plan per request from one embedder batch and one scan per scope (lookup.py)."""
+        return lookup_batch(self, requests)
+
+    async def _alookup(self, request: LookupRequest) -> Plan:
+        """``_lookup_batch`` for one request, from the event loop: in a worker thread, batched
+        with the requests that arrive within ``lookup_window_seconds``, and bounded by
+        ``lookup_timeout_seconds`` (``LookupTimeout``) (batching.py)."""
+        return await self._coalescer.submit(request, self.settings.lookup_timeout_seconds)
+
+    def _release(self, plan: Plan) -> None:
+        """Give up a plan's claims, once: its caller is gone, and its waiters load for
+        themselves."""
+        mine, plan.mine = plan.mine, []
+        if mine:
+            self._flights.fail(mine, LoadAbandoned())
 
     def _finish(self, plan: Plan, responses: list[str]) -> None:
         """Store what the loader returned (policy and admission permitting) and hand every
@@ -351,72 +296,6 @@ class CacheState:
             return True
         self._stats.admissions_deferred += 1
         return False
-
-    def _lookup(
-        self, prompts: list[str], scope: str, threshold: float
-    ) -> tuple[dict[str, Hit | None], torch.Tensor]:
-        """Hits for distinct ``prompts`` and the (Q, D) embeddings of all of them that missed
-        the exact tier (rows follow ``prompts`` order; exact hits get zero rows)."""
-        found: dict[str, Hit | None] = {}
-        need: list[str] = []
-        with self._lock:
-            now = self._now()
-            for prompt in prompts:
-                entry = self._table.exact(scope, prompt, now)
-                if entry is None:
-                    need.append(prompt)
-                else:
-                    found[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)
-        vectors = torch.zeros((len(prompts), self.embedder.dim), dtype=torch.float32)
-        if not need:
-            return found, vectors
-        embedded = self.embedder.encode(need)  # (Q, D), no lock held
-        vectors = vectors.to(embedded.device)
-        index = {p: i for i, p in enumerate(prompts)}
-        vectors[torch.tensor([index[p] for p in need], device=embedded.device)] = embedded
-        with self._lock:
-            now = self._now()
-            scope_id = self._table.scope_id(scope)
-            if scope_id is None or len(self.store) == 0:
-                found.update(dict.fromkeys(need))
-                return found, vectors
-            scores, rows = self.store.search(embedded, self.top_k, scope_id, now)  # (Q, K)
-            scores_host, rows_host = scores.cpu().tolist(), rows.cpu().tolist()  # one transfer
-            for prompt, cand_scores, cand_rows in zip(need, scores_host, rows_host):
-                found[prompt] = self._verify(prompt, cand_scores, cand_rows, threshold)
-        return found, vectors
-
-    def _verify(
-        self, prompt: str, scores: list[float], rows: list[int], threshold: float
-    ) -> Hit | None:
-        """The best candidate above ``threshold`` that the verifier accepts, or None."""
-        for similarity, row in zip(scores, rows):
-            if row < 0 or similarity < threshold:
-                break
-            entry = self._table.at_row(row)
-            verdict = self._judge(entry.prompt, prompt, similarity)
-            if not verdict.rejected:
-                self._table.touch(entry)
-                return Hit(entry.response, entry.prompt, min(similarity, 1.0), exact=False)
-            self._stats.rejections[verdict.rule] += 1
-            log.debug("verifier rejected %r for %r: %s", entry.prompt, prompt, verdict)
-        return None
-
-    def _judge(self, cached: str, new: str, similarity: float) -> Verdict:
-        """The verifier's decision on one candidate, evaluated once."""
-        if isinstance(self.verifier, ExplainingVerifier):
-            return self.verifier.explain(cached, new)
-        return Verdict(not self.verifier.verify(cached, new, similarity), self.verifier.name)
-
-    def _count_lookups(self, prompts: list[str], found: dict[str, Hit | None]) -> None:
-        for prompt in prompts:
-            hit = found[prompt]
-            if hit is None:
-                self._stats.misses += 1
-            elif hit.exact:
-                self._stats.exact_hits += 1
-            else:
-                self._stats.semantic_hits += 1
 
 
 def _expiry(now: float, ttl: float | None) -> float:

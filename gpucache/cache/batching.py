@@ -1,0 +1,141 @@
+"""Async lookups from concurrent calls, coalesced into one batch.
+
+Why: a server runs one ``aget_or_put`` per request, each with one prompt; looked up alone, every
+request pays for its own embedder call and its own scan over every stored row. Requests that
+arrive within ``window`` seconds of the first in a batch (or until ``max_batch`` have come)
+share one ``lookup_batch``: one embedder batch and one scan per scope (lookup.py). Each caller
+gets the plan it would have got alone.
+
+With ``window=0`` every request is its own batch, sent at once: the path the async API takes
+when coalescing is off, so timeouts and cancellation work the same way either way.
+
+A caller that gives up (its ``timeout`` passes, or its task is cancelled) may leave a lookup
+running in a worker thread, which may have claimed misses for that caller to load. Those
+claims are released as soon as the plan arrives, whichever side gets there first (``_Ticket``),
+so no other caller waits on a load that will never run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpucache.cache.lookup import LookupRequest, Plan
+
+
+class LookupTimeout(TimeoutError):
+    """An async lookup took longer than the cache's ``lookup_timeout_seconds``. Nothing was
+    claimed in the caller's name; a server treats it as a miss and goes upstream."""
+
+
+@dataclass
+class _Ticket:
+    request: LookupRequest
+    future: asyncio.Future[Plan]
+    plan: Plan | None = None  # set by the worker; taken by the caller or released
+    abandoned: bool = False  # the caller gave up before the plan arrived
+
+
+@dataclass
+class _Window:
+    tickets: list[_Ticket] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+
+
+class LookupCoalescer:
+    """Batches the lookups submitted on an event loop within ``window`` seconds.
+
+    Args:
+        run: ``lookup_batch`` for the cache: requests in, a plan per request out; runs in a
+            worker thread.
+        release: gives up a plan's claims (its caller is gone).
+        window: seconds a batch stays open after its first request; 0 sends each at once.
+        max_batch: a batch is sent as soon as it holds this many requests.
+    """
+
+    def __init__(
+        self, run: Callable[[Sequence[LookupRequest]], list[Plan]], release: Callable[[Plan], None],
+        window: float, max_batch: int,
+    ) -> None:
+        self._run = run
+        self._release = release
+        self.window = window
+        self.max_batch = max_batch
+        self.batches = 0  # batches sent, for tests and metrics
+        self._lock = threading.Lock()  # guards tickets' plan/abandoned; never held across a scan
+        self._windows: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Window] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, request: LookupRequest, timeout: float | None = None) -> Plan:
+        """The request's plan, from the batch it joins; ``LookupTimeout`` past ``timeout``."""
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(request, loop.create_future())
+        window = self._windows.setdefault(loop, _Window())
+        window.tickets.append(ticket)
+        if len(window.tickets) >= self.max_batch or self.window <= 0:
+            self._send(loop, window)
+        elif window.timer is None:
+            window.timer = loop.call_later(self.window, self._send, loop, window)
+        try:
+            return await asyncio.wait_for(ticket.future, timeout)
+        except asyncio.TimeoutError:
+            self._abandon(ticket)
+            raise LookupTimeout(f"the lookup took longer than {timeout} s") from None
+        except BaseException:
+            self._abandon(ticket)
+            raise
+
+    def _send(self, loop: asyncio.AbstractEventLoop, window: _Window) -> None:
+        if window.timer is not None:
+            window.timer.cancel()
+            window.timer = None
+        tickets, window.tickets = window.tickets, []
+        if not tickets:
+            return
+        self.batches += 1
+        task = loop.create_task(self._complete(tickets))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _complete(self, tickets: list[_Ticket]) -> None:
+        try:
+            await asyncio.to_thread(self._compute, tickets)
+        except BaseException as exc:  # the lookup failed: every caller of the batch sees why
+            for ticket in tickets:
+                if not ticket.future.done():
+                    ticket.future.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for ticket in tickets:
+            with self._lock:
+                plan, ticket.plan = ticket.plan, None
+            if plan is not None and not ticket.future.done():
+                ticket.future.set_result(plan)
+            elif plan is not None:
+                self._release(plan)
+
+    def _compute(self, tickets: list[_Ticket]) -> None:
+        """In the worker thread: the batch's plans, each handed to its ticket or, where its
+        caller has already given up, released."""
+        plans = self._run([t.request for t in tickets])
+        for ticket, plan in zip(tickets, plans):
+            with self._lock:
+                if not ticket.abandoned:
+                    ticket.plan = plan
+                    continue
+            self._release(plan)
+
+    def _abandon(self, ticket: _Ticket) -> None:
+        with self._lock:
+            ticket.abandoned = True
+            plan, ticket.plan = ticket.plan, None
+        if plan is not None:
+            self._release(plan)
+        if ticket.future.done() and not ticket.future.cancelled() and ticket.future.exception() is None:
+            self._release(ticket.future.result())  # delivered, but its caller never took it

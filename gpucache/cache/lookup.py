@@ -1,0 +1,204 @@
+"""Lookups, one or many at once: the exact tier, one embedder batch, one scan per scope, the
+verifier, and (for get-or-load calls) the claims on the misses.
+
+Why batch across calls: the embedder's cost per prompt falls steeply with the batch, and a scan
+reads every stored row whatever the number of queries. Lookups that arrive together (a server's
+concurrent requests, ``batching.LookupCoalescer``) therefore share one ``encode`` call and one
+scan per distinct scope; each request keeps its own threshold, counts and claims, so the
+answers are those it would have got alone.
+
+A request is a ``LookupRequest``; the result is a ``Plan``, which a get-or-load call carries
+through its load (state.py's ``_finish`` stores what the loader returned).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from gpucache.guard.verifier import ExplainingVerifier, Verdict
+from gpucache.keys import prompt_key
+
+if TYPE_CHECKING:
+    from gpucache.cache.state import CacheState
+
+log = logging.getLogger("gpucache")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A served answer: the response, the prompt it was stored under, and how it matched.
+
+    ``similarity`` is the full-precision cosine similarity (1.0 for exact hits); ``exact`` is
+    True when the exact tier answered without running the embedder.
+    """
+
+    response: str
+    cached_prompt: str
+    similarity: float
+    exact: bool
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    """One call's lookup. ``claim``: a get-or-load call, which records sightings for admission
+    and claims the misses it is to load; ``count``: count its hits and misses (not for a retry
+    of a load another call abandoned)."""
+
+    prompts: tuple[str, ...]
+    scope: str
+    threshold: float
+    claim: bool
+    count: bool = True
+
+
+@dataclass
+class Plan:
+    """What one call found and, for a get-or-load call, must do: the lookup fills it before
+    the loader runs, ``_finish`` stores what the loader returned, so the loader runs with no
+    lock held."""
+
+    scope: str
+    prompts: list[str]  # input order
+    unique: list[str]  # distinct, first-seen order
+    vectors: torch.Tensor  # (len(unique), D): embeddings of every prompt that missed the exact tier
+    hits: dict[str, Hit | None] = field(default_factory=dict)
+    answers: dict[str, str] = field(default_factory=dict)
+    keys: dict[bytes, str] = field(default_factory=dict)
+    mine: list[bytes] = field(default_factory=list)  # misses this call loads
+    theirs: dict[bytes, Future[str]] = field(default_factory=dict)  # misses another call loads
+
+    @property
+    def to_load(self) -> list[str]:
+        return [self.keys[k] for k in self.mine]
+
+    def ordered(self) -> list[str]:
+        return [self.answers[p] for p in self.prompts]
+
+    def after(self, previous: Plan) -> Plan:
+        """This plan for a retry of some of ``previous``'s prompts, carrying its answers."""
+        self.answers = {**previous.answers, **self.answers}
+        self.prompts = previous.prompts
+        return self
+
+
+def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[Plan]:
+    """A ``Plan`` per request, in order, from one embedder call and one scan per scope."""
+    plans = [Plan(r.scope, list(r.prompts), list(dict.fromkeys(r.prompts)),
+                  torch.empty(0)) for r in requests]
+    need: dict[tuple[str, str], list[int]] = {}  # (scope, prompt) -> requests that need it
+    with state._lock:
+        now = state._now()
+        for i, (request, plan) in enumerate(zip(requests, plans)):
+            for prompt in plan.unique:
+                entry = state._table.exact(request.scope, prompt, now)
+                if entry is None:
+                    need.setdefault((request.scope, prompt), []).append(i)
+                else:
+                    plan.hits[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)
+    texts = list(dict.fromkeys(prompt for _, prompt in need))
+    dim = state.embedder.dim
+    embedded = state.embedder.encode(texts) if texts else torch.zeros((0, dim))  # no lock held
+    row_of = {text: i for i, text in enumerate(texts)}
+    for plan in plans:  # (len(unique), D), zero rows for exact hits
+        plan.vectors = torch.zeros((len(plan.unique), dim), dtype=torch.float32, device=embedded.device)
+        missed = [j for j, p in enumerate(plan.unique) if p not in plan.hits]
+        if missed:
+            rows = torch.tensor([row_of[plan.unique[j]] for j in missed], device=embedded.device)
+            plan.vectors[torch.tensor(missed, device=embedded.device)] = embedded[rows]
+    by_scope: dict[str, list[str]] = {}
+    for scope, prompt in need:
+        by_scope.setdefault(scope, []).append(prompt)
+    with state._lock:
+        now = state._now()
+        for scope, prompts in by_scope.items():
+            _search(state, scope, prompts, embedded[[row_of[p] for p in prompts]], now,
+                    requests, plans, need)
+        for request, plan in zip(requests, plans):
+            if request.claim:
+                _claim(state, request, plan, now)
+            elif request.count:
+                _count(state, plan)
+    return plans
+
+
+def _search(
+    state: CacheState, scope: str, prompts: list[str], queries: torch.Tensor, now: float,
+    requests: Sequence[LookupRequest], plans: list[Plan], need: dict[tuple[str, str], list[int]],
+) -> None:
+    """One scan for every prompt of ``scope`` that missed the exact tier; each request that
+    asked for a prompt verifies the candidates against its own threshold. Lock held."""
+    scope_id = state._table.scope_id(scope)
+    if scope_id is None or len(state.store) == 0:
+        for prompt in prompts:
+            for i in need[(scope, prompt)]:
+                plans[i].hits[prompt] = None
+        return
+    scores, rows = state.store.search(queries, state.top_k, scope_id, now)  # (Q, K)
+    scores_host, rows_host = scores.cpu().tolist(), rows.cpu().tolist()  # one transfer
+    for prompt, cand_scores, cand_rows in zip(prompts, scores_host, rows_host):
+        for i in need[(scope, prompt)]:
+            plans[i].hits[prompt] = _verify(state, prompt, cand_scores, cand_rows, requests[i].threshold)
+
+
+def _verify(
+    state: CacheState, prompt: str, scores: list[float], rows: list[int], threshold: float
+) -> Hit | None:
+    """The best candidate above ``threshold`` that the verifier accepts, or None."""
+    for similarity, row in zip(scores, rows):
+        if row < 0 or similarity < threshold:
+            break
+        entry = state._table.at_row(row)
+        verdict = _judge(state, entry.prompt, prompt, similarity)
+        if not verdict.rejected:
+            state._table.touch(entry)
+            return Hit(entry.response, entry.prompt, min(similarity, 1.0), exact=False)
+        state._stats.rejections[verdict.rule] += 1
+        log.debug("verifier rejected %r for %r: %s", entry.prompt, prompt, verdict)
+    return None
+
+
+def _judge(state: CacheState, cached: str, new: str, similarity: float) -> Verdict:
+    """The verifier's decision on one candidate, evaluated once."""
+    verifier = state.verifier
+    if isinstance(verifier, ExplainingVerifier):
+        return verifier.explain(cached, new)
+    return Verdict(not verifier.verify(cached, new, similarity), verifier.name)
+
+
+def _claim(state: CacheState, request: LookupRequest, plan: Plan, now: float) -> None:
+    """Record sightings and claim the misses this call is to load. Lock held."""
+    plan.answers = {p: hit.response for p, hit in plan.hits.items() if hit is not None}
+    if request.count:
+        _count(state, plan)
+        if state.admission is not None:
+            for prompt in plan.prompts:  # every request is a sighting, hit or miss
+                state.admission.record(plan.scope, prompt)
+    # The scan ran without the lock: a call that loaded one of these misses may have stored it
+    # since. Re-read the exact tier before claiming, or that prompt would be loaded a second
+    # time by a new leader.
+    misses = [p for p in plan.unique if plan.hits[p] is None]
+    for prompt in misses:
+        entry = state._table.exact(plan.scope, prompt, now)
+        if entry is not None:
+            plan.answers[prompt] = entry.response
+    plan.keys = {prompt_key(plan.scope, p): p for p in misses if p not in plan.answers}
+    plan.mine, plan.theirs = state._flights.claim(plan.keys)
+    if plan.mine:
+        state._stats.loads += 1
+
+
+def _count(state: CacheState, plan: Plan) -> None:
+    for prompt in plan.prompts:
+        hit = plan.hits[prompt]
+        if hit is None:
+            state._stats.misses += 1
+        elif hit.exact:
+            state._stats.exact_hits += 1
+        else:
+            state._stats.semantic_hits += 1

@@ -1,0 +1,145 @@
+"""Concurrent async lookups coalesced into one batch (gpucache/cache/batching.py): one embedder
+call and one scan per scope for the batch, and for each caller exactly the answer it would have
+got alone. A caller that gives up leaves no claim behind."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from gpucache import LookupTimeout, SemanticCache, StoreEverything, ThresholdOnly
+
+
+def make(embedder, **options) -> SemanticCache:
+    return SemanticCache(embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
+                         cache_policy=StoreEverything(), **options)
+
+
+def test_concurrent_lookups_share_one_embedder_call(fake_embedder):
+    cache = make(fake_embedder, lookup_window_seconds=0.05, lookup_batch=64)
+    cache.warm([("what is a monad", "a monoid in the category of endofunctors")])
+    calls_before = fake_embedder.calls
+
+    async def main():
+        async def loader(prompt):
+            return f"loaded: {prompt}"
+
+        prompts = ["what is a monad", "What is a monad?"] + [f"question {i}" for i in range(10)]
+        return await asyncio.gather(*(cache.aget_or_put(p, loader) for p in prompts))
+
+    answers = run(main())
+    assert answers[:2] == ["a monoid in the category of endofunctors"] * 2  # exact, semantic
+    assert answers[2:] == [f"loaded: question {i}" for i in range(10)]
+    # one batch: the exact hit needs no embedding, the other eleven share one encode call
+    assert cache._coalescer.batches == 1
+    assert fake_embedder.calls - calls_before == 1  # stores reuse the lookup's vectors
+    assert cache.stats().exact_hits == 1 and cache.stats().semantic_hits == 1
+
+
+def test_a_full_batch_is_sent_before_its_window_closes(fake_embedder):
+    cache = make(fake_embedder, lookup_window_seconds=1.0, lookup_batch=4)
+
+    async def main():
+        return await asyncio.gather(*(cache.aget(f"prompt {i}") for i in range(8)))
+
+    assert run(main()) == [None] * 8  # two full batches: neither waited out its second
+    assert cache._coalescer.batches == 2
+
+
+def test_scopes_in_one_batch_never_see_each_others_entries(fake_embedder):
+    cache = make(fake_embedder, lookup_window_seconds=0.05)
+    cache.put("reset my password", "tenant a's answer", scope="a")
+
+    async def main():
+        return await asyncio.gather(cache.aget("reset my password", scope="a"),
+                                    cache.aget("reset my password", scope="b"),
+                                    cache.aget("Reset my password!", scope="b"))
+
+    a, b, b_reworded = run(main())
+    assert a.response == "tenant a's answer" and b is None and b_reworded is None
+    assert cache._coalescer.batches == 1
+
+
+def test_each_caller_keeps_its_own_threshold(fake_embedder):
+    cache = make(fake_embedder, lookup_window_seconds=0.05)
+    cache.put("how do i bake bread", "knead, rise, bake")
+
+    async def main():
+        return await asyncio.gather(cache.aget("how do i bake bread today", threshold=0.99),
+                                    cache.aget("how do i bake bread today", threshold=0.5))
+
+    strict, lenient = run(main())
+    assert strict is None and lenient.response == "knead, rise, bake"
+
+
+class HeldEmbedder:
+    """The fake embedder, held inside ``encode`` until released."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.dim, self.device = inner, inner.name, inner.dim, inner.device
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def encode(self, texts):
+        self.entered.set()
+        assert self.release.wait(10)
+        return self.inner.encode(texts)
+
+
+@pytest.mark.parametrize("window", [0.0, 0.01])
+def test_a_lookup_past_its_timeout_claims_nothing_for_its_gone_caller(fake_embedder, window):
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=window, lookup_timeout_seconds=0.05)
+
+    async def main():
+        async def loader(prompt):
+            return "loaded"
+
+        with pytest.raises(LookupTimeout):
+            await cache.aget_or_put("slow question", loader)
+        held.release.set()  # the abandoned lookup finishes in its thread, and claims
+        # a second caller is not left waiting on a load the first will never run
+        return await cache.aget_or_put("slow question", loader)
+
+    assert run(main()) == "loaded"
+    assert len(cache._flights) == 0
+
+
+def test_a_cancelled_caller_in_a_batch_leaves_the_others_their_answers(fake_embedder):
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=0.01)
+
+    async def main():
+        async def loader(prompt):
+            return f"loaded: {prompt}"
+
+        quitter = asyncio.ensure_future(cache.aget_or_put("first", loader))
+        stayer = asyncio.ensure_future(cache.aget_or_put("second", loader))
+        await asyncio.to_thread(held.entered.wait, 10)  # the batch is in the embedder
+        quitter.cancel()
+        held.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await quitter
+        second = await stayer
+        return second, await cache.aget_or_put("first", loader)
+
+    assert run(main()) == ("loaded: second", "loaded: first")
+    assert len(cache._flights) == 0
+
+
+def test_an_embedder_failure_reaches_every_caller_of_the_batch(fake_embedder):
+    cache = make(fake_embedder, lookup_window_seconds=0.05)
+    fake_embedder.fail_with = RuntimeError("CUDA error: device-side assert")
+
+    async def main():
+        return await asyncio.gather(cache.aget("one"), cache.aget("two"), return_exceptions=True)
+
+    errors = run(main())
+    assert all(isinstance(e, RuntimeError) and "device-side" in str(e) for e in errors)
+    fake_embedder.fail_with = None
+    assert run(cache.aget("one")) is None  # and the cache goes on
+
+
+def run(coro):
+    return asyncio.run(coro)
