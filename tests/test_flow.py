@@ -101,3 +101,42 @@ def test_a_cancelled_waiter_leaves_the_load_and_the_other_waiters_alone(cache, m
         assert cache.get("a slow question").response == "the answer"
 
     asyncio.run(main())
+
+
+def test_on_lookup_says_hit_or_miss_before_any_load_or_chunk(cache):
+    seen = []
+
+    def loader(prompt):
+        seen.append("loaded")
+        return "an answer"
+
+    assert cache.get_or_put("what is a monad", loader, on_lookup=seen.append) == "an answer"
+    assert seen == [None, "loaded"]  # the miss was reported before the loader ran
+    seen.clear()
+    cache.get_or_put("what is a monad", loader, on_lookup=seen.append)
+    assert [(h.exact, h.response) for h in seen] == [(True, "an answer")]
+    seen.clear()
+    chunks = cache.get_or_put_streaming("What is a monad?", lambda p: iter(["x"]), on_lookup=seen.append)
+    assert "".join(chunks) == "an answer"
+    assert len(seen) == 1 and not seen[0].exact and seen[0].cached_prompt == "what is a monad"
+
+    async def main():
+        reported = []
+
+        async def aloader(prompt):
+            reported.append("loaded")
+            return "async answer"
+
+        await cache.aget_or_put("a new question", aloader, on_lookup=reported.append)
+
+        async def chunks(prompt):
+            yield "streamed"
+
+        streamed = [c async for c in cache.aget_or_put_streaming(
+            "another new question", chunks, on_lookup=reported.append)]
+        return reported, streamed
+
+    reported, streamed = asyncio.run(main())
+    assert reported == [None, "loaded", None] and streamed == ["streamed"]
+    with pytest.raises(TypeError, match="on_lookup"):
+        cache.get_or_put("q", loader, on_lookup="not callable")

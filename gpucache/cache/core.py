@@ -53,6 +53,7 @@ StreamLoader = Callable[[str], Iterable[str]]
 AsyncLoader = Callable[[str], Awaitable[str]]
 AsyncBatchLoader = Callable[[list[str]], Awaitable[Sequence[str]]]
 AsyncStreamLoader = Callable[[str], Any]  # returns an async iterable (or an iterable) of chunks
+OnLookup = Callable[[Hit | None], None] | None
 
 
 class SemanticCache(CacheState):
@@ -136,16 +137,21 @@ class SemanticCache(CacheState):
             latest[prompt] = check_response(pair[1], f"pairs[{i}][1]")
         return self._put(list(latest.items()), scope, self.ttl)
 
-    def get_or_put(self, prompt: str, loader: Loader, *, scope: str | None = None) -> str:
+    def get_or_put(
+        self, prompt: str, loader: Loader, *, scope: str | None = None, on_lookup: OnLookup = None
+    ) -> str:
         """The cached answer for ``prompt``, or ``loader(prompt)``'s, which is then stored
         (when the cache policy allows it and the admission policy admits it).
 
         Concurrent misses on the same (scope, prompt) call the loader once. A loader that
-        raises stores nothing; its exception reaches the caller unchanged.
+        raises stores nothing; its exception reaches the caller unchanged. ``on_lookup(hit)``,
+        where given, is called once the lookup is done, before any load: with the ``Hit`` that
+        answers, or None for a miss (a server says which in its response headers).
         """
         prompt, scope = check_prompt(prompt), check_scope(scope)
         _check_callable(loader, "loader(prompt) -> str")
-        return flow.run(flow.get_or_load(self, [prompt], scope), lambda missed: [_one(loader(missed[0]))])[0]
+        return flow.run(flow.get_or_load(self, [prompt], scope),
+                        lambda missed: [_one(loader(missed[0]))], _reporter(prompt, on_lookup))[0]
 
     def get_or_put_all(
         self, prompts: Sequence[str], loader: BatchLoader, *, scope: str | None = None
@@ -164,7 +170,8 @@ class SemanticCache(CacheState):
                         lambda missed: _check_batch(loader(list(missed)), len(missed)))
 
     def get_or_put_streaming(
-        self, prompt: str, loader: StreamLoader, *, scope: str | None = None
+        self, prompt: str, loader: StreamLoader, *, scope: str | None = None,
+        on_lookup: OnLookup = None,
     ) -> Iterator[str]:
         """Stream the answer for ``prompt``: a hit is replayed in ``replay_chunk_chars`` chunks;
         a miss passes ``loader(prompt)``'s chunks through as they arrive.
@@ -173,13 +180,17 @@ class SemanticCache(CacheState):
         policy and admission. A consumer that stops reading (closes the iterator) or a loader
         that raises stores nothing; the loader's error reaches the consumer unchanged. Input is
         checked when this is called; the lookup and the load start at the first ``next()``, so
-        an iterator that is never started holds nothing and blocks no one.
+        an iterator that is never started holds nothing and blocks no one. ``on_lookup`` as in
+        ``get_or_put``: called before the first chunk.
         """
         prompt, scope = check_prompt(prompt), check_scope(scope)
         _check_callable(loader, "loader(prompt) -> iterable of str chunks")
-        return flow.run_stream(self, flow.stream(self, prompt, scope), lambda: loader(prompt))
+        return flow.run_stream(self, flow.stream(self, prompt, scope), lambda: loader(prompt),
+                               _reporter(prompt, on_lookup))
 
-    async def aget_or_put(self, prompt: str, loader: AsyncLoader, *, scope: str | None = None) -> str:
+    async def aget_or_put(
+        self, prompt: str, loader: AsyncLoader, *, scope: str | None = None, on_lookup: OnLookup = None
+    ) -> str:
         """``get_or_put`` with an async loader (``async def loader(prompt) -> str``)."""
         prompt, scope = check_prompt(prompt), check_scope(scope)
         _check_callable(loader, "async loader(prompt) -> str")
@@ -187,7 +198,8 @@ class SemanticCache(CacheState):
         async def load_one(missed: list[str]) -> list[str]:
             return [_one(await loader(missed[0]))]
 
-        return (await flow.arun(flow.get_or_load(self, [prompt], scope), load_one))[0]
+        return (await flow.arun(flow.get_or_load(self, [prompt], scope), load_one,
+                                _reporter(prompt, on_lookup)))[0]
 
     async def aget_or_put_all(
         self, prompts: Sequence[str], loader: AsyncBatchLoader, *, scope: str | None = None
@@ -202,7 +214,8 @@ class SemanticCache(CacheState):
         return await flow.arun(flow.get_or_load(self, prompts, scope), load_batch)
 
     def aget_or_put_streaming(
-        self, prompt: str, loader: AsyncStreamLoader, *, scope: str | None = None
+        self, prompt: str, loader: AsyncStreamLoader, *, scope: str | None = None,
+        on_lookup: OnLookup = None,
     ) -> AsyncIterator[str]:
         """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
         of chunks (an async generator, say); a plain iterable is accepted too. Use it with
@@ -210,7 +223,8 @@ class SemanticCache(CacheState):
         ``__anext__``."""
         prompt, scope = check_prompt(prompt), check_scope(scope)
         _check_callable(loader, "loader(prompt) -> async iterable of str chunks")
-        return flow.arun_stream(self, flow.stream(self, prompt, scope), lambda: loader(prompt))
+        return flow.arun_stream(self, flow.stream(self, prompt, scope), lambda: loader(prompt),
+                                _reporter(prompt, on_lookup))
 
     @classmethod
     def load(
@@ -254,6 +268,15 @@ class SemanticCache(CacheState):
         cache = cls(embedder, device=device, settings=saved, **overrides)
         cache._restore(snapshot)
         return cache
+
+
+def _reporter(prompt: str, on_lookup: OnLookup) -> Callable[[Plan], None] | None:
+    """The flow's ``on_find`` for a caller's ``on_lookup(hit)``."""
+    if on_lookup is None:
+        return None
+    if not callable(on_lookup):
+        raise TypeError("on_lookup must be callable: on_lookup(hit or None)")
+    return lambda plan: on_lookup(plan.hits[prompt])
 
 
 def _ordered_hits(plan: Plan) -> list[Hit | None]:

@@ -148,12 +148,17 @@ def stream(cache: CacheState, prompt: str, scope: str) -> Flow:
 # ---------------------------------------------------------------------------------- drivers
 
 
+OnFind = Callable[[Plan], None]
+
+
 class _Stepper:
     """The flow's side of a driver: hands the last operation's result (or error) back to the
-    flow and takes its next operation, until the flow returns."""
+    flow and takes its next operation, until the flow returns. ``on_find`` sees the first
+    lookup's plan as soon as it is known (a server's response headers say hit or miss)."""
 
-    def __init__(self, flow: Flow) -> None:
+    def __init__(self, flow: Flow, on_find: OnFind | None = None) -> None:
         self.flow = flow
+        self.on_find = on_find
         self.op: Any = None
         self.result: Any = None
         self._value: Any = None
@@ -173,6 +178,9 @@ class _Stepper:
             return False
 
     def done(self, value: Any) -> None:
+        if self.on_find is not None and isinstance(self.op, Find):
+            on_find, self.on_find = self.on_find, None  # the first lookup only
+            on_find(value)
         self._value, self._error = value, None
 
     def failed(self, error: BaseException) -> None:
@@ -209,9 +217,9 @@ async def wait(future: Future[str]) -> str:
     return await asyncio.shield(asyncio.wrap_future(future))
 
 
-def run(flow: Flow, load: Callable[[list[str]], list[str]]) -> Any:
+def run(flow: Flow, load: Callable[[list[str]], list[str]], on_find: OnFind | None = None) -> Any:
     """Drive ``flow`` on this thread."""
-    step = _Stepper(flow)
+    step = _Stepper(flow, on_find)
     while step.next():
         try:
             step.done(_call(step.op, load))
@@ -220,9 +228,11 @@ def run(flow: Flow, load: Callable[[list[str]], list[str]]) -> Any:
     return step.result
 
 
-async def arun(flow: Flow, load: Callable[[list[str]], Awaitable[list[str]]]) -> Any:
+async def arun(
+    flow: Flow, load: Callable[[list[str]], Awaitable[list[str]]], on_find: OnFind | None = None
+) -> Any:
     """Drive ``flow`` on the event loop: cache work in a worker thread, the rest awaited."""
-    step = _Stepper(flow)
+    step = _Stepper(flow, on_find)
     while step.next():
         try:
             step.done(await _acall(step.op, load))
@@ -231,11 +241,13 @@ async def arun(flow: Flow, load: Callable[[list[str]], Awaitable[list[str]]]) ->
     return step.result
 
 
-def run_stream(cache: CacheState, flow: Flow, chunks: Callable[[], Iterable[str]]) -> Iterator[str]:
+def run_stream(
+    cache: CacheState, flow: Flow, chunks: Callable[[], Iterable[str]], on_find: OnFind | None = None
+) -> Iterator[str]:
     """Drive a ``stream`` flow for a sync consumer, yielding the chunks it is to see. A
     consumer that stops reading raises GeneratorExit at a ``yield``; thrown into the flow, it
     releases the claim, and the flow re-raises it."""
-    step = _Stepper(flow)
+    step = _Stepper(flow, on_find)
     while step.next():
         if not isinstance(step.op, LoadStream):
             try:
@@ -259,10 +271,12 @@ def run_stream(cache: CacheState, flow: Flow, chunks: Callable[[], Iterable[str]
         yield from cache._replay(step.result.answer)
 
 
-async def arun_stream(cache: CacheState, flow: Flow, chunks: Callable[[], Any]) -> AsyncIterator[str]:
+async def arun_stream(
+    cache: CacheState, flow: Flow, chunks: Callable[[], Any], on_find: OnFind | None = None
+) -> AsyncIterator[str]:
     """``run_stream`` for an async consumer: ``chunks()`` may return an async iterable, an
     awaitable of one, or a plain iterable."""
-    step = _Stepper(flow)
+    step = _Stepper(flow, on_find)
     while step.next():
         if not isinstance(step.op, LoadStream):
             try:
