@@ -140,3 +140,15 @@ def test_on_lookup_says_hit_or_miss_before_any_load_or_chunk(cache):
     assert reported == [None, "loaded", None] and streamed == ["streamed"]
     with pytest.raises(TypeError, match="on_lookup"):
         cache.get_or_put("q", loader, on_lookup="not callable")
+
+
+def test_a_loaded_answer_lives_the_ttl_its_call_gave(fake_embedder):
+    now = [0.0]
+    cache = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
+                          cache_policy=StoreEverything(), ttl=1000.0, timer=lambda: now[0])
+    cache.get_or_put("short lived", lambda p: "a", ttl=10)
+    cache.get_or_put("long lived", lambda p: "b")
+    now[0] = 11.0
+    assert cache.get("short lived") is None and cache.get("long lived").response == "b"
+    with pytest.raises(ValueError, match="ttl"):
+        cache.get_or_put("q", lambda p: "x", ttl=-1)

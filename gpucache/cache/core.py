@@ -138,19 +138,21 @@ class SemanticCache(CacheState):
         return self._put(list(latest.items()), scope, self.ttl)
 
     def get_or_put(
-        self, prompt: str, loader: Loader, *, scope: str | None = None, on_lookup: OnLookup = None
+        self, prompt: str, loader: Loader, *, scope: str | None = None, ttl: float | None = None,
+        on_lookup: OnLookup = None,
     ) -> str:
         """The cached answer for ``prompt``, or ``loader(prompt)``'s, which is then stored
         (when the cache policy allows it and the admission policy admits it).
 
         Concurrent misses on the same (scope, prompt) call the loader once. A loader that
-        raises stores nothing; its exception reaches the caller unchanged. ``on_lookup(hit)``,
+        raises stores nothing; its exception reaches the caller unchanged. A loaded answer lives
+        ``ttl`` seconds (the cache's default where None). ``on_lookup(hit)``,
         where given, is called once the lookup is done, before any load: with the ``Hit`` that
         answers, or None for a miss (a server says which in its response headers).
         """
-        prompt, scope = check_prompt(prompt), check_scope(scope)
+        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         _check_callable(loader, "loader(prompt) -> str")
-        return flow.run(flow.get_or_load(self, [prompt], scope),
+        return flow.run(flow.get_or_load(self, [prompt], scope, ttl),
                         lambda missed: [_one(loader(missed[0]))], _reporter(prompt, on_lookup))[0]
 
     def get_or_put_all(
@@ -171,7 +173,7 @@ class SemanticCache(CacheState):
 
     def get_or_put_streaming(
         self, prompt: str, loader: StreamLoader, *, scope: str | None = None,
-        on_lookup: OnLookup = None,
+        ttl: float | None = None, on_lookup: OnLookup = None,
     ) -> Iterator[str]:
         """Stream the answer for ``prompt``: a hit is replayed in ``replay_chunk_chars`` chunks;
         a miss passes ``loader(prompt)``'s chunks through as they arrive.
@@ -180,25 +182,26 @@ class SemanticCache(CacheState):
         policy and admission. A consumer that stops reading (closes the iterator) or a loader
         that raises stores nothing; the loader's error reaches the consumer unchanged. Input is
         checked when this is called; the lookup and the load start at the first ``next()``, so
-        an iterator that is never started holds nothing and blocks no one. ``on_lookup`` as in
-        ``get_or_put``: called before the first chunk.
+        an iterator that is never started holds nothing and blocks no one. ``ttl`` and
+        ``on_lookup`` as in ``get_or_put``; ``on_lookup`` is called before the first chunk.
         """
-        prompt, scope = check_prompt(prompt), check_scope(scope)
+        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         _check_callable(loader, "loader(prompt) -> iterable of str chunks")
-        return flow.run_stream(self, flow.stream(self, prompt, scope), lambda: loader(prompt),
+        return flow.run_stream(self, flow.stream(self, prompt, scope, ttl), lambda: loader(prompt),
                                _reporter(prompt, on_lookup))
 
     async def aget_or_put(
-        self, prompt: str, loader: AsyncLoader, *, scope: str | None = None, on_lookup: OnLookup = None
+        self, prompt: str, loader: AsyncLoader, *, scope: str | None = None,
+        ttl: float | None = None, on_lookup: OnLookup = None,
     ) -> str:
         """``get_or_put`` with an async loader (``async def loader(prompt) -> str``)."""
-        prompt, scope = check_prompt(prompt), check_scope(scope)
+        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         _check_callable(loader, "async loader(prompt) -> str")
 
         async def load_one(missed: list[str]) -> list[str]:
             return [_one(await loader(missed[0]))]
 
-        return (await flow.arun(flow.get_or_load(self, [prompt], scope), load_one,
+        return (await flow.arun(flow.get_or_load(self, [prompt], scope, ttl), load_one,
                                 _reporter(prompt, on_lookup)))[0]
 
     async def aget_or_put_all(
@@ -215,15 +218,15 @@ class SemanticCache(CacheState):
 
     def aget_or_put_streaming(
         self, prompt: str, loader: AsyncStreamLoader, *, scope: str | None = None,
-        on_lookup: OnLookup = None,
+        ttl: float | None = None, on_lookup: OnLookup = None,
     ) -> AsyncIterator[str]:
         """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
         of chunks (an async generator, say); a plain iterable is accepted too. Use it with
         ``async for``. Input is checked when this is called, the lookup starts at the first
         ``__anext__``."""
-        prompt, scope = check_prompt(prompt), check_scope(scope)
+        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         _check_callable(loader, "loader(prompt) -> async iterable of str chunks")
-        return flow.arun_stream(self, flow.stream(self, prompt, scope), lambda: loader(prompt),
+        return flow.arun_stream(self, flow.stream(self, prompt, scope, ttl), lambda: loader(prompt),
                                 _reporter(prompt, on_lookup))
 
     @classmethod

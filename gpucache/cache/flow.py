@@ -98,8 +98,9 @@ def _abandoned(exc: BaseException) -> BaseException:
     return exc
 
 
-def get_or_load(cache: CacheState, prompts: list[str], scope: str) -> Flow:
-    """Answers for ``prompts`` in input order, loading the misses this call claims."""
+def get_or_load(cache: CacheState, prompts: list[str], scope: str, ttl: float | None = None) -> Flow:
+    """Answers for ``prompts`` in input order, loading the misses this call claims (and storing
+    them for ``ttl`` seconds, or the cache's default where None)."""
     plan: Plan = yield Find(cache, LookupRequest(tuple(prompts), scope, cache.threshold, claim=True))
     while True:
         if plan.mine:
@@ -108,7 +109,7 @@ def get_or_load(cache: CacheState, prompts: list[str], scope: str) -> Flow:
             except BaseException as exc:
                 cache._abort(plan, _abandoned(exc))
                 raise
-            yield Work(cache._finish, (plan, responses))
+            yield Work(cache._finish, (plan, responses, ttl))
         retry = []
         for key, future in plan.theirs.items():
             try:
@@ -122,7 +123,7 @@ def get_or_load(cache: CacheState, prompts: list[str], scope: str) -> Flow:
         plan = again.after(plan)
 
 
-def stream(cache: CacheState, prompt: str, scope: str) -> Flow:
+def stream(cache: CacheState, prompt: str, scope: str, ttl: float | None = None) -> Flow:
     """Returns ``Replay(answer)`` for a hit or another call's load; otherwise loads through
     ``LoadStream`` and stores the whole text once the stream completes."""
     plan: Plan = yield Find(cache, LookupRequest((prompt,), scope, cache.threshold, claim=True))
@@ -141,7 +142,7 @@ def stream(cache: CacheState, prompt: str, scope: str) -> Flow:
     except BaseException as exc:
         cache._abort(plan, _abandoned(exc))
         raise
-    yield Work(cache._finish, (plan, [text]))
+    yield Work(cache._finish, (plan, [text], ttl))
     return None
 
 

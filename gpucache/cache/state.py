@@ -257,7 +257,7 @@ class CacheState:
         if mine:
             self._flights.fail(mine, LoadAbandoned())
 
-    def _finish(self, plan: Plan, responses: list[str]) -> None:
+    def _finish(self, plan: Plan, responses: list[str], ttl: float | None = None) -> None:
         """Store what the loader returned (policy and admission permitting) and hand every
         response to the calls waiting on it."""
         loaded = plan.to_load
@@ -271,7 +271,8 @@ class CacheState:
             if keep:
                 rows = torch.tensor([position[p] for p, _ in keep], device=plan.vectors.device)
                 now = self._now()
-                self._table.store(plan.scope, keep, plan.vectors[rows], _expiry(now, self.ttl), now)
+                ttl = self.ttl if ttl is None else ttl
+                self._table.store(plan.scope, keep, plan.vectors[rows], _expiry(now, ttl), now)
             self._flights.resolve(dict(zip(plan.mine, responses)))
 
     def _abort(self, plan: Plan, error: BaseException) -> None:
