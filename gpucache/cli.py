@@ -1,14 +1,17 @@
-"""The ``gpucache`` command: ``demo`` (the main job), ``eval`` (the false-hit benchmark), ``info``.
+"""The ``gpucache`` command: ``demo`` (the main job), ``serve`` (the caching proxy), ``eval``
+(the false-hit benchmark), ``bench``, ``info``.
 
     gpucache demo [--device auto] [--batch-size 16] [--limit N]
     gpucache eval PAIRS.jsonl [...] [--replay INTENTS.jsonl] [--out REPORT.md]
     gpucache bench [--quick] [--device all|cpu|cuda] [--out bench/reports/bench.md]
+    gpucache serve --upstream http://127.0.0.1:8000/v1 [--port 8100] [--snapshot PATH]
     gpucache info
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -162,6 +165,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from gpucache.serve.app import create_app
+        from gpucache.serve.config import ServeConfig
+    except ImportError as exc:
+        print(f"gpucache serve needs the serve extra ({exc.name} is missing): "
+              "pip install 'gpucache[serve]'", file=sys.stderr)
+        return 2
+    config = ServeConfig(
+        upstream=args.upstream, admin_token=args.admin_token or os.environ.get("GPUCACHE_ADMIN_TOKEN"),
+        snapshot=args.snapshot, lookup_window=args.lookup_window_ms / 1000,
+        lookup_timeout=args.lookup_timeout, upstream_timeout=args.upstream_timeout,
+        namespace_header=args.namespace_header,
+    )
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=args.grace)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpucache", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -191,6 +215,26 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench/reports/bench.md",
                        help="report path (JSON and PNG are written beside it)")
     bench.set_defaults(run=_cmd_bench)
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible caching proxy in front of a model server")
+    serve.add_argument("--upstream", required=True, help="the model server's base URL, ending in /v1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8100, help="port to listen on (default 8100)")
+    serve.add_argument("--snapshot", default=None, help="cache file: loaded at start, saved at shutdown")
+    serve.add_argument("--admin-token", default=None,
+                       help="bearer token of the /admin endpoints (or GPUCACHE_ADMIN_TOKEN); none: off")
+    serve.add_argument("--namespace-header", default="x-gpucache-namespace",
+                       help="the header naming a request's tenant")
+    serve.add_argument("--lookup-window-ms", type=float, default=2.0,
+                       help="requests within this many ms share one embedder batch (default 2)")
+    serve.add_argument("--lookup-timeout", type=float, default=1.0,
+                       help="seconds before a lookup counts as a miss (default 1)")
+    serve.add_argument("--upstream-timeout", type=float, default=600.0,
+                       help="seconds to wait for the upstream (default 600)")
+    serve.add_argument("--grace", type=float, default=30.0,
+                       help="seconds in-flight requests get to finish at shutdown (default 30)")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(run=_cmd_serve)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")
     info.set_defaults(run=_cmd_info)

@@ -24,7 +24,7 @@ it runs in a worker thread (flow.py).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from gpucache.cache import flow
@@ -219,7 +219,7 @@ class SemanticCache(CacheState):
     def aget_or_put_streaming(
         self, prompt: str, loader: AsyncStreamLoader, *, scope: str | None = None,
         ttl: float | None = None, on_lookup: OnLookup = None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
         of chunks (an async generator, say); a plain iterable is accepted too. Use it with
         ``async for``. Input is checked when this is called, the lookup starts at the first

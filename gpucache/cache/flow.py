@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -274,7 +274,7 @@ def run_stream(
 
 async def arun_stream(
     cache: CacheState, flow: Flow, chunks: Callable[[], Any], on_find: OnFind | None = None
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """``run_stream`` for an async consumer: ``chunks()`` may return an async iterable, an
     awaitable of one, or a plain iterable."""
     step = _Stepper(flow, on_find)

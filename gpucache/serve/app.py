@@ -1,0 +1,208 @@
+"""The ASGI app of ``gpucache serve``: routes, start and shutdown.
+
+    POST /v1/chat/completions, /v1/completions   cached (proxy.py)
+    *    /v1/{anything else}                      forwarded unchanged, never cached
+    GET  /health                                  ready once the model is loaded; upstream reachable?
+    GET  /metrics                                 Prometheus text format (metrics.py)
+    POST /admin/invalidate, /admin/clear, /admin/snapshot; GET /admin/stats
+                                                  behind the admin token, when one is set
+
+At start the cache is built (the embedder loaded) and the snapshot, if there is one, loaded; at
+shutdown (SIGTERM: uvicorn stops accepting requests and lets those in flight finish first) the
+snapshot is saved, atomically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import JSONResponse, Response
+
+from gpucache.cache.core import SemanticCache
+from gpucache.cache.snapshot import SnapshotError
+from gpucache.serve.config import ServeConfig
+from gpucache.serve.keying import BadRequest, namespace, request_key
+from gpucache.serve.metrics import ProxyMetrics
+from gpucache.serve.proxy import Proxy, error
+from gpucache.serve.upstream import Upstream
+
+log = logging.getLogger("gpucache.serve")
+
+
+def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] | None = None) -> FastAPI:
+    """The proxy's app. ``cache_factory`` builds the cache at start (the default: the packaged
+    model on the best device, with the config's lookup batching and deadline); a snapshot at
+    ``config.snapshot`` replaces it when present."""
+    metrics = ProxyMetrics()
+    options: dict[str, Any] = {
+        "lookup_window_seconds": config.lookup_window,
+        "lookup_batch": config.lookup_batch,
+        "lookup_timeout_seconds": config.lookup_timeout,
+    }
+
+    def build() -> SemanticCache:
+        built = cache_factory() if cache_factory is not None else SemanticCache(**options)
+        if not (config.snapshot and os.path.exists(config.snapshot)):
+            return built
+        try:
+            return SemanticCache.load(
+                config.snapshot,
+                embedder=built.embedder,
+                device=built.device,
+                verifier=built.verifier,
+                cache_policy=built.cache_policy,
+                **options,
+            )
+        except SnapshotError as exc:  # keep serving; keep the file for a person to look at
+            aside = f"{config.snapshot}.corrupt"
+            os.replace(config.snapshot, aside)
+            log.error("gpucache: %s; starting empty, the file is now %s", exc, aside)
+            return built
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cache = await asyncio.to_thread(build)
+        upstream = Upstream(config.upstream, config.upstream_timeout)
+        metrics.watch(cache)
+        app.state.proxy = Proxy(config, cache, upstream, metrics)
+        try:
+            yield
+        finally:
+            if config.snapshot:
+                await asyncio.to_thread(cache.save, config.snapshot)
+                log.info("gpucache: saved the cache to %s", config.snapshot)
+            await upstream.close()
+
+    app = FastAPI(title="gpucache", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    def proxy(request: Request) -> Proxy:
+        return request.app.state.proxy  # type: ignore[no-any-return]
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await proxy(request).completion("chat", request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy(request).completion("completions", request)
+
+    @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def passthrough(path: str, request: Request) -> Response:
+        p = proxy(request)
+        p.metrics.bypasses.labels("endpoint").inc()
+        return await p.forward(path, request, await request.body(), False, "bypass")
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        p: Proxy | None = getattr(request.app.state, "proxy", None)
+        if p is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        reachable = await p.upstream.reachable()
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": p.cache.embedder.name,
+                "upstream": "reachable" if reachable else "unreachable",
+                "entries": len(p.cache),
+            }
+        )
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # ----------------------------------------------------------------------------- admin
+
+    def admitted(request: Request) -> JSONResponse | None:
+        token = config.admin_token
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if token is None:
+            return error(
+                404, "the admin endpoints are off: start with --admin-token", "invalid_request_error"
+            )
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return error(401, "a valid admin token is required", "invalid_request_error", "unauthorized")
+        return None
+
+    async def request_scope(request: Request) -> tuple[str, str | None] | JSONResponse:
+        """The scope and text of the completion request an admin call names: its ``kind``
+        ("chat" or "completions"), ``request`` (the body) and ``namespace`` (the tenant's
+        namespace header value; without it, the admin call's own Authorization)."""
+        try:
+            doc = json.loads(await request.body() or b"{}")
+            kind = doc.get("kind", "chat")
+            if kind not in ("chat", "completions"):
+                raise BadRequest("'kind' must be 'chat' or 'completions'", "kind")
+            headers = (
+                {config.namespace_header: doc["namespace"]}
+                if doc.get("namespace")
+                else {"authorization": request.headers.get("x-gpucache-tenant-authorization", "")}
+            )
+            tenant = namespace(headers, config.namespace_header, config.namespace_secret)
+            key = request_key(kind, doc.get("request"), tenant)
+        except (ValueError, BadRequest, AttributeError) as exc:
+            return error(400, str(exc), "invalid_request_error", retry=False)
+        return key.scope, key.text
+
+    @app.post("/admin/invalidate")
+    async def invalidate(request: Request) -> Response:
+        refused = admitted(request)
+        if refused is not None:
+            return refused
+        found = await request_scope(request)
+        if isinstance(found, JSONResponse):
+            return found
+        scope, text = found
+        removed = text is not None and await asyncio.to_thread(
+            proxy(request).cache.invalidate, text, scope=scope
+        )
+        return JSONResponse({"removed": bool(removed)})
+
+    @app.post("/admin/clear")
+    async def clear(request: Request) -> Response:
+        refused = admitted(request)
+        if refused is not None:
+            return refused
+        if json.loads(await request.body() or b"{}").get("all"):
+            await asyncio.to_thread(proxy(request).cache.clear)
+            return JSONResponse({"cleared": "all"})
+        found = await request_scope(request)
+        if isinstance(found, JSONResponse):
+            return found
+        await asyncio.to_thread(proxy(request).cache.clear, found[0])
+        return JSONResponse({"cleared": found[0]})
+
+    @app.post("/admin/snapshot")
+    async def snapshot(request: Request) -> Response:
+        refused = admitted(request)
+        if refused is not None:
+            return refused
+        if not config.snapshot:
+            return error(409, "no snapshot path: start with --snapshot PATH", "invalid_request_error")
+        try:
+            await asyncio.to_thread(proxy(request).cache.save, config.snapshot)
+        except (OSError, SnapshotError) as exc:
+            return error(500, f"the snapshot could not be saved: {exc}", "api_error")
+        return JSONResponse({"saved": config.snapshot})
+
+    @app.get("/admin/stats")
+    async def stats(request: Request) -> Response:
+        refused = admitted(request)
+        if refused is not None:
+            return refused
+        s = await asyncio.to_thread(proxy(request).cache.stats)
+        doc: dict[str, Any] = dataclasses.asdict(s)
+        doc["hit_rate"] = s.hit_rate
+        return JSONResponse(doc)
+
+    return app

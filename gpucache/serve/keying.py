@@ -1,0 +1,155 @@
+"""What a request's answer depends on: its exact scope, and the text compared by meaning.
+
+The scope is everything that changes the answer, so two requests share one only when all of it
+is equal: the tenant's namespace, the endpoint, and the whole request body except the text
+compared by meaning and the fields that only shape the transport (``stream``,
+``stream_options``, ``user``). So the model, every sampling setting (an omitted temperature is
+the upstream's default, not 0, and an omitted field stays apart from any value), limits, stop,
+seed, tools, the response format, the system prompt(s) and every earlier turn of the
+conversation are in it, and a field this proxy has never heard of is in it too: an unknown
+field can cost a hit, never cause a wrong answer.
+
+The text compared by meaning is the last user message only (for ``/v1/completions``, the
+prompt). A follow-up ("how old is he?") therefore matches only after the same conversation:
+the earlier turns are part of its scope.
+
+Requests whose answer a cache cannot stand for are bypassed: several choices (``n`` > 1),
+log-probabilities, a last message that is not the user's, content that is not text, and texts
+too short to embed meaningfully (an empty tool-result turn would embed to one fixed vector and
+hit another conversation's entry).
+
+The namespace comes from a header the deployment chooses, or else from a keyed hash of the
+Authorization header (never the key itself, and never the prompt).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any
+
+TRANSPORT_FIELDS = frozenset({"stream", "stream_options", "user"})
+MIN_TEXT_CHARS = 2  # below this a text has no meaning to compare: "" or "?" embed to noise
+MAX_NAMESPACE_CHARS = 256
+
+
+class BadRequest(ValueError):
+    """A request body the OpenAI API would refuse: wrong types, missing fields. ``param``
+    names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class RequestKey:
+    kind: str  # "chat" or "completions"
+    scope: str  # namespace / digest of everything but the text
+    text: str | None  # the text compared by meaning; None when bypassed
+    bypass: str | None  # why the cache stays out of it, or None
+    stream: bool
+    include_usage: bool
+
+    @property
+    def semantic_text(self) -> str:
+        if self.text is None:
+            raise RuntimeError("gpucache bug: a bypassed request has no text to look up")
+        return self.text
+
+
+def namespace(headers: Any, header_name: str, secret: bytes) -> str:
+    """The tenant: the namespace header's value, or a keyed hash of the Authorization header
+    (so tenants with different keys never share entries, and no key is stored), or
+    "anonymous"."""
+    named = headers.get(header_name)
+    if named:
+        if len(named) > MAX_NAMESPACE_CHARS:
+            raise BadRequest(f"the {header_name} header is longer than {MAX_NAMESPACE_CHARS} characters")
+        return f"ns:{named}"
+    auth = headers.get("authorization")
+    if auth:
+        return "key:" + hmac.new(secret, auth.encode(), hashlib.blake2b).hexdigest()[:32]
+    return "anonymous"
+
+
+def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
+    """The scope and text of a ``chat`` or ``completions`` request body; ``BadRequest`` for
+    a body of the wrong shape."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a string", "model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    include_usage = bool(options.get("include_usage", False))
+    rest = {k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}
+    if kind == "chat":
+        text, bypass = _chat_text(rest)
+    else:
+        text, bypass = _prompt_text(rest)
+    n = body.get("n", 1)
+    if bypass is None and (not isinstance(n, int) or n != 1):
+        bypass = "n"
+    if bypass is None and (body.get("logprobs") or body.get("top_logprobs")):
+        bypass = "logprobs"
+    if bypass is None and text is not None and len(text.strip()) < MIN_TEXT_CHARS:
+        bypass = "short-text"
+    canonical = json.dumps(
+        {"endpoint": kind, "body": rest}, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+    digest = hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+    return RequestKey(
+        kind, f"{tenant}/{digest}", text if bypass is None else None, bypass, stream, include_usage
+    )
+
+
+def _chat_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The last user message's text, taken out of ``rest`` (its role stays in the scope)."""
+    messages = rest.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' is required and must be a non-empty array", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
+    last = messages[-1]
+    if last["role"] != "user":
+        return None, "last-message-not-user"
+    text = _text_of(last.get("content"))
+    if text is None:
+        return None, "non-text-content"
+    rest["messages"] = [*messages[:-1], {k: v for k, v in last.items() if k != "content"}]
+    return text, None
+
+
+def _prompt_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
+    prompt = rest.pop("prompt", None)
+    if isinstance(prompt, list):
+        if len(prompt) == 1 and isinstance(prompt[0], str):
+            return prompt[0], None
+        return None, "several-prompts"
+    if not isinstance(prompt, str):
+        raise BadRequest("'prompt' is required and must be a string", "prompt")
+    return prompt, None
+
+
+def _text_of(content: Any) -> str | None:
+    """A message's text: a string, or the text parts of a content array joined by newlines;
+    None where any part is not text (an image, audio)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            return None
+        parts.append(part["text"])
+    return "\n".join(parts)

@@ -1,0 +1,93 @@
+"""The proxy's Prometheus metrics, in a registry of its own (one per app, so tests and
+several apps in one process never share counters).
+
+Counted by the proxy as requests pass: requests by endpoint and outcome, hits by tier, the
+similarity of semantic hits, lookup and upstream latency, bypasses by reason, errors by kind.
+Read from the cache at each scrape: verifier rejections by rule, entries, stores, evictions
+and the index's device bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from gpucache.cache.core import SemanticCache
+
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+SIMILARITY_BUCKETS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.975, 0.99, 1.0)
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gpucache_requests",
+            "Requests by endpoint and outcome (exact, semantic, miss, bypass, error)",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
+        self.hits = Counter(
+            "gpucache_hits", "Requests answered from the cache, by tier", ["tier"], registry=r
+        )
+        self.similarity = Histogram(
+            "gpucache_hit_similarity",
+            "Cosine similarity of semantic hits",
+            buckets=SIMILARITY_BUCKETS,
+            registry=r,
+        )
+        self.lookup_seconds = Histogram(
+            "gpucache_lookup_seconds", "Time to a hit or a miss decision", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.upstream_seconds = Histogram(
+            "gpucache_upstream_seconds",
+            "Upstream request time (to the whole answer, or to the end of its stream)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.bypasses = Counter(
+            "gpucache_bypasses", "Requests forwarded without the cache, by reason", ["reason"], registry=r
+        )
+        self.errors = Counter(
+            "gpucache_errors",
+            "Failures by kind (cache, upstream_unavailable, "
+            "upstream_timeout, bad_request, client_disconnect)",
+            ["kind"],
+            registry=r,
+        )
+
+    def watch(self, cache: SemanticCache) -> None:
+        self.registry.register(_CacheCollector(cache))
+
+
+class _CacheCollector(Collector):
+    """The cache's own counters, read at each scrape."""
+
+    def __init__(self, cache: SemanticCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.cache.stats()
+        rejections = CounterMetricFamily(
+            "gpucache_verifier_rejections", "Candidates the verifier refused, by rule", labels=["rule"]
+        )
+        for rule, count in sorted(stats.rejections.items()):
+            rejections.add_metric([rule], count)
+        yield rejections
+        yield GaugeMetricFamily("gpucache_entries", "Entries stored", value=stats.entries)
+        yield CounterMetricFamily("gpucache_stores", "Answers stored", value=stats.stores)
+        yield CounterMetricFamily("gpucache_evictions", "Entries evicted", value=stats.evictions)
+        yield GaugeMetricFamily(
+            "gpucache_device_bytes", "Device memory held by the index", value=self.cache.store.nbytes
+        )
+        yield CounterMetricFamily(
+            "gpucache_lookup_batches",
+            "Batches the concurrent lookups shared (fewer than the lookups: they were coalesced)",
+            value=self.cache._coalescer.batches,
+        )

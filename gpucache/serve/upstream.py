@@ -1,0 +1,121 @@
+"""The upstream model server, through one pooled ``httpx.AsyncClient``.
+
+Errors are sorted here so the proxy can answer each the way OpenAI clients expect: an upstream
+that cannot be reached is a 502, one that takes too long a 504 (``UpstreamUnavailable``), and an
+upstream's own error status is passed through unchanged (``UpstreamAnswer``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+# Request headers that belong to one hop, or that the proxy sets itself
+HOP_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "accept-encoding",
+        "cache-control",
+    }
+)
+# Response headers not passed back: httpx has already decoded and de-chunked the body
+RESPONSE_HOP_HEADERS = frozenset({"content-length", "content-encoding", "transfer-encoding", "connection"})
+
+
+class UpstreamUnavailable(Exception):
+    """The upstream could not be reached (502) or did not answer in time (504)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class UpstreamAnswer(Exception):
+    """An upstream answer the cache must not keep (an error status, a truncated or tool-call
+    answer): passed to the client as the upstream sent it."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        super().__init__(f"upstream answered {status}")
+        self.status, self.headers, self.body = status, dict(headers), body
+
+
+def forwarded(headers: Mapping[str, str]) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in headers.items()
+        if k.lower() not in HOP_HEADERS and not k.lower().startswith("x-gpucache")
+    }
+
+
+def returned(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in RESPONSE_HOP_HEADERS}
+
+
+class Upstream:
+    def __init__(self, base_url: str, timeout: float, client: httpx.AsyncClient | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
+
+    def url(self, path: str) -> str:
+        """``path`` below ``/v1`` on the proxy, on the upstream's base URL (which ends in /v1)."""
+        return f"{self.base_url}/{path.lstrip('/')}"
+
+    async def send(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, params: Any = None
+    ) -> httpx.Response:
+        """A whole response (read), or ``UpstreamUnavailable``."""
+        try:
+            return await self.client.request(
+                method, self.url(path), headers=forwarded(headers), content=body, params=params
+            )
+        except httpx.TimeoutException as exc:
+            raise UpstreamUnavailable(504, f"the upstream did not answer in time ({exc!r})") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(502, f"the upstream could not be reached ({exc!r})") from exc
+
+    async def open(self, path: str, headers: Mapping[str, str], body: bytes) -> httpx.Response:
+        """A streamed POST whose body is still to be read; the caller closes it."""
+        request = self.client.build_request("POST", self.url(path), headers=forwarded(headers), content=body)
+        try:
+            return await self.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamUnavailable(504, f"the upstream did not answer in time ({exc!r})") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(502, f"the upstream could not be reached ({exc!r})") from exc
+
+    @asynccontextmanager
+    async def stream(
+        self, path: str, headers: Mapping[str, str], body: bytes
+    ) -> AsyncIterator[httpx.Response]:
+        """``open`` as a context: leaving it closes the upstream request (a client that
+        disconnects cancels the generation)."""
+        response = await self.open(path, headers, body)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    async def reachable(self, timeout: float = 2.0) -> bool:
+        try:
+            response = await self.client.get(self.url("models"), timeout=timeout)
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 500
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,148 @@
+"""The OpenAI wire formats the proxy reads and writes: completion objects, server-sent-event
+chunks (``data: {...}`` lines, then ``data: [DONE]``), and error bodies.
+
+A cached answer is stored as its text alone, so one stored from a stream can be served as
+JSON and one stored from JSON as a stream. A hit reports zero tokens of usage: nothing was
+generated for it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
+def new_id(kind: str) -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-gpucache-{uuid.uuid4().hex}"
+
+
+def completion(kind: str, model: str, text: str) -> dict[str, Any]:
+    """A whole completion object answering with ``text``."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
+    if kind == "chat":
+        choice["message"] = {"role": "assistant", "content": text, "refusal": None}
+    else:
+        choice["text"] = text
+    return {
+        "id": new_id(kind),
+        "object": "chat.completion" if kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": dict(ZERO_USAGE),
+    }
+
+
+@dataclass
+class StreamMeta:
+    """What a streamed answer's chunks share: taken from the upstream's first chunk on a miss,
+    made up on a hit."""
+
+    kind: str
+    model: str
+    id: str = ""
+    created: int = 0
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    tool_calls: bool = False
+    extra_events: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.id = self.id or new_id(self.kind)
+        self.created = self.created or int(time.time())
+
+
+def chunk(
+    meta: StreamMeta,
+    *,
+    content: str | None = None,
+    role: bool = False,
+    finish: str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> bytes:
+    """One ``data: {...}`` event of a streamed completion."""
+    event: dict[str, Any] = {
+        "id": meta.id,
+        "object": "chat.completion.chunk" if meta.kind == "chat" else "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+    }
+    if usage is not None:
+        event["choices"], event["usage"] = [], usage
+        return sse(event)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if meta.kind == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if content is not None:
+            delta["content"] = content
+        choice["delta"] = delta
+    else:
+        choice["text"] = content or ""
+    event["choices"] = [choice]
+    return sse(event)
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def replay(meta: StreamMeta, pieces: Iterable[str], include_usage: bool) -> Iterator[bytes]:
+    """A whole streamed answer: a role chunk, the content chunks, a finish chunk, a usage
+    chunk where the client asked for one, then ``[DONE]``."""
+    if meta.kind == "chat":
+        yield chunk(meta, role=True, content="")
+    for piece in pieces:
+        yield chunk(meta, content=piece)
+    yield chunk(meta, finish="stop")
+    if include_usage:
+        yield chunk(meta, usage=dict(ZERO_USAGE))
+    yield DONE
+
+
+def answer_of(kind: str, body: Any) -> tuple[str | None, str | None, bool]:
+    """(text, finish_reason, has tool calls) of an upstream's completion object."""
+    try:
+        choice = body["choices"][0]
+        if kind == "chat":
+            message = choice.get("message") or {}
+            return message.get("content"), choice.get("finish_reason"), bool(message.get("tool_calls"))
+        return choice.get("text"), choice.get("finish_reason"), False
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None, None, False
+
+
+def delta_of(kind: str, event: dict[str, Any], meta: StreamMeta) -> str | None:
+    """The content delta of one upstream chunk; records its finish reason, tool calls and
+    usage on ``meta``."""
+    if event.get("usage"):
+        meta.usage = event["usage"]
+    choices = event.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    if choice.get("finish_reason"):
+        meta.finish_reason = choice["finish_reason"]
+    if kind == "chat":
+        delta = choice.get("delta") or {}
+        if delta.get("tool_calls"):
+            meta.tool_calls = True
+        content = delta.get("content")
+    else:
+        content = choice.get("text")
+    return content if isinstance(content, str) and content else None
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-shaped error: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
