@@ -1,132 +1,17 @@
-"""Test parts for the proxy: an OpenAI-compatible upstream that answers deterministically and can
-stream, fail, stall and count, and a real uvicorn server run in a thread on 127.0.0.1.
-
-The upstream's behaviour is chosen by markers in the prompt, so one server serves every test:
-    [500]   answers 500 with an OpenAI error body and Retry-After: 7
-    [429]   answers 429 with Retry-After: 3
-    [length] finishes with finish_reason "length" (a truncated answer)
-    [tool]  answers with a tool call
-    [stall] never answers (until the request is closed, or 60 s)
-    [drip]  streams one word, then waits for /control/drip before the rest
-    [slow]  takes 0.2 s, like a model, so that concurrent requests overlap
-"""
+"""Test parts for the proxy: a real uvicorn server run in a thread on 127.0.0.1, and the stand-in
+upstream (gpucache/tools/upstream.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import socket
 import threading
 from typing import Any
 
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
+from gpucache.tools.upstream import answer_to, make_upstream
 
-def answer_to(text: str) -> str:
-    return f"The answer to '{text}' is forty-two."
-
-
-def make_upstream() -> Starlette:
-    calls: list[tuple[str, str]] = []
-    closed = threading.Event()  # a streamed generation was cut off by its client
-    drip = asyncio.Event()
-
-    def text_of(kind: str, body: dict[str, Any]) -> str:
-        if kind == "chat":
-            content = body["messages"][-1].get("content")
-            return content if isinstance(content, str) else " ".join(p["text"] for p in content)
-        prompt = body["prompt"]
-        return prompt if isinstance(prompt, str) else prompt[0]
-
-    async def complete(request: Request) -> Response:
-        kind = "chat" if request.url.path.endswith("chat/completions") else "completions"
-        body = await request.json()
-        text = text_of(kind, body)
-        calls.append((kind, text))
-        if "[500]" in text:
-            return JSONResponse({"error": {"message": "the model crashed", "type": "server_error",
-                                           "param": None, "code": None}},
-                                status_code=500, headers={"retry-after": "7"})
-        if "[429]" in text:
-            return JSONResponse({"error": {"message": "slow down", "type": "rate_limit", "param": None,
-                                           "code": None}}, status_code=429, headers={"retry-after": "3"})
-        if "[stall]" in text:
-            await asyncio.sleep(60)  # stall: only the client giving up ends this
-        if "[slow]" in text:
-            await asyncio.sleep(0.2)  # stall: a model's generation time, so requests overlap
-        finish = "length" if "[length]" in text else ("tool_calls" if "[tool]" in text else "stop")
-        answer = answer_to(text)
-        created, model = 1_700_000_000, body["model"]
-        if body.get("stream"):
-            return StreamingResponse(stream(kind, model, answer, finish, body, "[drip]" in text),
-                                     media_type="text/event-stream")
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
-        if kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": answer}
-            if finish == "tool_calls":
-                message = {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
-            choice["message"] = message
-        else:
-            choice["text"] = answer
-        usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
-        return JSONResponse({"id": "up-1", "object": "chat.completion" if kind == "chat" else "text_completion",
-                             "created": created, "model": model, "choices": [choice], "usage": usage})
-
-    async def stream(kind, model, answer, finish, body, dripping):
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        try:
-            words = answer.split(" ")
-            for i, word in enumerate(words):
-                piece = word if i == 0 else " " + word
-                choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None}
-                          if kind == "chat" else {"index": 0, "text": piece, "finish_reason": None})
-                yield "data: " + json.dumps({"id": "up-stream", "object": obj, "created": 1, "model": model,
-                                             "choices": [choice]}) + "\n\n"
-                if dripping and i == 0:
-                    await drip.wait()
-            last = ({"index": 0, "delta": {}, "finish_reason": finish} if kind == "chat"
-                    else {"index": 0, "text": "", "finish_reason": finish})
-            yield "data: " + json.dumps({"id": "up-stream", "object": obj, "created": 1, "model": model,
-                                         "choices": [last]}) + "\n\n"
-            if (body.get("stream_options") or {}).get("include_usage"):
-                yield "data: " + json.dumps({"id": "up-stream", "object": obj, "created": 1, "model": model,
-                                             "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7,
-                                                                      "total_tokens": 12}}) + "\n\n"
-            yield "data: [DONE]\n\n"
-        except (asyncio.CancelledError, GeneratorExit):
-            closed.set()
-            raise
-
-    async def models(request: Request) -> Response:
-        calls.append(("models", ""))
-        return JSONResponse({"object": "list", "data": [{"id": "smol", "object": "model", "created": 1,
-                                                          "owned_by": "test"}]})
-
-    async def embeddings(request: Request) -> Response:
-        calls.append(("embeddings", ""))
-        return JSONResponse({"object": "list", "model": "e", "data": [
-            {"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
-            "usage": {"prompt_tokens": 1, "total_tokens": 1}})
-
-    async def release(request: Request) -> Response:
-        drip.set()
-        return JSONResponse({"ok": True})
-
-    app = Starlette(routes=[
-        Route("/v1/chat/completions", complete, methods=["POST"]),
-        Route("/v1/completions", complete, methods=["POST"]),
-        Route("/v1/models", models),
-        Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/control/drip", release, methods=["POST"]),
-    ])
-    app.state.calls = calls
-    app.state.closed = closed
-    return app
+__all__ = ["Served", "answer_to", "free_port", "make_upstream"]
 
 
 class Served:
@@ -142,8 +27,9 @@ class Served:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                                    timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> Served:
