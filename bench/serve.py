@@ -1,0 +1,254 @@
+"""Serving benchmark: the proxy's overhead against calling the upstream directly, and hits per
+second with lookups batched across requests against without.
+
+    python3 bench/serve.py --out bench/reports/serve.md [--token-delay 0.002] [--requests 256]
+
+Everything runs on 127.0.0.1: the stand-in upstream (gpucache/tools/upstream.py, answering after
+``--token-delay`` seconds per word, so a miss costs what a small model would) and the proxy
+(``gpucache serve``, the packaged model on this machine's device) each in a process of its own,
+and the load from this one, bounded in requests and time.
+
+- Latency: p50 and p99 of one request, at 1, 16 and 64 concurrent clients, for the upstream
+  alone, a proxy miss (a new prompt each time) and a proxy hit (a reworded prompt from the demo
+  workload that the cache answers semantically, so the embedder and the scan run every time).
+- Throughput: semantic hits per second at 64 clients, with the lookup window at 2 ms (lookups
+  that arrive together share one embedder batch and one scan) and at 0 (each alone), measured
+  on two proxies started one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import httpx
+
+CONCURRENCY = (1, 16, 64)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(command: list[str], url: str) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.2)  # the process is still starting (loading the model)
+    process.kill()
+    raise RuntimeError(f"{command} did not start: {process.stderr.read().decode() if process.stderr else ''}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    process.wait(60)
+
+
+def workload() -> list[tuple[str, list[str]]]:
+    """(a question's original prompt, its paraphrases) from the packaged demo workload."""
+    text = resources.files("gpucache").joinpath("data/demo_workload.jsonl").read_text("utf-8")
+    originals: dict[int, str] = {}
+    paraphrases: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        item = json.loads(line)
+        if item["kind"] == "original":
+            originals[item["group"]] = item["prompt"]
+        elif item["kind"] == "paraphrase":
+            paraphrases.setdefault(item["group"], []).append(item["prompt"])
+    return [(originals[g], sorted(set(p))) for g, p in paraphrases.items() if g in originals]
+
+
+def body(prompt: str) -> dict[str, object]:
+    return {"model": "bench", "messages": [{"role": "user", "content": prompt}]}
+
+
+async def timed_requests(url: str, prompts: list[str], clients: int, deadline: float) -> list[float]:
+    """Each prompt once, ``clients`` at a time; the seconds each took."""
+    seconds: list[float] = []
+    queue = list(reversed(prompts))
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=clients)) as client:
+
+        async def worker() -> None:
+            while queue and time.monotonic() < deadline:
+                prompt = queue.pop()
+                started = time.perf_counter()
+                response = await client.post(url, json=body(prompt))
+                response.raise_for_status()
+                seconds.append(time.perf_counter() - started)
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    return seconds
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def semantic_hits(proxy: str, items: list[tuple[str, list[str]]]) -> list[str]:
+    """Store each question's first prompt, then keep the rewordings the proxy answers by
+    meaning (its verifier refuses some: those would be misses, not hits)."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        for first, _ in items:
+            (await client.post(proxy, json=body(first))).raise_for_status()
+        hits = []
+        for _, rewordings in items:
+            for prompt in rewordings:
+                response = await client.post(proxy, json=body(prompt))
+                if response.headers.get("x-gpucache") == "semantic":
+                    hits.append(prompt)
+    return hits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/reports/serve.md")
+    parser.add_argument("--token-delay", type=float, default=0.002, help="upstream seconds per word")
+    parser.add_argument("--requests", type=int, default=256, help="requests per latency cell")
+    parser.add_argument("--seconds", type=float, default=60.0, help="time limit of one cell")
+    args = parser.parse_args()
+
+    up_port = free_port()
+    upstream = start(
+        [
+            sys.executable,
+            "-m",
+            "gpucache.tools.upstream",
+            "--port",
+            str(up_port),
+            "--token-delay",
+            str(args.token_delay),
+        ],
+        f"http://127.0.0.1:{up_port}/v1/models",
+    )
+    items = workload()
+    rows: list[tuple[str, int, float, float, int]] = []
+    throughput: dict[str, float] = {}
+    try:
+        for window in ("2", "0"):
+            port = free_port()
+            proxy = start(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpucache",
+                    "serve",
+                    "--upstream",
+                    f"http://127.0.0.1:{up_port}/v1",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                    "--lookup-window-ms",
+                    window,
+                ],
+                f"http://127.0.0.1:{port}/health",
+            )
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            try:
+                hits = asyncio.run(semantic_hits(url, items))
+                if window == "2":
+                    direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
+                    for clients in CONCURRENCY:
+                        n = args.requests
+                        for label, target, prompts in (
+                            (
+                                "upstream directly",
+                                direct,
+                                [f"direct {clients} {i}: what is {i} + 1?" for i in range(n)],
+                            ),
+                            ("proxy, miss", url, [f"miss {clients} {i}: what is {i} + 2?" for i in range(n)]),
+                            ("proxy, semantic hit", url, [hits[i % len(hits)] for i in range(n)]),
+                        ):
+                            seconds = asyncio.run(
+                                timed_requests(target, prompts, clients, time.monotonic() + args.seconds)
+                            )
+                            rows.append(
+                                (
+                                    label,
+                                    clients,
+                                    percentile(seconds, 0.5),
+                                    percentile(seconds, 0.99),
+                                    len(seconds),
+                                )
+                            )
+                prompts = [hits[i % len(hits)] for i in range(4 * args.requests)]
+                started = time.perf_counter()
+                seconds = asyncio.run(timed_requests(url, prompts, 64, time.monotonic() + args.seconds))
+                throughput[window] = len(seconds) / (time.perf_counter() - started)
+            finally:
+                stop(proxy)
+    finally:
+        stop(upstream)
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    info = subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True, text=True).stdout
+    command = " ".join(
+        [
+            "python3",
+            "bench/serve.py",
+            "--out",
+            args.out,
+            "--token-delay",
+            str(args.token_delay),
+            "--requests",
+            str(args.requests),
+        ]
+    )
+    lines = [
+        "# Serving: proxy overhead and batched lookups",
+        "",
+        f"Command: `{command}` (commit {commit}, {platform.machine()}, {os.cpu_count()} CPU threads,",
+        f"Python {platform.python_version()}). The upstream answers after {args.token_delay} s per word",
+        "(about 8 words an answer); proxy, upstream and load generator share this machine.",
+        "",
+        "```",
+        info.strip(),
+        "```",
+        "",
+        "## Latency of one request (ms)",
+        "",
+        "| path | clients | p50 | p99 | requests |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {label} | {clients} | {1000 * p50:.1f} | {1000 * p99:.1f} | {n} |"
+        for label, clients, p50, p99, n in rows
+    ]
+    ratio = throughput["2"] / throughput["0"] if throughput.get("0") else float("nan")
+    lines += [
+        "",
+        "## Semantic hits per second at 64 clients",
+        "",
+        "| lookups | hits/s |",
+        "|---|---:|",
+        f"| batched across requests (window 2 ms) | {throughput['2']:.0f} |",
+        f"| one at a time (window 0) | {throughput['0']:.0f} |",
+        "",
+        f"Batching across requests: {ratio:.2f}x the hits per second.",
+        "",
+    ]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
