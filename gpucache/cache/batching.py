@@ -6,6 +6,11 @@ arrive within ``window`` seconds of the first in a batch (or until ``max_batch``
 share one ``lookup_batch``: one embedder batch and one scan per scope (lookup.py). Each caller
 gets the plan it would have got alone.
 
+One batch is in flight at a time: requests that arrive while one is being looked up gather into
+the next, which is sent as soon as the first returns. Under load the batches therefore grow
+with the load, as a model server's continuous batching does, instead of many small batches
+competing for the same cores and the cache's lock.
+
 With ``window=0`` every request is its own batch, sent at once: the path the async API takes
 when coalescing is off, so timeouts and cancellation work the same way either way.
 
@@ -43,6 +48,7 @@ class _Ticket:
 class _Window:
     tickets: list[_Ticket] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
+    busy: bool = False  # a batch of this loop's is being looked up
 
 
 class LookupCoalescer:
@@ -77,10 +83,12 @@ class LookupCoalescer:
         ticket = _Ticket(request, loop.create_future())
         window = self._windows.setdefault(loop, _Window())
         window.tickets.append(ticket)
-        if len(window.tickets) >= self.max_batch or self.window <= 0:
-            self._send(loop, window)
-        elif window.timer is None:
-            window.timer = loop.call_later(self.window, self._send, loop, window)
+        if self.window <= 0:
+            self._send(loop, window, [ticket])
+        elif not window.busy and len(window.tickets) >= self.max_batch:
+            self._send_next(loop, window)
+        elif not window.busy and window.timer is None:
+            window.timer = loop.call_later(self.window, self._send_next, loop, window)
         try:
             return await asyncio.wait_for(ticket.future, timeout)
         except asyncio.TimeoutError:
@@ -90,17 +98,31 @@ class LookupCoalescer:
             self._abandon(ticket)
             raise
 
-    def _send(self, loop: asyncio.AbstractEventLoop, window: _Window) -> None:
+    def _send_next(self, loop: asyncio.AbstractEventLoop, window: _Window) -> None:
+        """Send the waiting tickets (up to ``max_batch``) as this loop's batch in flight."""
         if window.timer is not None:
             window.timer.cancel()
             window.timer = None
-        tickets, window.tickets = window.tickets, []
-        if not tickets:
-            return
+        tickets, window.tickets = window.tickets[: self.max_batch], window.tickets[self.max_batch :]
+        if tickets:
+            window.busy = True
+            self._send(loop, window, tickets)
+
+    def _send(self, loop: asyncio.AbstractEventLoop, window: _Window, tickets: list[_Ticket]) -> None:
+        if self.window <= 0:
+            window.tickets.remove(tickets[0])
         self.batches += 1
         task = loop.create_task(self._complete(tickets))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.window > 0:
+            task.add_done_callback(lambda _: self._after(loop, window))
+
+    def _after(self, loop: asyncio.AbstractEventLoop, window: _Window) -> None:
+        """A batch came back: the requests that gathered meanwhile go at once."""
+        window.busy = False
+        if window.tickets:
+            self._send_next(loop, window)
 
     async def _complete(self, tickets: list[_Ticket]) -> None:
         try:

@@ -1,0 +1,1 @@
+"""Adapters that plug gpucache into other frameworks; each needs that framework installed."""
