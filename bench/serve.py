@@ -1,7 +1,10 @@
 """Serving benchmark: the proxy's overhead against calling the upstream directly, and hits per
 second with lookups batched across requests against without.
 
-    python3 bench/serve.py --out bench/reports/serve.md [--token-delay 0.002] [--requests 256]
+    python3 bench/serve.py --out bench/reports/serve.md [--token-delay 0.002] [--seconds 10]
+
+The load comes from wrk (Debian's package: ``apt-get install wrk``) where it is installed, which
+keeps the load generator's own cost small on a small machine, and else from httpx.
 
 Everything runs on 127.0.0.1: the stand-in upstream (gpucache/tools/upstream.py, answering after
 ``--token-delay`` seconds per word, so a miss costs what a small model would) and the proxy
@@ -23,9 +26,11 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import resources
 from pathlib import Path
@@ -95,6 +100,57 @@ async def timed_requests(url: str, prompts: list[str], clients: int, deadline: f
     return seconds
 
 
+WRK_SCRIPT = """
+local bodies = {%s}
+local i = 0
+request = function()
+  i = i + 1
+  local body = bodies[(i - 1) %% #bodies + 1]
+  if string.find(body, "UNIQUE", 1, true) then
+    body = string.gsub(body, "UNIQUE", tostring(i) .. "-" .. tostring(math.random(1, 1000000000)))
+  end
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
+end
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT %%d %%d %%f %%f %%f\\n", summary.requests,
+    summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.timeout,
+    summary.duration / 1e6, latency:percentile(50) / 1e6, latency:percentile(99) / 1e6))
+end
+"""
+
+
+def wrk(url: str, prompts: list[str], clients: int, seconds: float) -> tuple[int, int, float, float, float]:
+    """(requests, errors, seconds, p50, p99) of ``clients`` connections kept busy for ``seconds``
+    by wrk, a load generator in C: on a 2-core machine a Python one takes a core of its own."""
+    quoted = ", ".join(lua_string(json.dumps(body(p))) for p in prompts)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT % quoted)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{clients}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "30s",
+            "-s",
+            script.name,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    os.unlink(script.name)
+    line = next(row for row in out.splitlines() if row.startswith("RESULT"))
+    n, errors, duration, p50, p99 = line.split()[1:]
+    return int(n), int(errors), float(duration), float(p50), float(p99)
+
+
+def lua_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -115,12 +171,32 @@ async def semantic_hits(proxy: str, items: list[tuple[str, list[str]]]) -> list[
     return hits
 
 
+def measure(
+    url: str, prompts: list[str], clients: int, args: argparse.Namespace
+) -> tuple[int, float, float, float]:
+    """(requests, p50 s, p99 s, requests per second) of ``clients`` concurrent clients: through
+    wrk for ``--seconds`` where it is installed, else ``--requests`` through httpx. A prompt
+    holding UNIQUE is made unique per request (a miss each time)."""
+    if shutil.which("wrk"):
+        n, errors, seconds, p50, p99 = wrk(url, prompts, clients, args.seconds)
+        if errors:
+            raise RuntimeError(f"{errors} of {n} requests to {url} failed")
+        return n, p50, p99, n / seconds
+    unique = [
+        p.replace("UNIQUE", str(i)) for i, p in enumerate(prompts * (args.requests // len(prompts) + 1))
+    ]
+    started = time.perf_counter()
+    seconds = asyncio.run(timed_requests(url, unique[: args.requests], clients, time.monotonic() + 120))
+    elapsed = time.perf_counter() - started
+    return len(seconds), percentile(seconds, 0.5), percentile(seconds, 0.99), len(seconds) / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/reports/serve.md")
     parser.add_argument("--token-delay", type=float, default=0.002, help="upstream seconds per word")
-    parser.add_argument("--requests", type=int, default=256, help="requests per latency cell")
-    parser.add_argument("--seconds", type=float, default=60.0, help="time limit of one cell")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of one cell with wrk")
+    parser.add_argument("--requests", type=int, default=256, help="requests per cell without wrk")
     args = parser.parse_args()
 
     up_port = free_port()
@@ -137,7 +213,7 @@ def main() -> None:
         f"http://127.0.0.1:{up_port}/v1/models",
     )
     items = workload()
-    rows: list[tuple[str, int, float, float, int]] = []
+    rows: list[tuple[str, int, int, float, float]] = []
     throughput: dict[str, float] = {}
     try:
         for window in ("2", "0"):
@@ -165,32 +241,14 @@ def main() -> None:
                 if window == "2":
                     direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
                     for clients in CONCURRENCY:
-                        n = args.requests
                         for label, target, prompts in (
-                            (
-                                "upstream directly",
-                                direct,
-                                [f"direct {clients} {i}: what is {i} + 1?" for i in range(n)],
-                            ),
-                            ("proxy, miss", url, [f"miss {clients} {i}: what is {i} + 2?" for i in range(n)]),
-                            ("proxy, semantic hit", url, [hits[i % len(hits)] for i in range(n)]),
+                            ("upstream directly", direct, [f"direct {clients} UNIQUE: what is the sum?"]),
+                            ("proxy, miss", url, [f"miss {clients} UNIQUE: what is the sum?"]),
+                            ("proxy, semantic hit", url, hits),
                         ):
-                            seconds = asyncio.run(
-                                timed_requests(target, prompts, clients, time.monotonic() + args.seconds)
-                            )
-                            rows.append(
-                                (
-                                    label,
-                                    clients,
-                                    percentile(seconds, 0.5),
-                                    percentile(seconds, 0.99),
-                                    len(seconds),
-                                )
-                            )
-                prompts = [hits[i % len(hits)] for i in range(4 * args.requests)]
-                started = time.perf_counter()
-                seconds = asyncio.run(timed_requests(url, prompts, 64, time.monotonic() + args.seconds))
-                throughput[window] = len(seconds) / (time.perf_counter() - started)
+                            n, p50, p99, _ = measure(target, prompts, clients, args)
+                            rows.append((label, clients, n, p50, p99))
+                throughput[window] = measure(url, hits, 64, args)[3]
             finally:
                 stop(proxy)
     finally:
@@ -200,24 +258,17 @@ def main() -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     info = subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True, text=True).stdout
-    command = " ".join(
-        [
-            "python3",
-            "bench/serve.py",
-            "--out",
-            args.out,
-            "--token-delay",
-            str(args.token_delay),
-            "--requests",
-            str(args.requests),
-        ]
+    command = (
+        f"python3 bench/serve.py --out {args.out} --token-delay {args.token_delay} --seconds {args.seconds}"
     )
+    load = "wrk (one thread)" if shutil.which("wrk") else "httpx from Python"
     lines = [
         "# Serving: proxy overhead and batched lookups",
         "",
         f"Command: `{command}` (commit {commit}, {platform.machine()}, {os.cpu_count()} CPU threads,",
         f"Python {platform.python_version()}). The upstream answers after {args.token_delay} s per word",
-        "(about 8 words an answer); proxy, upstream and load generator share this machine.",
+        f"(7 words an answer); proxy, upstream and the load generator, {load}, share this machine.",
+        f"{len(hits)} reworded demo prompts are answered by meaning and asked in turn for the hits.",
         "",
         "```",
         info.strip(),
@@ -225,14 +276,14 @@ def main() -> None:
         "",
         "## Latency of one request (ms)",
         "",
-        "| path | clients | p50 | p99 | requests |",
+        "| path | clients | requests | p50 | p99 |",
         "|---|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {label} | {clients} | {1000 * p50:.1f} | {1000 * p99:.1f} | {n} |"
-        for label, clients, p50, p99, n in rows
+        f"| {label} | {clients} | {n} | {1000 * p50:.1f} | {1000 * p99:.1f} |"
+        for label, clients, n, p50, p99 in rows
     ]
-    ratio = throughput["2"] / throughput["0"] if throughput.get("0") else float("nan")
+    ratio = throughput["2"] / throughput["0"]
     lines += [
         "",
         "## Semantic hits per second at 64 clients",
