@@ -9,6 +9,9 @@ said it (``UpstreamAnswer``), and an upstream that cannot be reached is a 502 or
 
 The cache fails open: if the lookup fails or passes its deadline (``LookupTimeout``), the
 request goes upstream as if the cache were not there, and the failure is counted.
+
+A little over 400 lines: the JSON path, the streamed path and the uncached paths share their
+failure handling, and read best side by side.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ What it measures (medians of ``repeat`` synchronized timings after a warm-up):
 * on CUDA, NVML telemetry (memory used, utilisation, power) read during the scan runs.
 
 Data are seeded random unit vectors (the scan's cost does not depend on their meaning).
+
+Why one module of this length: it is one report, and its parts (the timing harness, the
+engines compared, the report renderer) change together when a measurement does; it is a tool
+run by the command line, never imported by the library.
 """
 
 from __future__ import annotations
