@@ -179,7 +179,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         upstream=args.upstream, admin_token=args.admin_token or os.environ.get("GPUCACHE_ADMIN_TOKEN"),
         snapshot=args.snapshot, lookup_window=args.lookup_window_ms / 1000,
         lookup_timeout=args.lookup_timeout, upstream_timeout=args.upstream_timeout,
-        namespace_header=args.namespace_header,
+        namespace_header=args.namespace_header, redis=args.redis,
     )
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.grace)
@@ -233,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds to wait for the upstream (default 600)")
     serve.add_argument("--grace", type=float, default=30.0,
                        help="seconds in-flight requests get to finish at shutdown (default 30)")
+    serve.add_argument("--redis", default=None,
+                       help="a Redis or Valkey URL: replicas share their entries through it")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(run=_cmd_serve)
 

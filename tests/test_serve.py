@@ -386,3 +386,15 @@ def test_sigterm_finishes_and_saves_the_snapshot_which_the_next_start_serves(ups
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
+
+
+def test_a_corrupt_snapshot_is_set_aside_and_the_proxy_starts_empty(upstream, real_embedder, tmp_path):
+    snapshot = tmp_path / "cache.gpucache"
+    snapshot.write_bytes(b"not a snapshot at all")
+    config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(snapshot))
+    app = create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
+    with Served(app) as served:
+        assert ask(client(served, "t-corrupt"), "Is the cache empty?")[0]["x-gpucache"] == "miss"
+    assert (tmp_path / "cache.gpucache.corrupt").read_bytes() == b"not a snapshot at all"
+    # saved at shutdown: a whole, loadable file holding the one answer stored since
+    assert len(SemanticCache.load(str(snapshot), embedder=real_embedder, device="cpu")) == 1

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,9 @@ from gpucache.index.store import ExactScanStore
 from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy, ContentPolicy
 
+if TYPE_CHECKING:
+    from gpucache.share.redis import RedisShare, SharedEntry
+
 log = logging.getLogger("gpucache")
 
 
@@ -64,6 +67,7 @@ class CacheState:
         cache_policy: CachePolicy | None = None,
         admission: AdmissionPolicy | None = None,
         engine: ScanEngine | None = None,
+        shared: RedisShare | None = None,
         settings: CacheSettings | None = None,
         **options: Any,
     ) -> None:
@@ -100,6 +104,9 @@ class CacheState:
         limit = min(s.capacity, self.store.max_rows or s.capacity)
         self._table = EntryTable(self.store, limit, self._stats)
         self._flights: SingleFlight[bytes, str] = SingleFlight()
+        self.shared = shared
+        if shared is not None:
+            shared.attach(self)  # last: the share may apply other replicas' entries at once
         self._coalescer = LookupCoalescer(self._lookup_batch, self._release,
                                           window=s.lookup_window_seconds, max_batch=s.lookup_batch)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
@@ -139,13 +146,24 @@ class CacheState:
         """Remove the entry stored under exactly ``prompt`` in ``scope``; True if there was one."""
         scope, prompt = check_scope(scope), check_prompt(prompt)
         with self._lock:
-            return self._table.remove(scope, prompt)
+            removed = self._table.remove(scope, prompt)
+        if self.shared is not None:
+            self.shared.removed(scope, prompt)  # and on every replica, wherever it was stored
+        return removed
 
     def clear(self, scope: str | None = None) -> None:
         """Remove every entry, or only those of ``scope`` when one is given."""
         scope = None if scope is None else check_scope(scope)
         with self._lock:
             self._table.clear(scope)
+        if self.shared is not None:
+            self.shared.cleared(scope)
+
+    def close(self) -> None:
+        """Stop what runs in the background (the share's threads); the cache itself needs no
+        closing."""
+        if self.shared is not None:
+            self.shared.close()
 
     def purge_expired(self) -> int:
         """Drop expired entries now (they are never served either way); returns how many."""
@@ -238,7 +256,10 @@ class CacheState:
         vectors = self.embedder.encode([p for p, _ in items])  # no lock held
         with self._lock:
             now = self._now()
-            return self._table.store(scope, items, vectors, _expiry(now, ttl), now)
+            stored = self._table.store(scope, items, vectors, _expiry(now, ttl), now)
+        if self.shared is not None:
+            self.shared.stored(scope, items, vectors, _expiry(now, ttl))
+        return stored
 
     def _lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Plan]:
         """A plan per request from one embedder batch and one scan per scope (lookup.py)."""
@@ -271,9 +292,31 @@ class CacheState:
             if keep:
                 rows = torch.tensor([position[p] for p, _ in keep], device=plan.vectors.device)
                 now = self._now()
-                ttl = self.ttl if ttl is None else ttl
-                self._table.store(plan.scope, keep, plan.vectors[rows], _expiry(now, ttl), now)
+                expires_at = _expiry(now, self.ttl if ttl is None else ttl)
+                self._table.store(plan.scope, keep, plan.vectors[rows], expires_at, now)
             self._flights.resolve(dict(zip(plan.mine, responses)))
+        if keep and self.shared is not None:
+            self.shared.stored(plan.scope, keep, plan.vectors[rows], expires_at)
+
+    # ----------------------------------------------------------------------------- shared
+
+    def _apply_shared(self, entry: SharedEntry) -> None:
+        """Another replica's entry, into this replica's index (no policy, admission or
+        publishing: it passed them where it was stored)."""
+        with self._lock:
+            now = self._now()
+            if entry.expires_at <= now:
+                return
+            self._table.store(entry.scope, [(entry.prompt, entry.response)], entry.vector[None],
+                              entry.expires_at, now)
+
+    def _apply_shared_removal(self, scope: str, prompt: str) -> None:
+        with self._lock:
+            self._table.remove(scope, prompt)
+
+    def _apply_shared_clear(self, scope: str | None) -> None:
+        with self._lock:
+            self._table.clear(scope)
 
     def _abort(self, plan: Plan, error: BaseException) -> None:
         """Release this call's claims, handing ``error`` to their waiters. Takes only

@@ -51,23 +51,31 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
     }
 
     def build() -> SemanticCache:
-        built = cache_factory() if cache_factory is not None else SemanticCache(**options)
+        extra = dict(options)
+        if config.redis and cache_factory is None:
+            from gpucache.share.redis import RedisShare
+
+            extra["shared"] = RedisShare(config.redis)
         if not (config.snapshot and os.path.exists(config.snapshot)):
-            return built
+            return cache_factory() if cache_factory is not None else SemanticCache(**extra)
+        base = cache_factory() if cache_factory is not None else None
+        given: dict[str, Any] = (
+            {}
+            if base is None
+            else {
+                "embedder": base.embedder,
+                "device": base.device,
+                "verifier": base.verifier,
+                "cache_policy": base.cache_policy,
+            }
+        )
         try:
-            return SemanticCache.load(
-                config.snapshot,
-                embedder=built.embedder,
-                device=built.device,
-                verifier=built.verifier,
-                cache_policy=built.cache_policy,
-                **options,
-            )
+            return SemanticCache.load(config.snapshot, **given, **extra)
         except SnapshotError as exc:  # keep serving; keep the file for a person to look at
             aside = f"{config.snapshot}.corrupt"
             os.replace(config.snapshot, aside)
             log.error("gpucache: %s; starting empty, the file is now %s", exc, aside)
-            return built
+            return base if base is not None else SemanticCache(**extra)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,6 +89,7 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
             if config.snapshot:
                 await asyncio.to_thread(cache.save, config.snapshot)
                 log.info("gpucache: saved the cache to %s", config.snapshot)
+            cache.close()
             await upstream.close()
 
     app = FastAPI(title="gpucache", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

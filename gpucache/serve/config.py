@@ -38,6 +38,8 @@ class ServeConfig:
     """The most lookups one such batch holds."""
     cache_tool_calls: bool = False
     """Store answers that call tools (off: a tool call depends on state the cache cannot see)."""
+    redis: str | None = None
+    """A Redis or Valkey URL: replicas share their entries through it (gpucache.share)."""
 
     def __post_init__(self) -> None:
         if not self.upstream.startswith(("http://", "https://")):

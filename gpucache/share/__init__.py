@@ -1,0 +1,1 @@
+"""Replicas sharing entries through Redis or Valkey (redis.py); needs the ``share`` extra."""

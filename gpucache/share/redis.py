@@ -1,0 +1,395 @@
+"""Replicas sharing entries through Redis or Valkey: ``SemanticCache(..., shared=RedisShare(url))``.
+
+Each replica keeps its own index on its own device, and scans it alone: that is the part Redis
+cannot do fast. What Redis holds is the log that feeds every index:
+
+    {prefix}:meta        hash   model and dimension: a replica of another model refuses to join
+    {prefix}:e:{key}     hash   one entry: scope, prompt, response, expiry, model, vector bytes,
+                                and the replica that stored it; expires with the entry (PEXPIREAT)
+    {prefix}:log         stream put / del / clear events, trimmed to about ``maxlen`` events
+
+Writing: every entry a replica stores is written as a record and announced on the stream; an
+invalidation or a clear is announced too. Writes go through a background thread: a request never
+waits on Redis, and an entry stored while Redis is away is kept locally and written when it
+returns (up to ``pending_max`` of them).
+
+Reading: a background thread tails the stream (XREAD BLOCK from the last id it saw) and applies
+other replicas' events to the local index. A replica that starts, or that finds the stream
+trimmed past the last id it saw (it was away too long), first bootstraps from the records (SCAN),
+then tails from the stream's end as it was before the bootstrap began, so nothing falls between.
+
+When Redis is unreachable the replica keeps serving and storing locally, counts the errors,
+reconnects with backoff, and catches up (or bootstraps) when it can. Expiry is wall-clock
+time: shared caches use the default ``timer`` (``time.time``).
+
+Not shared, per replica: the admission sketch (each replica admits from the traffic it sees;
+sharing it would take a sketch of counters in Redis merged on each sighting), and single-flight
+(concurrent misses on two replicas both load; a cross-replica claim is SET NX PX on the key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    import redis
+
+    from gpucache.cache.state import CacheState
+
+log = logging.getLogger("gpucache.share")
+
+
+class SharedModelMismatch(ValueError):
+    """The shared log was written by replicas of another model or dimension."""
+
+
+@dataclass(frozen=True)
+class SharedEntry:
+    scope: str
+    prompt: str
+    response: str
+    expires_at: float
+    vector: torch.Tensor  # (D,) float32
+
+
+@dataclass
+class ShareStats:
+    """What a replica's share did: events applied, written, refused, and Redis errors."""
+
+    applied: int = 0
+    written: int = 0
+    bootstraps: int = 0
+    refused: int = 0
+    errors: int = 0
+    pending: int = 0
+    connected: bool = False
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class RedisShare:
+    """Shares one cache's entries with the other replicas on the same Redis or Valkey.
+
+    Args:
+        url: ``redis://host:port/db`` (Valkey speaks the same protocol).
+        prefix: the keys' prefix; replicas of one cache share it.
+        maxlen: about how many events the stream keeps (XADD MAXLEN ~).
+        deadline: seconds any one Redis call may take before it counts as a failure.
+        pending_max: entries kept for writing while Redis is away; older ones are dropped first.
+        client: a redis-py client to use instead of one made from ``url`` (tests).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "gpucache",
+        maxlen: int = 100_000,
+        deadline: float = 0.5,
+        pending_max: int = 10_000,
+        client: redis.Redis | None = None,
+    ) -> None:
+        import redis as redis_module
+
+        if maxlen < 1 or deadline <= 0 or pending_max < 1:
+            raise ValueError("maxlen and pending_max must be >= 1 and deadline > 0")
+        self.url, self.prefix, self.maxlen, self.deadline = url, prefix, maxlen, deadline
+        self.origin = uuid.uuid4().hex  # this replica: its own events are not applied twice
+        # typed Any: redis-py's stubs type every reply as a union of its sync and async forms
+        self.redis: Any = client or redis_module.Redis.from_url(
+            url, socket_timeout=deadline, socket_connect_timeout=deadline
+        )
+        self.stats = ShareStats()
+        self._errors: tuple[type[BaseException], ...] = (redis_module.RedisError, OSError)
+        self._pending: deque[dict[str, Any]] = deque(maxlen=pending_max)
+        self._wake = threading.Condition()
+        self._applied = threading.Condition()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._cache: CacheState | None = None
+        self._last_id: str | None = None  # the last stream id applied; None: bootstrap first
+
+    # ----------------------------------------------------------------------------- life
+
+    def attach(self, cache: CacheState) -> None:
+        """Join the shared log as ``cache``: check the model, then start writing and tailing.
+        Raises ``SharedModelMismatch`` when the log holds another model's vectors. A share
+        that was closed may be attached again: it catches up from where it stopped."""
+        self._cache = cache
+        self._stop.clear()
+        model, dim = cache.embedder.name, cache.embedder.dim
+        try:
+            self.redis.hsetnx(self._key("meta"), "model", model)
+            self.redis.hsetnx(self._key("meta"), "dim", str(dim))
+            meta = self.redis.hgetall(self._key("meta"))
+        except self._errors as exc:  # Redis is away: join blind, check once it is back
+            log.warning("gpucache: Redis at %s is unreachable (%r); serving locally", self.url, exc)
+            meta = {}
+        self._check_model(meta)
+        for target in (self._write_loop, self._tail_loop):
+            thread = threading.Thread(target=target, name=f"gpucache-share-{target.__name__}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self) -> None:
+        """Stop the background threads (pending writes that could not be made are dropped)."""
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join(5)
+        self._threads.clear()
+
+    def wait_applied(self, n: int, timeout: float | None = None) -> bool:
+        """Block until ``n`` events in all have been applied here; False on timeout. For tests
+        and diagnostics: "replica B has seen replica A's entry" is an event."""
+        with self._applied:
+            return self._applied.wait_for(lambda: self.stats.applied >= n, timeout)
+
+    def wait_written(self, n: int, timeout: float | None = None) -> bool:
+        """Block until ``n`` entries and events in all have been written to Redis."""
+        with self._applied:
+            return self._applied.wait_for(lambda: self.stats.written >= n, timeout)
+
+    # ----------------------------------------------------------------------------- writes
+
+    def stored(
+        self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor, expires_at: float
+    ) -> None:
+        """The cache stored these (prompt, response) pairs with their (M, D) vectors."""
+        rows = vectors.detach().to("cpu", torch.float32).numpy()
+        for (prompt, response), vector in zip(items, rows):
+            self._enqueue(
+                {
+                    "op": "put",
+                    "scope": scope,
+                    "prompt": prompt,
+                    "response": response,
+                    "expires_at": expires_at,
+                    "vector": vector.astype("<f4").tobytes(),
+                }
+            )
+
+    def removed(self, scope: str, prompt: str) -> None:
+        self._enqueue({"op": "del", "scope": scope, "prompt": prompt})
+
+    def cleared(self, scope: str | None) -> None:
+        self._enqueue({"op": "clear", "scope": "" if scope is None else scope, "all": scope is None})
+
+    def _enqueue(self, event: dict[str, Any]) -> None:
+        with self._wake:
+            self._pending.append(event)
+            self.stats.pending = len(self._pending)
+            self._wake.notify()
+
+    def _write_loop(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            with self._wake:
+                self._wake.wait_for(lambda: self._pending or self._stop.is_set())
+                if self._stop.is_set():
+                    return
+                event = self._pending[0]
+            try:
+                self._write(event)
+            except self._errors as exc:
+                self.stats.errors += 1
+                self.stats.connected = False
+                log.debug("gpucache: writing to Redis failed (%r); retrying", exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.05
+            with self._wake:
+                if self._pending and self._pending[0] is event:
+                    self._pending.popleft()
+                self.stats.pending = len(self._pending)
+            with self._applied:
+                self.stats.written += 1
+                self._applied.notify_all()
+
+    def _write(self, event: dict[str, Any]) -> None:
+        """One event: its record written or deleted, and its announcement, in one transaction."""
+        fields: dict[str, Any] = {"op": event["op"], "origin": self.origin, "scope": event["scope"]}
+        doomed = [] if event["op"] != "clear" else self._records_of(None if event["all"] else event["scope"])
+        pipe = self.redis.pipeline(transaction=True)
+        if event["op"] == "put":
+            cache = self._owner
+            record = self._record_key(event["scope"], event["prompt"])
+            pipe.hset(
+                record,
+                mapping={
+                    "scope": event["scope"],
+                    "prompt": event["prompt"],
+                    "response": event["response"],
+                    "expires_at": repr(event["expires_at"]),
+                    "model": cache.embedder.name,
+                    "dim": str(cache.embedder.dim),
+                    "vector": event["vector"],
+                    "origin": self.origin,
+                },
+            )
+            if math.isfinite(event["expires_at"]):
+                pipe.pexpireat(record, int(event["expires_at"] * 1000))
+            fields["record"] = record
+        elif event["op"] == "del":
+            pipe.delete(self._record_key(event["scope"], event["prompt"]))
+            fields["prompt"] = event["prompt"]
+        else:
+            for key in doomed:
+                pipe.delete(key)
+            fields["all"] = "1" if event["all"] else "0"
+        pipe.xadd(self._key("log"), fields, maxlen=self.maxlen, approximate=True)
+        pipe.execute()
+        self.stats.connected = True
+
+    def _records_of(self, scope: str | None) -> list[bytes]:
+        """The record keys of ``scope`` (of every scope, with None)."""
+        keys = list(self.redis.scan_iter(match=self._key("e:*"), count=1000))
+        if scope is None or not keys:
+            return keys
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hget(key, "scope")
+        scopes = pipe.execute()
+        return [k for k, s in zip(keys, scopes) if s is not None and s.decode() == scope]
+
+    # ----------------------------------------------------------------------------- reads
+
+    def _tail_loop(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            try:
+                if self._last_id is None or self._trimmed():
+                    self._bootstrap()
+                replies = self.redis.xread(
+                    {self._key("log"): self._last_id or "0-0"},
+                    count=512,
+                    block=max(1, int(self.deadline * 1000 / 2)),
+                )
+                self.stats.connected = True
+                backoff = 0.05
+            except self._errors as exc:
+                self.stats.errors += 1
+                self.stats.connected = False
+                log.debug("gpucache: tailing Redis failed (%r); reconnecting", exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            for _, events in replies or []:
+                for event_id, fields in events:
+                    self._apply_event(fields)
+                    self._last_id = event_id.decode()
+
+    def _trimmed(self) -> bool:
+        """Whether the stream was trimmed past the last event applied here (events this replica
+        has not seen may be gone: it must bootstrap). Trimmed exactly to that event also reads
+        as trimmed: an extra bootstrap, never a missed entry."""
+        if self._last_id is None:
+            return True
+        first = self.redis.xrange(self._key("log"), count=1)
+        return bool(first) and _id_after(first[0][0].decode(), self._last_id)
+
+    def _bootstrap(self) -> None:
+        """Every live record, then the stream from this replica's join event, added before the
+        records were read: an event written meanwhile is applied twice, never missed."""
+        start = self.redis.xadd(self._key("log"), {"op": "join", "origin": self.origin},
+                                maxlen=self.maxlen, approximate=True)
+        for key in self.redis.scan_iter(match=self._key("e:*"), count=1000):
+            record = self.redis.hgetall(key)
+            if record:
+                self._apply_record(record)
+        self._last_id = start.decode() if isinstance(start, bytes) else str(start)
+        self.stats.bootstraps += 1
+
+    def _apply_event(self, fields: dict[Any, Any]) -> None:
+        f = {k.decode(): v for k, v in fields.items()}
+        if f.get("origin", b"").decode() == self.origin:
+            return
+        cache = self._owner
+        op = f["op"].decode()
+        if op == "join":  # a replica joined: nothing to apply
+            return
+        if op == "put":
+            record = self.redis.hgetall(f["record"].decode())
+            if record:  # gone already (deleted, expired): never served
+                self._apply_record(record)
+                return
+        elif op == "del":
+            cache._apply_shared_removal(f["scope"].decode(), f["prompt"].decode())
+        elif op == "clear":
+            cache._apply_shared_clear(None if f.get("all") == b"1" else f["scope"].decode())
+        self._count_applied()
+
+    def _apply_record(self, record: dict[Any, Any]) -> None:
+        cache = self._owner
+        if (
+            record.get(b"model", b"").decode() != cache.embedder.name
+            or int(record.get(b"dim", b"0")) != cache.embedder.dim
+        ):
+            self.stats.refused += 1
+            log.error(
+                "gpucache: refused a shared entry of model %r (dim %s): this replica runs %r",
+                record.get(b"model"),
+                record.get(b"dim"),
+                cache.embedder.name,
+            )
+            return
+        vector = torch.from_numpy(np.frombuffer(record[b"vector"], dtype="<f4").copy())
+        cache._apply_shared(
+            SharedEntry(
+                record[b"scope"].decode(),
+                record[b"prompt"].decode(),
+                record[b"response"].decode(),
+                float(record[b"expires_at"]),
+                vector,
+            )
+        )
+        self._count_applied()
+
+    def _count_applied(self) -> None:
+        with self._applied:
+            self.stats.applied += 1
+            self._applied.notify_all()
+
+    # ----------------------------------------------------------------------------- keys
+
+    def _check_model(self, meta: dict[Any, Any]) -> None:
+        cache = self._owner
+        model = meta.get(b"model", cache.embedder.name.encode()).decode()
+        dim = int(meta.get(b"dim", str(cache.embedder.dim).encode()))
+        if (model, dim) != (cache.embedder.name, cache.embedder.dim):
+            raise SharedModelMismatch(
+                f"the shared cache at {self.url} (prefix {self.prefix!r}) holds vectors of model "
+                f"{model!r} ({dim} dimensions); this replica runs {cache.embedder.name!r} "
+                f"({cache.embedder.dim}): give it another prefix, or the same model"
+            )
+
+    @property
+    def _owner(self) -> CacheState:
+        if self._cache is None:
+            raise RuntimeError("gpucache bug: a RedisShare used before attach()")
+        return self._cache
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
+
+    def _record_key(self, scope: str, prompt: str) -> str:
+        digest = hashlib.blake2b(f"{scope}\0{prompt}".encode(), digest_size=16).hexdigest()
+        return self._key(f"e:{digest}")
+
+
+def _id_after(a: str, b: str) -> bool:
+    """Whether stream id ``a`` comes after ``b``."""
+    ams, aseq = (int(x) for x in a.split("-"))
+    bms, bseq = (int(x) for x in b.split("-"))
+    return (ams, aseq) > (bms, bseq)

