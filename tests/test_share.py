@@ -97,7 +97,9 @@ def replicas(server):
     made = []
 
     def make(**kwargs):
+        """A replica that has joined: bootstrapped, so every later event reaches it once."""
         made.append(replica(server, **kwargs))
+        assert made[-1].shared.wait_for(lambda s: s.bootstraps >= 1, timeout=10)
         return made[-1]
 
     yield make

@@ -300,15 +300,18 @@ class CacheState:
 
     # ----------------------------------------------------------------------------- shared
 
-    def _apply_shared(self, entry: SharedEntry) -> None:
-        """Another replica's entry, into this replica's index (no policy, admission or
-        publishing: it passed them where it was stored)."""
+    def _apply_shared(self, entries: list[SharedEntry]) -> None:
+        """Other replicas' entries, into this replica's index (no policy, admission or
+        publishing: they passed them where they were stored)."""
+        groups: dict[tuple[str, float], list[SharedEntry]] = {}
+        for entry in entries:  # one write per scope and expiry: a bootstrap is one batch
+            groups.setdefault((entry.scope, entry.expires_at), []).append(entry)
         with self._lock:
             now = self._now()
-            if entry.expires_at <= now:
-                return
-            self._table.store(entry.scope, [(entry.prompt, entry.response)], entry.vector[None],
-                              entry.expires_at, now)
+            for (scope, expires_at), group in groups.items():
+                if expires_at > now:
+                    self._table.store(scope, [(e.prompt, e.response) for e in group],
+                                      torch.stack([e.vector for e in group]), expires_at, now)
 
     def _apply_shared_removal(self, scope: str, prompt: str) -> None:
         with self._lock:

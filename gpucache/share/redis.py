@@ -35,6 +35,7 @@ import math
 import threading
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
     from gpucache.cache.state import CacheState
 
 log = logging.getLogger("gpucache.share")
+
+
+BOOTSTRAP_BATCH = 1000  # records read per round trip when a replica bootstraps
 
 
 class SharedModelMismatch(ValueError):
@@ -149,16 +153,19 @@ class RedisShare:
             thread.join(5)
         self._threads.clear()
 
-    def wait_applied(self, n: int, timeout: float | None = None) -> bool:
-        """Block until ``n`` events in all have been applied here; False on timeout. For tests
-        and diagnostics: "replica B has seen replica A's entry" is an event."""
+    def wait_for(self, predicate: Callable[[ShareStats], bool], timeout: float | None = None) -> bool:
+        """Block until ``predicate(stats)`` holds; False on timeout. For tests and diagnostics:
+        "replica B has seen replica A's entry" is an event."""
         with self._applied:
-            return self._applied.wait_for(lambda: self.stats.applied >= n, timeout)
+            return self._applied.wait_for(lambda: predicate(self.stats), timeout)
+
+    def wait_applied(self, n: int, timeout: float | None = None) -> bool:
+        """Until ``n`` entries and events in all have been applied here."""
+        return self.wait_for(lambda s: s.applied >= n, timeout)
 
     def wait_written(self, n: int, timeout: float | None = None) -> bool:
-        """Block until ``n`` entries and events in all have been written to Redis."""
-        with self._applied:
-            return self._applied.wait_for(lambda: self.stats.written >= n, timeout)
+        """Until ``n`` entries and events in all have been written to Redis."""
+        return self.wait_for(lambda s: s.written >= n, timeout)
 
     # ----------------------------------------------------------------------------- writes
 
@@ -302,14 +309,21 @@ class RedisShare:
     def _bootstrap(self) -> None:
         """Every live record, then the stream from this replica's join event, added before the
         records were read: an event written meanwhile is applied twice, never missed."""
-        start = self.redis.xadd(self._key("log"), {"op": "join", "origin": self.origin},
-                                maxlen=self.maxlen, approximate=True)
-        for key in self.redis.scan_iter(match=self._key("e:*"), count=1000):
-            record = self.redis.hgetall(key)
-            if record:
-                self._apply_record(record)
+        start = self.redis.xadd(
+            self._key("log"), {"op": "join", "origin": self.origin}, maxlen=self.maxlen, approximate=True
+        )
+        keys = list(self.redis.scan_iter(match=self._key("e:*"), count=BOOTSTRAP_BATCH))
+        for first in range(0, len(keys), BOOTSTRAP_BATCH):
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys[first : first + BOOTSTRAP_BATCH]:
+                pipe.hgetall(key)
+            records = [r for r in pipe.execute() if r]  # expired since the scan: skipped
+            if records:
+                self._apply_records(records)
         self._last_id = start.decode() if isinstance(start, bytes) else str(start)
-        self.stats.bootstraps += 1
+        with self._applied:
+            self.stats.bootstraps += 1
+            self._applied.notify_all()
 
     def _apply_event(self, fields: dict[Any, Any]) -> None:
         f = {k.decode(): v for k, v in fields.items()}
@@ -331,30 +345,38 @@ class RedisShare:
         self._count_applied()
 
     def _apply_record(self, record: dict[Any, Any]) -> None:
+        self._apply_records([record])
+
+    def _apply_records(self, records: list[dict[Any, Any]]) -> None:
+        """Records into the local index, one batch under the cache's lock; another model's
+        records are refused, loudly."""
         cache = self._owner
-        if (
-            record.get(b"model", b"").decode() != cache.embedder.name
-            or int(record.get(b"dim", b"0")) != cache.embedder.dim
-        ):
-            self.stats.refused += 1
-            log.error(
-                "gpucache: refused a shared entry of model %r (dim %s): this replica runs %r",
-                record.get(b"model"),
-                record.get(b"dim"),
-                cache.embedder.name,
+        entries = []
+        for record in records:
+            model, dim = record.get(b"model", b"").decode(), int(record.get(b"dim", b"0"))
+            if (model, dim) != (cache.embedder.name, cache.embedder.dim):
+                self.stats.refused += 1
+                log.error(
+                    "gpucache: refused a shared entry of model %r (dim %s): this replica runs %r",
+                    model,
+                    dim,
+                    cache.embedder.name,
+                )
+                continue
+            vector = torch.from_numpy(np.frombuffer(record[b"vector"], dtype="<f4").copy())
+            entries.append(
+                SharedEntry(
+                    record[b"scope"].decode(),
+                    record[b"prompt"].decode(),
+                    record[b"response"].decode(),
+                    float(record[b"expires_at"]),
+                    vector,
+                )
             )
-            return
-        vector = torch.from_numpy(np.frombuffer(record[b"vector"], dtype="<f4").copy())
-        cache._apply_shared(
-            SharedEntry(
-                record[b"scope"].decode(),
-                record[b"prompt"].decode(),
-                record[b"response"].decode(),
-                float(record[b"expires_at"]),
-                vector,
-            )
-        )
-        self._count_applied()
+        cache._apply_shared(entries)
+        with self._applied:
+            self.stats.applied += len(entries)
+            self._applied.notify_all()
 
     def _count_applied(self) -> None:
         with self._applied:
