@@ -104,12 +104,12 @@ class CacheState:
         limit = min(s.capacity, self.store.max_rows or s.capacity)
         self._table = EntryTable(self.store, limit, self._stats)
         self._flights: SingleFlight[bytes, str] = SingleFlight()
-        self.shared = shared
-        if shared is not None:
-            shared.attach(self)  # last: the share may apply other replicas' entries at once
         self._coalescer = LookupCoalescer(self._lookup_batch, self._release,
                                           window=s.lookup_window_seconds, max_batch=s.lookup_batch)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
+        self.shared = shared
+        if shared is not None:
+            shared.attach(self)  # last: its threads apply other replicas' entries at once
 
     # Read-only views of the most asked-for settings; every setting is in ``self.settings``.
     @property

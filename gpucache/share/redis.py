@@ -208,10 +208,11 @@ class RedisShare:
                 event = self._pending[0]
             try:
                 self._write(event)
-            except self._errors as exc:
+            except Exception as exc:  # Redis away (or a bug): keep the event, retry with backoff
                 self.stats.errors += 1
                 self.stats.connected = False
-                log.debug("gpucache: writing to Redis failed (%r); retrying", exc)
+                if not isinstance(exc, self._errors):
+                    log.exception("gpucache: writing a shared event failed")
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -283,19 +284,19 @@ class RedisShare:
                     count=512,
                     block=max(1, int(self.deadline * 1000 / 2)),
                 )
+                for _, events in replies or []:
+                    for event_id, fields in events:
+                        self._apply_event(fields)
+                        self._last_id = event_id.decode()
                 self.stats.connected = True
                 backoff = 0.05
-            except self._errors as exc:
+            except Exception as exc:  # Redis away (or a bug): reconnect with backoff, never die
                 self.stats.errors += 1
                 self.stats.connected = False
-                log.debug("gpucache: tailing Redis failed (%r); reconnecting", exc)
+                if not isinstance(exc, self._errors):
+                    log.exception("gpucache: tailing the shared log failed")
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
-                continue
-            for _, events in replies or []:
-                for event_id, fields in events:
-                    self._apply_event(fields)
-                    self._last_id = event_id.decode()
 
     def _trimmed(self) -> bool:
         """Whether the stream was trimmed past the last event applied here (events this replica
