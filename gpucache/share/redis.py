@@ -30,9 +30,11 @@ sharing it would take a sketch of counters in Redis merged on each sighting), an
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -51,6 +53,7 @@ log = logging.getLogger("gpucache.share")
 
 
 BOOTSTRAP_BATCH = 1000  # records read per round trip when a replica bootstraps
+WRITE_BATCH = 256  # events written per round trip
 
 
 class SharedModelMismatch(ValueError):
@@ -90,6 +93,8 @@ class RedisShare:
         deadline: seconds any one Redis call may take before it counts as a failure.
         pending_max: entries kept for writing while Redis is away; older ones are dropped first.
         client: a redis-py client to use instead of one made from ``url`` (tests).
+        on_apply: called with the entries applied here from other replicas and the wall-clock
+            time each was written at (metrics, benchmarks).
     """
 
     def __init__(
@@ -101,9 +106,11 @@ class RedisShare:
         deadline: float = 0.5,
         pending_max: int = 10_000,
         client: redis.Redis | None = None,
+        on_apply: Callable[[list[SharedEntry], list[float]], None] | None = None,
     ) -> None:
         import redis as redis_module
 
+        self.on_apply = on_apply
         if maxlen < 1 or deadline <= 0 or pending_max < 1:
             raise ValueError("maxlen and pending_max must be >= 1 and deadline > 0")
         self.url, self.prefix, self.maxlen, self.deadline = url, prefix, maxlen, deadline
@@ -205,58 +212,66 @@ class RedisShare:
                 self._wake.wait_for(lambda: self._pending or self._stop.is_set())
                 if self._stop.is_set():
                     return
-                event = self._pending[0]
+                batch = list(itertools.islice(self._pending, WRITE_BATCH))
             try:
-                self._write(event)
-            except Exception as exc:  # Redis away (or a bug): keep the event, retry with backoff
+                self._write(batch)
+            except Exception as exc:  # Redis away (or a bug): keep the events, retry with backoff
                 self.stats.errors += 1
                 self.stats.connected = False
                 if not isinstance(exc, self._errors):
-                    log.exception("gpucache: writing a shared event failed")
+                    log.exception("gpucache: writing shared events failed")
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.05
             with self._wake:
-                if self._pending and self._pending[0] is event:
-                    self._pending.popleft()
+                for event in batch:  # the oldest may have been dropped meanwhile (pending_max)
+                    if self._pending and self._pending[0] is event:
+                        self._pending.popleft()
                 self.stats.pending = len(self._pending)
             with self._applied:
-                self.stats.written += 1
+                self.stats.written += len(batch)
                 self._applied.notify_all()
 
-    def _write(self, event: dict[str, Any]) -> None:
-        """One event: its record written or deleted, and its announcement, in one transaction."""
-        fields: dict[str, Any] = {"op": event["op"], "origin": self.origin, "scope": event["scope"]}
-        doomed = [] if event["op"] != "clear" else self._records_of(None if event["all"] else event["scope"])
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        """Events in order, each record written or deleted with its announcement, in one
+        transaction (one round trip for the batch)."""
+        cache = self._owner
         pipe = self.redis.pipeline(transaction=True)
-        if event["op"] == "put":
-            cache = self._owner
-            record = self._record_key(event["scope"], event["prompt"])
-            pipe.hset(
-                record,
-                mapping={
-                    "scope": event["scope"],
-                    "prompt": event["prompt"],
-                    "response": event["response"],
-                    "expires_at": repr(event["expires_at"]),
-                    "model": cache.embedder.name,
-                    "dim": str(cache.embedder.dim),
-                    "vector": event["vector"],
-                    "origin": self.origin,
-                },
-            )
-            if math.isfinite(event["expires_at"]):
-                pipe.pexpireat(record, int(event["expires_at"] * 1000))
-            fields["record"] = record
-        elif event["op"] == "del":
-            pipe.delete(self._record_key(event["scope"], event["prompt"]))
-            fields["prompt"] = event["prompt"]
-        else:
-            for key in doomed:
-                pipe.delete(key)
-            fields["all"] = "1" if event["all"] else "0"
-        pipe.xadd(self._key("log"), fields, maxlen=self.maxlen, approximate=True)
+        for event in batch:
+            fields: dict[str, Any] = {
+                "op": event["op"],
+                "origin": self.origin,
+                "scope": event["scope"],
+                "at": repr(time.time()),
+            }
+            if event["op"] == "put":
+                record = self._record_key(event["scope"], event["prompt"])
+                pipe.hset(
+                    record,
+                    mapping={
+                        "scope": event["scope"],
+                        "prompt": event["prompt"],
+                        "response": event["response"],
+                        "expires_at": repr(event["expires_at"]),
+                        "model": cache.embedder.name,
+                        "dim": str(cache.embedder.dim),
+                        "vector": event["vector"],
+                        "origin": self.origin,
+                        "at": fields["at"],
+                    },
+                )
+                if math.isfinite(event["expires_at"]):
+                    pipe.pexpireat(record, int(event["expires_at"] * 1000))
+                fields["record"] = record
+            elif event["op"] == "del":
+                pipe.delete(self._record_key(event["scope"], event["prompt"]))
+                fields["prompt"] = event["prompt"]
+            else:
+                for key in self._records_of(None if event["all"] else event["scope"]):
+                    pipe.delete(key)
+                fields["all"] = "1" if event["all"] else "0"
+            pipe.xadd(self._key("log"), fields, maxlen=self.maxlen, approximate=True)
         pipe.execute()
         self.stats.connected = True
 
@@ -375,6 +390,9 @@ class RedisShare:
                 )
             )
         cache._apply_shared(entries)
+        if self.on_apply is not None and entries:
+            kept = [r for r in records if r.get(b"model", b"").decode() == cache.embedder.name]
+            self.on_apply(entries, [float(r.get(b"at", b"nan")) for r in kept])
         with self._applied:
             self.stats.applied += len(entries)
             self._applied.notify_all()
