@@ -252,3 +252,25 @@ def test_two_proxies_share_one_redis(server, real_embedder):
         assert tier == "exact" and answer == ask(one, "Where is the Atacama desert?")[1]
         assert ask(two, "where is the atacama desert")[0] == "semantic"
         assert sum(1 for _, t in up.app.state.calls if "Atacama" in t) == 1
+
+
+def test_an_exact_repeat_is_answered_from_redis_before_the_tail_brings_it(replicas):
+    a, b = replicas(), replicas()
+    b.shared.close()  # b's tail stops: only the shared records can answer it now
+    b.shared.stats.connected = True  # as it would be, its connection otherwise healthy
+    a.put("What is the airspeed of a swallow?", "African or European?")
+    assert a.shared.wait_written(1, timeout=10)
+    hit = b.get("What is the airspeed of a swallow?")
+    assert hit is not None and hit.exact and hit.response == "African or European?"
+    assert b.get("What is the airspeed of a swallow?").exact  # and now it is b's own entry
+    assert b.shared.stats.applied == 0  # not through the tail
+
+
+def test_with_redis_away_a_lookup_does_not_wait_on_it(server, replicas):
+    a = replicas()
+    a.put("kept locally", "yes")
+    server.stop()
+    assert a.shared.wait_for(lambda s: not s.connected, timeout=20)
+    fetches = a.shared.stats.fetches
+    assert a.get("kept locally").exact and a.get("a question never asked") is None
+    assert a.shared.stats.fetches == fetches  # no lookup asked Redis, so none waited on it

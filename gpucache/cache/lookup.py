@@ -89,8 +89,7 @@ class Plan:
 
 def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[Plan]:
     """A ``Plan`` per request, in order, from one embedder call and one scan per scope."""
-    plans = [Plan(r.scope, list(r.prompts), list(dict.fromkeys(r.prompts)),
-                  torch.empty(0)) for r in requests]
+    plans = [Plan(r.scope, list(r.prompts), list(dict.fromkeys(r.prompts)), torch.empty(0)) for r in requests]
     need: dict[tuple[str, str], list[int]] = {}  # (scope, prompt) -> requests that need it
     with state._lock:
         now = state._now()
@@ -101,6 +100,8 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
                     need.setdefault((request.scope, prompt), []).append(i)
                 else:
                     plan.hits[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)
+    if state.shared is not None and need:
+        _exact_from_shared(state, plans, need)
     texts = list(dict.fromkeys(prompt for _, prompt in need))
     dim = state.embedder.dim
     embedded = state.embedder.encode(texts) if texts else torch.zeros((0, dim))  # no lock held
@@ -117,8 +118,7 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
     with state._lock:
         now = state._now()
         for scope, prompts in by_scope.items():
-            _search(state, scope, prompts, embedded[[row_of[p] for p in prompts]], now,
-                    requests, plans, need)
+            _search(state, scope, prompts, embedded[[row_of[p] for p in prompts]], now, requests, plans, need)
         for request, plan in zip(requests, plans):
             if request.claim:
                 _claim(state, request, plan, now)
@@ -127,9 +127,28 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
     return plans
 
 
+def _exact_from_shared(state: CacheState, plans: list[Plan], need: dict[tuple[str, str], list[int]]) -> None:
+    """Exact repeats that another replica stored and this one's tail has not applied yet,
+    answered from the shared records (and kept here); ``need`` loses them."""
+    assert state.shared is not None
+    found = state.shared.fetch(list(need))
+    if not found:
+        return
+    state._apply_shared(found)
+    for entry in found:
+        for i in need.pop((entry.scope, entry.prompt), []):
+            plans[i].hits[entry.prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)
+
+
 def _search(
-    state: CacheState, scope: str, prompts: list[str], queries: torch.Tensor, now: float,
-    requests: Sequence[LookupRequest], plans: list[Plan], need: dict[tuple[str, str], list[int]],
+    state: CacheState,
+    scope: str,
+    prompts: list[str],
+    queries: torch.Tensor,
+    now: float,
+    requests: Sequence[LookupRequest],
+    plans: list[Plan],
+    need: dict[tuple[str, str], list[int]],
 ) -> None:
     """One scan for every prompt of ``scope`` that missed the exact tier; each request that
     asked for a prompt verifies the candidates against its own threshold. Lock held."""

@@ -67,6 +67,7 @@ class SharedEntry:
     response: str
     expires_at: float
     vector: torch.Tensor  # (D,) float32
+    written_at: float = math.nan  # wall-clock time it was written to Redis
 
 
 @dataclass
@@ -75,6 +76,7 @@ class ShareStats:
 
     applied: int = 0
     written: int = 0
+    fetches: int = 0  # lookups that read shared records (never while Redis is away)
     bootstraps: int = 0
     refused: int = 0
     errors: int = 0
@@ -288,6 +290,25 @@ class RedisShare:
 
     # ----------------------------------------------------------------------------- reads
 
+    def fetch(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
+        """The live records of these (scope, prompt) pairs, read from Redis in one round trip:
+        an exact repeat asked here right after another replica stored it is answered even
+        while this replica's tail is behind. Nothing (and no wait) while Redis is away."""
+        if not pairs or not self.stats.connected:
+            return []
+        self.stats.fetches += 1
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for scope, prompt in pairs:
+                pipe.hgetall(self._record_key(scope, prompt))
+            records = [r for r in pipe.execute() if r]
+        except Exception:  # Redis away: the lookup goes on without it
+            self.stats.errors += 1
+            self.stats.connected = False
+            return []
+        now = time.time()
+        return [e for e in self._entries_of(records) if e.expires_at > now]
+
     def _tail_loop(self) -> None:
         backoff = 0.05
         while not self._stop.is_set():
@@ -364,8 +385,17 @@ class RedisShare:
         self._apply_records([record])
 
     def _apply_records(self, records: list[dict[Any, Any]]) -> None:
-        """Records into the local index, one batch under the cache's lock; another model's
-        records are refused, loudly."""
+        """Records into the local index, one batch under the cache's lock."""
+        entries = self._entries_of(records)
+        self._owner._apply_shared(entries)
+        if self.on_apply is not None and entries:
+            self.on_apply(entries, [e.written_at for e in entries])
+        with self._applied:
+            self.stats.applied += len(entries)
+            self._applied.notify_all()
+
+    def _entries_of(self, records: list[dict[Any, Any]]) -> list[SharedEntry]:
+        """Records as entries; another model's are refused, loudly."""
         cache = self._owner
         entries = []
         for record in records:
@@ -387,15 +417,10 @@ class RedisShare:
                     record[b"response"].decode(),
                     float(record[b"expires_at"]),
                     vector,
+                    float(record.get(b"at", b"nan")),
                 )
             )
-        cache._apply_shared(entries)
-        if self.on_apply is not None and entries:
-            kept = [r for r in records if r.get(b"model", b"").decode() == cache.embedder.name]
-            self.on_apply(entries, [float(r.get(b"at", b"nan")) for r in kept])
-        with self._applied:
-            self.stats.applied += len(entries)
-            self._applied.notify_all()
+        return entries
 
     def _count_applied(self) -> None:
         with self._applied:
