@@ -124,7 +124,7 @@ def lag(url: str, rate: float, seconds: float) -> list[float]:
 
 def bootstrap(url: str, n: int) -> float:
     embedder = RandomEmbedder()
-    a = replica(url, "boot", embedder)
+    a = replica(url, "boot", embedder, pending_max=n)  # a bulk load: every entry waits its turn
     for first in range(0, n, 1000):
         a.warm((f"boot question {i}", f"answer {i}") for i in range(first, min(n, first + 1000)))
     assert a.shared is not None and a.shared.wait_written(n, timeout=600)

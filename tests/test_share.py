@@ -274,3 +274,12 @@ def test_with_redis_away_a_lookup_does_not_wait_on_it(server, replicas):
     fetches = a.shared.stats.fetches
     assert a.get("kept locally").exact and a.get("a question never asked") is None
     assert a.shared.stats.fetches == fetches  # no lookup asked Redis, so none waited on it
+
+
+def test_a_burst_past_pending_max_drops_the_oldest_events_and_says_so(server):
+    cache = replica(server, pending_max=5)
+    cache.shared.close()  # nothing is written meanwhile: the burst piles up
+    for i in range(8):
+        cache.put(f"burst question {i}", str(i))
+    assert cache.shared.stats.dropped == 3 and cache.shared.stats.pending == 5
+    assert len(cache) == 8  # every entry is kept locally

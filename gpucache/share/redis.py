@@ -77,6 +77,7 @@ class ShareStats:
     applied: int = 0
     written: int = 0
     fetches: int = 0  # lookups that read shared records (never while Redis is away)
+    dropped: int = 0  # events dropped unwritten: more than pending_max waited at once
     bootstraps: int = 0
     refused: int = 0
     errors: int = 0
@@ -203,6 +204,12 @@ class RedisShare:
 
     def _enqueue(self, event: dict[str, Any]) -> None:
         with self._wake:
+            if len(self._pending) == self._pending.maxlen:
+                self.stats.dropped += 1  # the oldest goes: it stays in this replica only
+                if self.stats.dropped == 1:
+                    log.warning("gpucache: more than %d shared events wait to be written; the oldest "
+                                "are dropped (kept locally). Raise pending_max for bulk loads",
+                                self._pending.maxlen)
             self._pending.append(event)
             self.stats.pending = len(self._pending)
             self._wake.notify()
