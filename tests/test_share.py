@@ -283,3 +283,111 @@ def test_a_burst_past_pending_max_drops_the_oldest_events_and_says_so(server):
         cache.put(f"burst question {i}", str(i))
     assert cache.shared.stats.dropped == 3 and cache.shared.stats.pending == 5
     assert len(cache) == 8  # every entry is kept locally
+
+
+def test_concurrent_misses_on_two_replicas_call_the_model_once(replicas):
+    import threading
+
+    a, b = replicas(), replicas()
+    loading, release, calls = threading.Event(), threading.Event(), []
+
+    def slow_model(prompt):
+        calls.append(prompt)
+        loading.set()
+        assert release.wait(20)
+        return "one answer for both"
+
+    results = {}
+    first = threading.Thread(target=lambda: results.update(a=a.get_or_put("Plan a trip to Lima", slow_model)))
+    first.start()
+    assert loading.wait(20)  # a holds the claim and is loading
+    second = threading.Thread(
+        target=lambda: results.update(b=b.get_or_put("Plan a trip to Lima", slow_model))
+    )
+    second.start()
+    assert b.shared.wait_for(lambda s: s.waiting == 1, timeout=20)  # b waits on a's load
+    release.set()
+    first.join(20)
+    second.join(20)
+    assert results == {"a": "one answer for both", "b": "one answer for both"} and len(calls) == 1
+    assert b.get("Plan a trip to Lima").exact  # b keeps the entry it was handed
+
+
+def test_a_replica_that_gives_up_its_load_lets_the_other_load(replicas):
+    import threading
+
+    a, b = replicas(), replicas()
+    loading, fail = threading.Event(), threading.Event()
+
+    def failing_model(prompt):
+        loading.set()
+        assert fail.wait(20)
+        raise ConnectionError("the model went away")
+
+    errors = []
+    first = threading.Thread(
+        target=lambda: errors.append(
+            pytest.raises(ConnectionError, a.get_or_put, "Plan a trip to Cusco", failing_model)
+        )
+    )
+    first.start()
+    assert loading.wait(20)
+    answer = {}
+    second = threading.Thread(
+        target=lambda: answer.update(b=b.get_or_put("Plan a trip to Cusco", lambda p: "b's own"))
+    )
+    second.start()
+    assert b.shared.wait_for(lambda s: s.waiting == 1, timeout=20)
+    fail.set()  # a's load fails: its claim is released, b stops waiting and loads
+    first.join(20)
+    second.join(30)
+    assert answer == {"b": "b's own"} and len(errors) == 1
+
+
+def test_single_flight_holds_across_processes(server, replicas):
+    import threading
+
+    here = replicas()
+    r = redis.Redis.from_url(server.url)
+    code = (
+        "import sys, time; sys.path.insert(0, 'tests'); import redis; from conftest import FakeEmbedder; "
+        "from gpucache import SemanticCache, StoreEverything, ThresholdOnly; "
+        "from gpucache.share.redis import RedisShare; "
+        f"url = {server.url!r}; r = redis.Redis.from_url(url); "
+        "c = SemanticCache(FakeEmbedder(), device='cpu', verifier=ThresholdOnly(), threshold=0.9, "
+        "cache_policy=StoreEverything(), shared=RedisShare(url, prefix='t')); "
+        "assert c.shared.wait_for(lambda s: s.bootstraps >= 1, timeout=20)\n"
+        "def model(p):\n"
+        "    r.incr('test:loads'); r.set('test:loading', 1)\n"
+        "    while not r.get('test:go'): time.sleep(0.01)  # stall: gated by the test\n"
+        "    return 'from the other process'\n"
+        "print(c.get_or_put('Plan a trip to Quito', model)); c.close()"
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    deadline = time.monotonic() + 60
+    while not r.get("test:loading") and time.monotonic() < deadline:  # another process's progress
+        time.sleep(0.02)  # stall: the other process is starting and loading
+    assert r.get("test:loading"), other.stderr.read() if other.poll() is not None else "never loaded"
+
+    def model(prompt):
+        r.incr("test:loads")
+        return "from this process"
+
+    answer = {}
+    waiter = threading.Thread(
+        target=lambda: answer.update(here=here.get_or_put("Plan a trip to Quito", model))
+    )
+    waiter.start()
+    assert here.shared.wait_for(lambda s: s.waiting == 1, timeout=20)
+    r.set("test:go", 1)
+    out, err = other.communicate(timeout=60)
+    waiter.join(30)
+    assert other.returncode == 0, err[-2000:]
+    assert out.strip().splitlines()[-1] == "from the other process"
+    assert answer == {"here": "from the other process"} and int(r.get("test:loads")) == 1

@@ -103,6 +103,8 @@ def get_or_load(cache: CacheState, prompts: list[str], scope: str, ttl: float | 
     them for ``ttl`` seconds, or the cache's default where None)."""
     plan: Plan = yield Find(cache, LookupRequest(tuple(prompts), scope, cache.threshold, claim=True))
     while True:
+        if plan.mine and cache.shared is not None:
+            yield Work(cache._claim_shared, (plan,))  # another replica may be loading some
         if plan.mine:
             try:
                 responses = yield Load(plan.to_load)  # the caller's code: no lock held
@@ -135,6 +137,8 @@ def stream(cache: CacheState, prompt: str, scope: str, ttl: float | None = None)
                 cache, LookupRequest((prompt,), scope, cache.threshold, claim=True, count=False))
             continue
         return Replay(answer)
+    if plan.mine and cache.shared is not None:
+        yield Work(cache._claim_shared, (plan,))  # another replica may be loading it
     if not plan.mine:
         return Replay(plan.answers[prompt])
     try:

@@ -72,6 +72,7 @@ class Plan:
     keys: dict[bytes, str] = field(default_factory=dict)
     mine: list[bytes] = field(default_factory=list)  # misses this call loads
     theirs: dict[bytes, Future[str]] = field(default_factory=dict)  # misses another call loads
+    shared_claims: dict[str, str] = field(default_factory=dict)  # prompt -> token of a replica-wide claim
 
     @property
     def to_load(self) -> list[str]:

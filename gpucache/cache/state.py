@@ -45,6 +45,7 @@ from gpucache.guard.verifier import HitVerifier
 from gpucache.index.engines.base import ScanEngine
 from gpucache.index.interface import NEVER
 from gpucache.index.store import ExactScanStore
+from gpucache.keys import prompt_key
 from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy, ContentPolicy
 
@@ -277,6 +278,34 @@ class CacheState:
         mine, plan.mine = plan.mine, []
         if mine:
             self._flights.fail(mine, LoadAbandoned())
+        self._release_shared(plan)
+
+    def _claim_shared(self, plan: Plan) -> None:
+        """Between this call's local claims and its load: the claims across replicas. A miss
+        another replica is loading is waited for (within the share's ``claim_wait``) and
+        answered from its entry; the rest this call loads, holding their shared claims until it
+        stores or gives up. Runs in a worker thread on async paths: it may wait."""
+        if self.shared is None or not plan.mine:
+            return
+        prompts = [plan.keys[k] for k in plan.mine]
+        plan.shared_claims, others = self.shared.claim(plan.scope, prompts)
+        if not others:
+            return
+        found = self.shared.wait_loaded(plan.scope, others)
+        if not found:
+            return  # the other replica gave up or took too long: this call loads them
+        self._apply_shared(found)
+        answers = {e.prompt: e.response for e in found}
+        plan.answers.update(answers)
+        done = {prompt_key(plan.scope, p): r for p, r in answers.items()}
+        with self._lock:
+            self._flights.resolve(done)  # this replica's waiters get the other replica's answer
+        plan.mine = [k for k in plan.mine if k not in done]
+
+    def _release_shared(self, plan: Plan) -> None:
+        claims, plan.shared_claims = plan.shared_claims, {}
+        if claims and self.shared is not None:
+            self.shared.release(plan.scope, claims)
 
     def _finish(self, plan: Plan, responses: list[str], ttl: float | None = None) -> None:
         """Store what the loader returned (policy and admission permitting) and hand every
@@ -297,6 +326,7 @@ class CacheState:
             self._flights.resolve(dict(zip(plan.mine, responses)))
         if keep and self.shared is not None:
             self.shared.stored(plan.scope, keep, plan.vectors[rows], expires_at)
+        self._release_shared(plan)  # after the records: a waiting replica finds them
 
     # ----------------------------------------------------------------------------- shared
 
@@ -323,8 +353,10 @@ class CacheState:
 
     def _abort(self, plan: Plan, error: BaseException) -> None:
         """Release this call's claims, handing ``error`` to their waiters. Takes only
-        single-flight's own lock: the async drivers call it on the event loop."""
+        single-flight's own lock (and queues the release of any claims across replicas): the
+        async drivers call it on the event loop."""
         self._flights.fail(plan.mine, error)
+        self._release_shared(plan)
 
     def _replay(self, answer: str) -> Iterator[str]:
         size = self.settings.replay_chunk_chars

@@ -22,9 +22,11 @@ When Redis is unreachable the replica keeps serving and storing locally, counts 
 reconnects with backoff, and catches up (or bootstraps) when it can. Expiry is wall-clock
 time: shared caches use the default ``timer`` (``time.time``).
 
-Not shared, per replica: the admission sketch (each replica admits from the traffic it sees;
-sharing it would take a sketch of counters in Redis merged on each sighting), and single-flight
-(concurrent misses on two replicas both load; a cross-replica claim is SET NX PX on the key).
+Single-flight holds across replicas: a replica about to load a miss first claims it in Redis
+(SET NX PX, a random token, released by compare-and-delete after the entry is written); a
+replica that finds the claim taken waits, within ``claim_wait``, for the entry, then loads it
+itself. Not shared, per replica: the admission sketch (each replica admits from the traffic it
+sees; sharing it would take a sketch of counters in Redis merged on each sighting).
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ log = logging.getLogger("gpucache.share")
 
 BOOTSTRAP_BATCH = 1000  # records read per round trip when a replica bootstraps
 WRITE_BATCH = 256  # events written per round trip
+CLAIM_POLL = 0.02  # seconds between looks for an entry another replica is loading
+# compare-and-delete: a claim is released only by the replica that holds it
+RELEASE_SCRIPT = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
 
 
 class SharedModelMismatch(ValueError):
@@ -78,6 +85,7 @@ class ShareStats:
     written: int = 0
     fetches: int = 0  # lookups that read shared records (never while Redis is away)
     dropped: int = 0  # events dropped unwritten: more than pending_max waited at once
+    waiting: int = 0  # calls waiting now for an entry another replica is loading
     bootstraps: int = 0
     refused: int = 0
     errors: int = 0
@@ -95,6 +103,10 @@ class RedisShare:
         maxlen: about how many events the stream keeps (XADD MAXLEN ~).
         deadline: seconds any one Redis call may take before it counts as a failure.
         pending_max: entries kept for writing while Redis is away; older ones are dropped first.
+        claim_wait: seconds a miss waits for another replica that is loading the same prompt,
+            before loading it itself.
+        claim_ttl: seconds a replica-wide claim lives at most (a replica that died holding one
+            blocks no one for longer).
         client: a redis-py client to use instead of one made from ``url`` (tests).
         on_apply: called with the entries applied here from other replicas and the wall-clock
             time each was written at (metrics, benchmarks).
@@ -108,12 +120,15 @@ class RedisShare:
         maxlen: int = 100_000,
         deadline: float = 0.5,
         pending_max: int = 10_000,
+        claim_wait: float = 30.0,
+        claim_ttl: float = 120.0,
         client: redis.Redis | None = None,
         on_apply: Callable[[list[SharedEntry], list[float]], None] | None = None,
     ) -> None:
         import redis as redis_module
 
         self.on_apply = on_apply
+        self.claim_wait, self.claim_ttl = claim_wait, claim_ttl
         if maxlen < 1 or deadline <= 0 or pending_max < 1:
             raise ValueError("maxlen and pending_max must be >= 1 and deadline > 0")
         self.url, self.prefix, self.maxlen, self.deadline = url, prefix, maxlen, deadline
@@ -145,6 +160,7 @@ class RedisShare:
             self.redis.hsetnx(self._key("meta"), "model", model)
             self.redis.hsetnx(self._key("meta"), "dim", str(dim))
             meta = self.redis.hgetall(self._key("meta"))
+            self.stats.connected = True
         except self._errors as exc:  # Redis is away: join blind, check once it is back
             log.warning("gpucache: Redis at %s is unreachable (%r); serving locally", self.url, exc)
             meta = {}
@@ -154,8 +170,13 @@ class RedisShare:
             thread.start()
             self._threads.append(thread)
 
-    def close(self) -> None:
-        """Stop the background threads (pending writes that could not be made are dropped)."""
+    def close(self, flush_timeout: float = 5.0) -> None:
+        """Write what is pending (for up to ``flush_timeout`` seconds, while Redis answers),
+        then stop the background threads."""
+        with self._wake:
+            self._wake.wait_for(
+                lambda: not self._pending or not self.stats.connected or not self._threads, flush_timeout
+            )
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
@@ -196,6 +217,56 @@ class RedisShare:
                 }
             )
 
+    def claim(self, scope: str, prompts: list[str]) -> tuple[dict[str, str], list[str]]:
+        """Claims across replicas on these misses (SET NX PX with a random token): the ones
+        this replica got, prompt -> token, and the prompts another replica is loading. With
+        Redis away, every miss is this replica's to load, unclaimed."""
+        if not self.stats.connected:
+            return {}, []
+        tokens = {p: uuid.uuid4().hex for p in prompts}
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for prompt, token in tokens.items():
+                pipe.set(self._claim_key(scope, prompt), token, nx=True, px=int(self.claim_ttl * 1000))
+            got = pipe.execute()
+        except Exception:
+            self.stats.errors += 1
+            self.stats.connected = False
+            return {}, []
+        mine = {p: t for (p, t), ok in zip(tokens.items(), got) if ok}
+        return mine, [p for p in prompts if p not in mine]
+
+    def wait_loaded(self, scope: str, prompts: list[str]) -> list[SharedEntry]:
+        """The entries another replica is loading, once all have arrived, or what arrived by
+        then when its claims are gone (it gave up) or ``claim_wait`` has passed."""
+        deadline = time.monotonic() + self.claim_wait
+        pairs = [(scope, p) for p in prompts]
+        with self._applied:
+            self.stats.waiting += 1
+            self._applied.notify_all()
+        try:
+            while True:
+                found = self.fetch(pairs)
+                if len(found) == len(pairs) or time.monotonic() >= deadline:
+                    return found
+                try:
+                    held = self.redis.exists(*(self._claim_key(scope, p) for p in prompts))
+                except Exception:
+                    return found
+                if held == 0:  # released: stored meanwhile (read once more), or given up
+                    return self.fetch(pairs)
+                self._stop.wait(CLAIM_POLL)
+        finally:
+            with self._applied:
+                self.stats.waiting -= 1
+                self._applied.notify_all()
+
+    def release(self, scope: str, claims: dict[str, str]) -> None:
+        """Let go of claims this replica holds, through the writer (after the entries it wrote
+        for them); compare-and-delete, so a claim that expired and was taken since stays."""
+        for prompt, token in claims.items():
+            self._enqueue({"op": "unlock", "scope": scope, "prompt": prompt, "token": token})
+
     def removed(self, scope: str, prompt: str) -> None:
         self._enqueue({"op": "del", "scope": scope, "prompt": prompt})
 
@@ -207,9 +278,11 @@ class RedisShare:
             if len(self._pending) == self._pending.maxlen:
                 self.stats.dropped += 1  # the oldest goes: it stays in this replica only
                 if self.stats.dropped == 1:
-                    log.warning("gpucache: more than %d shared events wait to be written; the oldest "
-                                "are dropped (kept locally). Raise pending_max for bulk loads",
-                                self._pending.maxlen)
+                    log.warning(
+                        "gpucache: more than %d shared events wait to be written; the oldest "
+                        "are dropped (kept locally). Raise pending_max for bulk loads",
+                        self._pending.maxlen,
+                    )
             self._pending.append(event)
             self.stats.pending = len(self._pending)
             self._wake.notify()
@@ -238,6 +311,7 @@ class RedisShare:
                     if self._pending and self._pending[0] is event:
                         self._pending.popleft()
                 self.stats.pending = len(self._pending)
+                self._wake.notify_all()  # close() may be waiting for the queue to drain
             with self._applied:
                 self.stats.written += len(batch)
                 self._applied.notify_all()
@@ -273,6 +347,9 @@ class RedisShare:
                 if math.isfinite(event["expires_at"]):
                     pipe.pexpireat(record, int(event["expires_at"] * 1000))
                 fields["record"] = record
+            elif event["op"] == "unlock":
+                pipe.eval(RELEASE_SCRIPT, 1, self._claim_key(event["scope"], event["prompt"]), event["token"])
+                continue  # not an event other replicas need
             elif event["op"] == "del":
                 pipe.delete(self._record_key(event["scope"], event["prompt"]))
                 fields["prompt"] = event["prompt"]
@@ -367,6 +444,7 @@ class RedisShare:
         self._last_id = start.decode() if isinstance(start, bytes) else str(start)
         with self._applied:
             self.stats.bootstraps += 1
+            self.stats.connected = True
             self._applied.notify_all()
 
     def _apply_event(self, fields: dict[Any, Any]) -> None:
@@ -455,6 +533,10 @@ class RedisShare:
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}:{name}"
+
+    def _claim_key(self, scope: str, prompt: str) -> str:
+        digest = hashlib.blake2b(f"{scope}\0{prompt}".encode(), digest_size=16).hexdigest()
+        return self._key(f"claim:{digest}")
 
     def _record_key(self, scope: str, prompt: str) -> str:
         digest = hashlib.blake2b(f"{scope}\0{prompt}".encode(), digest_size=16).hexdigest()
