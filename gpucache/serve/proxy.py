@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,10 +169,7 @@ class Proxy:
         started = time.perf_counter()
         found: list[Hit | None] = []
         mine: dict[str, Any] = {}  # set when this call loaded: the upstream's own response
-
-        def on_lookup(hit: Hit | None) -> None:
-            found.append(hit)
-            self.metrics.lookup_seconds.observe(time.perf_counter() - started)
+        on_lookup = self.recorder(found, started)
 
         async def loader(text: str) -> str:
             mine["started"] = True
@@ -241,10 +238,7 @@ class Proxy:
         found: list[Hit | None] = []
         meta = wire.StreamMeta(kind, body["model"])
         loading: dict[str, bool] = {}
-
-        def on_lookup(hit: Hit | None) -> None:
-            found.append(hit)
-            self.metrics.lookup_seconds.observe(time.perf_counter() - started)
+        on_lookup = self.recorder(found, started)
 
         async def chunks(text: str) -> AsyncIterator[str]:
             loading["started"] = True
@@ -438,6 +432,15 @@ class Proxy:
             "upstream_timeout" if down.status == 504 else "upstream_unavailable",
             retry=True,
         )
+
+    def recorder(self, found: list[Hit | None], started: float) -> Callable[[Hit | None], None]:
+        """The cache's ``on_lookup``: keeps the hit (or None) and times the lookup."""
+
+        def on_lookup(hit: Hit | None) -> None:
+            found.append(hit)
+            self.metrics.lookup_seconds.observe(time.perf_counter() - started)
+
+        return on_lookup
 
     def hit_headers(self, path: str, hit: Hit) -> dict[str, str]:
         tier = "exact" if hit.exact else "semantic"

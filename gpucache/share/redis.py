@@ -298,12 +298,7 @@ class RedisShare:
             try:
                 self._write(batch)
             except Exception as exc:  # Redis away (or a bug): keep the events, retry with backoff
-                self.stats.errors += 1
-                self.stats.connected = False
-                if not isinstance(exc, self._errors):
-                    log.exception("gpucache: writing shared events failed")
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = self._failed(exc, "writing shared events", backoff)
                 continue
             backoff = 0.05
             with self._wake:
@@ -411,12 +406,16 @@ class RedisShare:
                 self.stats.connected = True
                 backoff = 0.05
             except Exception as exc:  # Redis away (or a bug): reconnect with backoff, never die
-                self.stats.errors += 1
-                self.stats.connected = False
-                if not isinstance(exc, self._errors):
-                    log.exception("gpucache: tailing the shared log failed")
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = self._failed(exc, "tailing the shared log", backoff)
+
+    def _failed(self, exc: Exception, doing: str, backoff: float) -> float:
+        """Count a failure, log it if it is not Redis being away, wait; the next backoff."""
+        self.stats.errors += 1
+        self.stats.connected = False
+        if not isinstance(exc, self._errors):
+            log.error("gpucache: %s failed", doing, exc_info=exc)
+        self._stop.wait(backoff)
+        return min(backoff * 2, 2.0)
 
     def _trimmed(self) -> bool:
         """Whether the stream was trimmed past the last event applied here (events this replica
