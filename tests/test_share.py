@@ -186,6 +186,9 @@ def test_redis_going_away_loses_no_local_entry_and_the_replicas_catch_up(server,
     assert b.shared.wait_applied(2, timeout=20)  # a wrote it once Redis returned; b applied it
     assert b.get("during the outage").response == "stored locally"
     assert a.shared.stats.errors > 0
+    fresh = replicas()  # what Redis kept through its restart, and what a wrote after it
+    assert fresh.shared.wait_applied(2, timeout=20)
+    assert fresh.get("before the outage").response == "kept"
 
 
 def test_a_replica_in_another_process_shares_too(server, replicas):
