@@ -7,6 +7,6 @@ onto that name in ``pyproject.toml``), so it never clashes with another distribu
 
 from __future__ import annotations
 
-from gpucache.kernels.scan_topk import scan_topk, scan_topk_ref, triton_available
+from gpucache.kernels.scan_topk import MAX_K, scan_topk, scan_topk_ref, triton_available
 
-__all__ = ["scan_topk", "scan_topk_ref", "triton_available"]
+__all__ = ["MAX_K", "scan_topk", "scan_topk_ref", "triton_available"]

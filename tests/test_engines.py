@@ -171,3 +171,43 @@ def test_engines_refuse_rows_they_cannot_scan():
         NumpyEngine().scan(rows, job, host_buffer)
     with pytest.raises(ValueError, match="int8"):
         Int8CpuEngine(matmul=True, gemv=True).scan(rows, job, host_buffer)
+
+
+def test_a_triton_launch_never_overflows_its_offsets_or_its_grid():
+    """Pure integers: the kernel's 32-bit row offsets and its grid of at most 65,535 tiles."""
+    from gpucache.index.engines.triton_engine import BLOCK_N, MAX_GRID_TILES, budget_rows, launch_rows
+
+    for dim in (1, 16, 384, 768, 4096):
+        rows = launch_rows(dim)
+        assert rows % BLOCK_N == 0 and rows * dim < 2**31 and rows // BLOCK_N <= MAX_GRID_TILES
+    assert launch_rows(384) < 5_600_000 and launch_rows(16) == MAX_GRID_TILES * BLOCK_N
+    # survivors: queries x k per tile of 128 rows, 12 bytes each, within the budget
+    for budget, q, k in ((64 * 2**20, 1024, 64), (2**20, 1, 4), (4096, 64, 64)):
+        rows = budget_rows(budget, q, k)
+        assert rows == BLOCK_N or rows // BLOCK_N * q * k * 12 <= budget
+
+
+def test_int8_rows_are_widened_within_the_budget():
+    from gpucache.index.engines.torch_engine import widened_rows
+
+    assert widened_rows(64 * 2**20, 384) * 384 * 4 <= 64 * 2**20
+    assert widened_rows(10, 384) == 1
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_a_k_beyond_the_kernels_tiles_goes_to_the_torch_engine():
+    """A quantized store over-fetches 4k + 16 candidates: top_k = 20 asks the kernel for 96,
+    more than it keeps per tile (64)."""
+    from conftest import FakeEmbedder
+
+    from gpucache import SemanticCache, StoreEverything, ThresholdOnly
+
+    cache = SemanticCache(FakeEmbedder(dim=32), device="cpu", quantization="fp16", top_k=20,
+                          scan_kernel="triton", verifier=ThresholdOnly(), cache_policy=StoreEverything())
+    cache.warm((f"stored question number {i}", str(i)) for i in range(300))
+    hit = cache.get("stored question number 7")
+    assert hit is not None and hit.response == "7"
+    rows = stored_rows("fp16", unit_rows(300, 32, 1), [0] * 300, [math.inf] * 300)
+    queries = unit_rows(3, 32, 2)
+    scores, found = TritonEngine().scan(rows, ScanJob(queries, 96, 0, 0.0, 300), host_buffer)
+    check_true_top_k(rows, queries, 96, 0, 0.0, scores, found, TOLERANCE["fp16"])

@@ -411,3 +411,18 @@ def test_save_then_load_answers_every_lookup_as_before(tmp_path_factory, items):
     for scope, prompt, _ in items:
         assert loaded.get(prompt, scope=scope) == cache.get(prompt, scope=scope)
     assert len(loaded) == len(cache)
+
+
+def test_a_quantized_stores_cpu_fallback_scans_its_exact_copy():
+    """A half-precision store that runs out of device memory falls back to its fp32 host copy:
+    exact scores, where multiplying the half-precision rows on the CPU would be slow and coarse."""
+    gen = torch.Generator().manual_seed(3)
+    vectors = torch.nn.functional.normalize(torch.randn(500, 16, generator=gen), dim=1)
+    queries = vectors[:4] + 0.05
+    store = ExactScanStore(16, device="cpu", quantization="fp16", engine=OomEngine(fits=0))
+    store.add(vectors, 0, [float("inf")] * 500)
+    with pytest.warns(RuntimeWarning, match="ran out of memory"):
+        scores, rows = store.search(queries, 3, 0)
+    want = (queries @ vectors.T).topk(3, dim=1)
+    torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-6)
+    assert torch.equal(rows, want.indices) and store.cpu_fallbacks >= 1

@@ -253,8 +253,9 @@ class ExactScanStore:
             engine = self.engine
 
         def on_device(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+            job = ScanJob(queries, k, scope_id, now, chunk, self.scan_budget_bytes)
             with self.scratch.lend() as buffer:
-                return engine.scan(view, ScanJob(queries, k, scope_id, now, chunk), buffer)
+                return engine.scan(view, job, buffer)
 
         def on_cpu(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
             # fp32 rows on the host: a quantized store's exact copy (a CPU has no fast
@@ -263,7 +264,7 @@ class ExactScanStore:
             vectors = self.copy.data[:high] if self.copy is not None else self.codec.data[:high].cpu()
             rows = RowsView(vectors, torch.ones(0), self.rows.scopes[:high].cpu(),
                             self.rows.expires[:high].cpu(), high)
-            job = ScanJob(queries.cpu(), k, scope_id, now, chunk)
+            job = ScanJob(queries.cpu(), k, scope_id, now, chunk, self.scan_budget_bytes)
             with self.scratch.lend(keep=False) as buffer:
                 scores, found = default_engine(cpu, torch.float32).scan(rows, job, buffer)
             return scores.to(self.device), found.to(self.device)

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES
 from gpucache.index.scratch import BufferSource
 
 
@@ -42,6 +43,7 @@ class ScanJob:
     scope_id: int
     now: float
     chunk: int  # rows per chunk: the (Q, chunk) product stays within the scan budget
+    budget: int = DEFAULT_SCAN_BUDGET_BYTES  # the scan budget itself, for engines with other scratch
 
 
 class ScanEngine(Protocol):

@@ -57,6 +57,12 @@ def torch_product(
     return queries @ block.T  # (Q, D) @ (D, C) -> (Q, C)
 
 
+def widened_rows(budget: int, dim: int) -> int:
+    """Rows of int8 that widen to fp32 within ``budget`` bytes (one at the least): on CUDA a
+    single query's chunk is otherwise the whole store, widened at once."""
+    return max(1, budget // (4 * dim))
+
+
 class TorchEngine:
     """Any storage dtype, any device. int8 rows are widened chunk by chunk (the int8 CPU
     engine multiplies them as int8 where the CPU can)."""
@@ -74,8 +80,11 @@ class TorchEngine:
             # fp16/bf16 scores, ranked as they are: widening the block to fp32 first cost more
             # than the top-k (the candidates are rescored in fp32 anyway)
             queries = queries.to(dtype)
-        for start in range(0, high, job.chunk):
-            stop = min(start + job.chunk, high)
+        chunk = job.chunk
+        if dtype == torch.int8:  # each chunk is widened to fp32: (C, D) x 4 bytes within the budget
+            chunk = min(chunk, widened_rows(job.budget, rows.vectors.shape[1]))
+        for start in range(0, high, chunk):
+            stop = min(start + chunk, high)
             block = rows.vectors[start:stop]  # (C, D)
             dead = rows.dead(start, stop, job.scope_id, job.now)  # (C,)
             any_dead = bool(dead.any())  # one pass over C, saving one over Q x C when all live
