@@ -22,6 +22,9 @@ When Redis is unreachable the replica keeps serving and storing locally, counts 
 reconnects with backoff, and catches up (or bootstraps) when it can. Expiry is wall-clock
 time: shared caches use the default ``timer`` (``time.time``).
 
+One module of over 400 lines: the writer, the tailer and the claims share the key layout, the
+record format, the model check and the counters; apart, they would pass all of these around.
+
 Single-flight holds across replicas: a replica about to load a miss first claims it in Redis
 (SET NX PX, a random token, released by compare-and-delete after the entry is written); a
 replica that finds the claim taken waits, within ``claim_wait``, for the entry, then loads it
