@@ -374,3 +374,26 @@ def test_int8_search_is_exact_and_finds_small_rows_beside_large_ones():
     want = want.topk(4, dim=1)
     torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)
     assert torch.equal(rows, want.indices)
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_scores_stay_exact_when_the_process_lowers_fp32_matmul_precision(mode, precision):
+    """An application may lower torch's fp32 matmul precision process-wide (TF32 on a GPU, bf16
+    on a CPU that has it); the scores the cache compares with its threshold stay exact."""
+    n, d = 3000, 64
+    vectors = unit_rows(n, d, seed=81)
+    queries = torch.nn.functional.normalize(vectors[:40] + 0.2 * unit_rows(40, d, 82), dim=1)
+    store = ExactScanStore(d, device="cpu", quantization=mode)
+    store.add(vectors, 0, [math.inf] * n)
+    want = (queries.double() @ vectors.double().T).topk(4, dim=1)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        for batch in (queries, queries[:1]):
+            scores, rows = store.search(batch, 4, 0)
+            exact = (batch.double()[:, None, :] * vectors.double()[rows]).sum(-1)
+            torch.testing.assert_close(scores.double(), exact, rtol=0, atol=1e-6)
+        assert torch.equal(store.search(queries, 4, 0)[1], want.indices)
+    finally:
+        torch.set_float32_matmul_precision(before)

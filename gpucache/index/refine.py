@@ -28,6 +28,22 @@ SMALL_INDEX_MAX_ROWS = {"bf16": 12_288, "int8": 6_144}
 SMALL_INDEX_MIN_QUERIES = 128
 
 
+def matmul_is_exact(device: torch.device) -> bool:
+    """Whether fp32 products on ``device`` are full fp32 here: an application may lower torch's
+    fp32 matmul precision process-wide (``torch.set_float32_matmul_precision("high")`` or
+    "medium", ``allow_tf32``), after which they run in TF32 or bf16, with errors near 1e-3 on
+    unit vectors, enough to move a score across the threshold."""
+    if torch.get_float32_matmul_precision() != "highest":
+        return False
+    return not (device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)
+
+
+def exact_dots(candidates: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """(Q, W) fp32 dot products of each query with its (Q, W, D) candidates, by elementwise
+    products and a sum: no matmul, so no reduced-precision setting reaches them."""
+    return (candidates * queries[:, None, :]).sum(dim=2)
+
+
 def overfetch(k: int) -> int:
     """Candidates a quantized scan keeps for the full-precision rescore of its top ``k``."""
     return 4 * k + 16
@@ -69,25 +85,33 @@ class FullCopy:
         return self.data[torch.tensor(list(rows), dtype=torch.int64)]
 
     def rescore(self, queries: torch.Tensor, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact fp32 scores of the candidate ``rows`` (Q, W), -1 padded; their top ``k``, as
+        """Exact fp32 scores of the candidate ``rows`` (Q, W) from the copy; their top ``k``, as
         ``(scores, rows)`` (Q, K) on the host, padded with ``-inf`` / ``-1``."""
-        rows_host = rows.cpu()  # (Q, W)
-        valid = rows_host >= 0
-        picked_rows = rows_host.clamp(min=0)
-        queries_host = queries.to("cpu", torch.float32)
-        exact = torch.empty(rows_host.shape, dtype=torch.float32)  # (Q, W)
-        # RESCORE_QUERIES at a time: a fresh (Q, W, D) block for a large batch costs more in
-        # page faults than its products; blocks of this size the allocator reuses
-        for start in range(0, rows_host.shape[0], RESCORE_QUERIES):
-            stop = start + RESCORE_QUERIES
-            cand = self.data[picked_rows[start:stop]]  # (q, W, D)
-            exact[start:stop] = torch.einsum("qwd,qd->qw", cand, queries_host[start:stop])
-        exact.masked_fill_(~valid, -math.inf)
-        kk = min(k, exact.shape[1])
-        top, pick = exact.topk(kk, dim=1)  # (Q, kk)
-        picked = rows_host.gather(1, pick)  # (Q, kk)
-        if kk < k:  # pad to (Q, K)
-            top = torch.cat([top, top.new_full((top.shape[0], k - kk), -math.inf)], dim=1)
-            picked = torch.cat([picked, picked.new_full((picked.shape[0], k - kk), -1)], dim=1)
-        picked.masked_fill_(top == -math.inf, -1)
-        return top, picked
+        return rescore_rows(self.data, queries, rows, k)
+
+
+def rescore_rows(
+    vectors: torch.Tensor, queries: torch.Tensor, rows: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact fp32 scores of candidate ``rows`` (Q, W, -1 padded) of fp32 ``vectors``, on the
+    vectors' device; their top ``k`` as ``(scores, rows)``, (Q, K), padded with ``-inf`` / ``-1``."""
+    device = vectors.device
+    rows = rows.to(device)  # (Q, W)
+    valid = rows >= 0
+    picked_rows = rows.clamp(min=0)
+    queries = queries.to(device, torch.float32)
+    exact = torch.empty(rows.shape, dtype=torch.float32, device=device)  # (Q, W)
+    # RESCORE_QUERIES at a time: a fresh (Q, W, D) block for a large batch costs more in page
+    # faults than its products; blocks of this size the allocator reuses
+    for start in range(0, rows.shape[0], RESCORE_QUERIES):
+        stop = start + RESCORE_QUERIES
+        exact[start:stop] = exact_dots(vectors[picked_rows[start:stop]], queries[start:stop])  # (q, W)
+    exact.masked_fill_(~valid, -math.inf)
+    kk = min(k, exact.shape[1])
+    top, pick = exact.topk(kk, dim=1)  # (Q, kk)
+    picked = rows.gather(1, pick)  # (Q, kk)
+    if kk < k:  # pad to (Q, K)
+        top = torch.cat([top, top.new_full((top.shape[0], k - kk), -math.inf)], dim=1)
+        picked = torch.cat([picked, picked.new_full((picked.shape[0], k - kk), -1)], dim=1)
+    picked.masked_fill_(top == -math.inf, -1)
+    return top, picked

@@ -35,7 +35,7 @@ from gpucache.index.engines.choose import default_engine, engine_for
 from gpucache.index.fallback import OomFallback
 from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
 from gpucache.index.kernel_choice import ScanKernelChooser
-from gpucache.index.refine import FullCopy, RefinePolicy, overfetch
+from gpucache.index.refine import FullCopy, RefinePolicy, matmul_is_exact, overfetch, rescore_rows
 from gpucache.index.rows import RowTable
 from gpucache.index.scratch import ScanScratch
 
@@ -230,7 +230,13 @@ class ExactScanStore:
             )
         queries = queries.to(self.device, torch.float32)
         if self.copy is None:
-            return self._scan(queries, k, scope_id, now, exact=True)
+            if matmul_is_exact(self.device):
+                return self._scan(queries, k, scope_id, now, exact=True)
+            # fp32 products run at a lowered precision in this process: rank by them, then
+            # score the candidates exactly
+            wide = min(overfetch(k), self.rows.high)
+            _, rows = self._scan(queries, wide, scope_id, now, exact=True)
+            return rescore_rows(self.codec.data, queries, rows, k)
         if self.refine.scans_copy(self.quantization, self.device.type == "cpu",
                                   self.scan_kernel == "torch", q, self.rows.high):
             return self._scan(queries, k, scope_id, now, exact=True)
