@@ -324,7 +324,7 @@ def test_tasks_under_stress_keep_the_invariants():
 
     async def loader(prompt):
         calls[prompt] = calls.get(prompt, 0) + 1
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # stall: a model's time, so that tasks interleave
         return f"answer:{prompt}"
 
     async def main():

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -158,11 +157,13 @@ def test_a_process_killed_mid_save_leaves_the_previous_snapshot_intact(tmp_path)
             n += 1
             cache.put(f"extra {{n}}", "y")
             cache.save({str(path)!r})
+            print("saved", flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "first"
-        time.sleep(1.5)  # several saves in flight
+        for _ in range(3):  # three more saves done: the next is in flight when the kill comes
+            assert proc.stdout.readline().strip() == "saved"
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:

@@ -331,7 +331,8 @@ def test_concurrent_tasks_load_once(make):
 
     async def slow(prompt):
         calls.append(prompt)
-        await asyncio.sleep(0.2)
+        # the other nine calls wait on this load before it returns
+        assert await asyncio.to_thread(cache._flights.wait_for_joins, 9, 10)
         return "answer"
 
     async def main():
