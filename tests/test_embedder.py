@@ -213,3 +213,17 @@ def test_an_explicit_dtype_is_never_second_guessed(monkeypatch):
     monkeypatch.setattr(embedder_module, "cpu_has_native_bf16", lambda: True)
     asked = TransformerEmbedder(device="cpu", dtype=torch.float32)
     assert asked.autocast_dtype is None and asked.agreement is None
+
+
+def test_the_cuda_default_fp16_is_checked_against_fp32_too(monkeypatch):
+    """The default fp16 of a CUDA embedder is adopted only where it agrees with fp32, as bf16 is
+    on a CPU: the threshold was calibrated on fp32 embeddings. Checked here on the CPU, whose
+    autocast runs fp16 too."""
+    monkeypatch.setattr(embedder_module, "_default_dtype", lambda device: torch.float16)
+    checked = TransformerEmbedder(device="cpu")
+    assert checked.dtype == torch.float32 and checked.agreement is not None  # fp32 weights, probed
+    assert checked.autocast_dtype == (torch.float16 if checked.agreement >= AGREEMENT_MIN else None)
+    monkeypatch.setattr(embedder_module, "AGREEMENT_MIN", 1.5)  # no embedding can meet this
+    refused = TransformerEmbedder(device="cpu")
+    assert refused.autocast_dtype is None
+    assert all(p.dtype == torch.float32 for p in refused._model.parameters())

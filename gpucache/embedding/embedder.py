@@ -89,8 +89,8 @@ PROBE_TEXTS = (
 
 def _default_dtype(device: torch.device) -> torch.dtype:
     """fp16 on CUDA (half the memory traffic); bf16 on a CPU that multiplies it natively
-    (autocast, markedly faster than fp32: ``bench/reports/performance-notes.md``), provided the
-    load-time check agrees with fp32; fp32 elsewhere."""
+    (autocast, markedly faster than fp32: ``bench/reports/performance-notes.md``); either only
+    where the load-time check agrees with fp32; fp32 elsewhere."""
     if device.type == "cuda":
         return torch.float16
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
@@ -140,7 +140,9 @@ class TransformerEmbedder:
 
         self._device = resolve_device(device)
         wanted = dtype or _default_dtype(self._device)
-        checked = dtype is None and wanted == torch.bfloat16
+        # a default half-precision dtype (fp16 on CUDA, bf16 on a CPU that has it) is adopted
+        # only where it agrees with fp32, on which the threshold was calibrated
+        checked = dtype is None and wanted != torch.float32
         self.dtype = torch.float32 if checked else wanted
         self.batch_size = batch_size
         self.max_length = max_length
