@@ -156,20 +156,11 @@ class Proxy:
 
     # ------------------------------------------------------------------------- JSON
 
-    async def whole(
-        self,
-        kind: str,
-        request: Request,
-        body: dict[str, Any],
-        raw: bytes,
-        key: RequestKey,
-        control: CacheControl,
-    ) -> Response:
+    async def whole(self, kind: str, request: Request, body: dict[str, Any], raw: bytes,
+                    key: RequestKey, control: CacheControl) -> Response:
         endpoint = PATHS[kind]
-        started = time.perf_counter()
-        found: list[Hit | None] = []
+        found, on_lookup = self.recorder()
         mine: dict[str, Any] = {}  # set when this call loaded: the upstream's own response
-        on_lookup = self.recorder(found, started)
 
         async def loader(text: str) -> str:
             mine["started"] = True
@@ -197,10 +188,7 @@ class Proxy:
                 key.semantic_text, loader, scope=key.scope, ttl=control.max_age, on_lookup=on_lookup
             )
         except UpstreamAnswer as passed:
-            self.metrics.requests.labels(endpoint, "miss").inc()
-            return Response(
-                passed.body, passed.status, headers={**returned(passed.headers), "x-gpucache": "miss"}
-            )
+            return self.passed_through(endpoint, passed)
         except UpstreamUnavailable as down:
             return self.unavailable(endpoint, down)
         except Exception as exc:  # the cache failed: go upstream without it, unless that has begun
@@ -224,21 +212,12 @@ class Proxy:
 
     # ------------------------------------------------------------------------- streams
 
-    async def streamed(
-        self,
-        kind: str,
-        request: Request,
-        body: dict[str, Any],
-        raw: bytes,
-        key: RequestKey,
-        control: CacheControl,
-    ) -> Response:
+    async def streamed(self, kind: str, request: Request, body: dict[str, Any], raw: bytes,
+                       key: RequestKey, control: CacheControl) -> Response:
         endpoint = PATHS[kind]
-        started = time.perf_counter()
-        found: list[Hit | None] = []
+        found, on_lookup = self.recorder()
         meta = wire.StreamMeta(kind, body["model"])
         loading: dict[str, bool] = {}
-        on_lookup = self.recorder(found, started)
 
         async def chunks(text: str) -> AsyncIterator[str]:
             loading["started"] = True
@@ -274,10 +253,7 @@ class Proxy:
                 return await self.forward(endpoint, request, raw, True, "miss")
             ended = meta.finish_reason or "stop"
         except UpstreamAnswer as passed:
-            self.metrics.requests.labels(endpoint, "miss").inc()
-            return Response(
-                passed.body, passed.status, headers={**returned(passed.headers), "x-gpucache": "miss"}
-            )
+            return self.passed_through(endpoint, passed)
         except UpstreamUnavailable as down:
             return self.unavailable(endpoint, down)
         except Exception as exc:
@@ -422,6 +398,12 @@ class Proxy:
         self.metrics.requests.labels(path, "miss").inc()
         return await self.forward(path, request, raw, stream, "miss")
 
+    def passed_through(self, path: str, passed: UpstreamAnswer) -> Response:
+        """An upstream answer the cache does not keep, as the upstream sent it."""
+        self.metrics.requests.labels(path, "miss").inc()
+        headers = {**returned(passed.headers), "x-gpucache": "miss"}
+        return Response(passed.body, passed.status, headers=headers)
+
     def unavailable(self, path: str, down: UpstreamUnavailable) -> JSONResponse:
         self.metrics.errors.labels("upstream_timeout" if down.status == 504 else "upstream_unavailable").inc()
         self.metrics.requests.labels(path, "error").inc()
@@ -433,14 +415,17 @@ class Proxy:
             retry=True,
         )
 
-    def recorder(self, found: list[Hit | None], started: float) -> Callable[[Hit | None], None]:
-        """The cache's ``on_lookup``: keeps the hit (or None) and times the lookup."""
+    def recorder(self) -> tuple[list[Hit | None], Callable[[Hit | None], None]]:
+        """A list for the lookup's hit (or None), and the cache's ``on_lookup`` that fills it
+        and times the lookup from now."""
+        found: list[Hit | None] = []
+        started = time.perf_counter()
 
         def on_lookup(hit: Hit | None) -> None:
             found.append(hit)
             self.metrics.lookup_seconds.observe(time.perf_counter() - started)
 
-        return on_lookup
+        return found, on_lookup
 
     def hit_headers(self, path: str, hit: Hit) -> dict[str, str]:
         tier = "exact" if hit.exact else "semantic"
