@@ -102,9 +102,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     embedder = TransformerEmbedder(device=args.device)
     verifier = LexicalNearMissVerifier()
     results = []
-    for path in args.pairs:
+    for path, half in [(p, args.half) for p in args.pairs] + [(p, "all") for p in args.held_apart]:
         started = time.perf_counter()
-        results.append(evaluate_pairs(path, embedder, verifier))
+        name = Path(path).stem + (" (held apart)" if half == "all" and args.half != "all" else "")
+        results.append(evaluate_pairs(path, embedder, verifier, name=name, half=half))
         print(f"{path}: {results[-1].pairs} pairs in {time.perf_counter() - started:.0f} s",
               file=sys.stderr)
     replay = []
@@ -112,7 +113,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         grid = sorted({0.80, 0.85, DEFAULT_THRESHOLD, 0.90})
         settings = [(t, 1, g) for t in grid for g in (False, True)]
         settings += [(DEFAULT_THRESHOLD, k, True) for k in (2, 4)]
-        replay = replay_intents(args.replay, embedder, verifier, settings)
+        replay = replay_intents(args.replay, embedder, verifier, settings, half=args.half)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     plot = out.with_suffix(".png")
@@ -124,12 +125,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         f"transformers {transformers.__version__}; verifier {verifier.name}."
     )
     command = "gpucache eval " + " ".join(shlex.quote(str(p)) for p in args.pairs)
+    if args.held_apart:
+        command += " --held-apart " + " ".join(shlex.quote(str(p)) for p in args.held_apart)
     if args.replay:
         command += f" --replay {shlex.quote(str(args.replay))}"
+    if args.half != "report":
+        command += f" --half {args.half}"
     command += f" --out {shlex.quote(str(args.out))}"
     text = render_report(
         results, replay, threshold=DEFAULT_THRESHOLD, top_k=DEFAULT_TOP_K, command=command,
-        about=about, plot=plot.name if plotted else None,
+        about=about, plot=plot.name if plotted else None, half=args.half,
     )
     out.write_text(text, encoding="utf-8")
     print(text)
@@ -203,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="false-hit benchmark over labelled pairs and intents")
     ev.add_argument("pairs", nargs="*", help="JSONL files of {a, b, label} pairs")
     ev.add_argument("--replay", default=None, help="JSONL file of {text, label} intent queries")
+    ev.add_argument("--half", default="report", choices=["report", "tune", "all"],
+                    help="which half of each file to measure (default: report, the half no "
+                    "rule or default was tuned on)")
+    ev.add_argument("--held-apart", nargs="*", default=[], metavar="PAIRS",
+                    help="JSONL pair files kept apart from all tuning, measured whole")
     ev.add_argument("--out", default="bench/reports/semantic-false-hits.md",
                     help="report path (a PNG plot is written beside it)")
     ev.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")

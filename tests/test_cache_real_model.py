@@ -24,7 +24,7 @@ def cache(real_embedder):
     "paraphrase, answer",
     [
         ("How can I reset my password?", "Settings > Security > Reset password."),
-        ("What's the capital city of France?", "Paris."),
+        ("Tell me the capital of France, please.", "Paris."),
         ("How can I reverse a Python list?", "Use lst.reverse() or lst[::-1]."),
     ],
 )
@@ -58,7 +58,7 @@ def test_get_or_put_all_serves_paraphrases_and_loads_the_rest(cache):
         return [f"fresh: {m}" for m in missed]
 
     out = cache.get_or_put_all(
-        ["What's the capital city of France?", "Why is the sky blue?", "Why is the sky blue?"],
+        ["Tell me the capital of France, please.", "Why is the sky blue?", "Why is the sky blue?"],
         loader,
     )
     assert out == ["Paris.", "fresh: Why is the sky blue?", "fresh: Why is the sky blue?"]

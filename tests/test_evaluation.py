@@ -25,7 +25,7 @@ def write_jsonl(path, rows):
 PAIRS = [
     {"a": "Convert 10 miles to km", "b": "Convert 10 km to miles", "label": 0},
     {"a": "How do I reset my password?", "b": "How can I reset my password?", "label": 1},
-    {"a": "What is the capital of France?", "b": "Which city is the capital of France?", "label": 1},
+    {"a": "What is the capital of France?", "b": "Tell me the capital of France, please", "label": 1},
     {"a": "Why is the sky blue?", "b": "Recommend a sci-fi novel", "label": 0},
 ]
 
@@ -115,3 +115,61 @@ def test_a_malformed_file_is_a_clear_error(tmp_path, fake_embedder):
 def test_word_jaccard():
     assert word_jaccard("a b c d e", "a b c d f") == pytest.approx(4 / 6)
     assert word_jaccard("", "") == 1.0
+
+
+def test_the_split_is_keyed_balanced_and_the_same_in_every_process():
+    from conftest import outputs_under_hash_seeds
+
+    from gpucache.tools.evaluation import half_of
+
+    ids = [f"set:{n}" for n in range(2000)]
+    halves = [half_of(i) for i in ids]
+    assert set(halves) == {"tune", "report"}
+    assert 900 <= halves.count("report") <= 1100
+    assert [half_of(i) for i in ids] == halves  # a row stays in its half
+    code = ("from gpucache.tools.evaluation import half_of\n"
+            "print(''.join(half_of(f'set:{n}')[0] for n in range(200)))")
+    assert len(outputs_under_hash_seeds(code)) == 1
+
+
+def test_the_halves_partition_a_file(tmp_path):
+    from gpucache.tools.evaluation import select_half
+
+    rows = [{"a": f"q{n}", "b": f"r{n}", "label": n % 2, "id": f"t:{n}"} for n in range(50)]
+    rows.append({"a": "no id", "b": "here", "label": 1})  # named by its file and line
+    tune = select_half(rows, "tune", tmp_path / "t.jsonl")
+    report = select_half(rows, "report", tmp_path / "t.jsonl")
+    assert len(tune) + len(report) == len(rows) and tune and report
+    assert not {id(r) for r in tune} & {id(r) for r in report}
+    assert select_half(rows, "all", "t.jsonl") == rows
+    with pytest.raises(ValueError, match="half must be one of"):
+        select_half(rows, "test", "t.jsonl")
+
+
+def test_a_half_is_measured_alone_and_an_empty_half_is_an_error(tmp_path, fake_embedder):
+    from gpucache.tools.evaluation import half_of
+
+    rows = [dict(p, id=f"p:{n}") for n, p in enumerate(PAIRS)]
+    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    report = [r for r in rows if half_of(r["id"]) == "report"]
+    result = evaluate_pairs(path, fake_embedder, ThresholdOnly(), half="report")
+    assert result.pairs == len(report)
+    empty = [r for r in rows if half_of(r["id"]) == "tune"][:1]
+    write_jsonl(path, empty)
+    with pytest.raises(ValueError, match="no pairs in the 'report' half"):
+        evaluate_pairs(path, fake_embedder, ThresholdOnly(), half="report")
+
+
+def test_the_report_breaks_a_file_down_by_kind():
+    result = PairResult(
+        name="llm", pairs=4, label0=2, label1=2, near_misses=0,
+        similarity=[0.95, 0.91, 0.97, 0.80], labels=[0, 0, 1, 1],
+        accepted=[False, True, True, True], near_miss=[False] * 4,
+        rule=["added", "", "", ""], kinds=["audience", "audience", "fillers", "fillers"],
+    )
+    text = render_report([result], [], threshold=0.9, top_k=1, command="cmd", about="about",
+                         plot=None, half="report")
+    assert "## llm: by kind of pair (threshold 0.9)" in text
+    assert "| audience | 0 | 2 | 2 | 1 | added 1 |" in text
+    assert "| fillers | 1 | 2 | 1 | 1 | - |" in text
+    assert "**report half**" in text

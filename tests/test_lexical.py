@@ -14,6 +14,13 @@ from gpucache.guard.lexical import ADDED_RULES, RULES, SEED_RULES
 
 V = LexicalNearMissVerifier()
 
+# A question of about forty words, for the long-prompt cases of the added rule.
+LONG_QUESTION = (
+    "Our payment service started timing out every night around two in the morning after we "
+    "moved the database to a larger instance, and the connection pool keeps growing until the "
+    "pods restart, even though traffic at that hour is low. What is the most likely cause?"
+)
+
 # (cached prompt, new prompt, the rule that must reject it)
 MUST_REJECT = [
     # the seed's own examples
@@ -133,10 +140,28 @@ MUST_REJECT = [
     ("Install docker on Ubuntu", "Install docker on Debian", "substitution"),
     # conservative by design (the seed): a one-word synonym swap costs a miss, never a wrong answer
     ("How do I cancel my subscription?", "How do I end my subscription?", "substitution"),
-    ("Who wrote Pride and Prejudice?", "Who is the author of Pride and Prejudice?", "substitution"),
     ("How do I merge two dictionaries in Python?", "How can I combine two dicts in Python?", "substitution"),
-    ("How many ounces are in a pound?", "How many oz in a pound?", "substitution"),
-    ("Write a haiku about autumn", "Compose a haiku about autumn", "substitution"),
+    # one prompt asks for more: a qualifier, a clause, an instruction (an addition to the seed)
+    ("How do I bake bread?", "How do I bake bread in a cast iron pot?", "added"),
+    ("Write a poem about the sea", "Write a poem about the sea for my grandmother's funeral", "added"),
+    ("Explain recursion", "Can you explain recursion to me with an example?", "added"),
+    ("How do I install Node on Ubuntu?", "How do I install Node on Ubuntu without sudo?", "added"),
+    ("Translate this paragraph into formal German", "Translate this paragraph into German", "added"),
+    ("Sort a list of numbers in descending order", "Sort a list of numbers", "added"),
+    ("Give me a packing list for Norway", "Give me a packing list for Norway in winter", "added"),
+    ("What's a good laptop for students?", "What's a good laptop for students that runs Linux?", "added"),
+    ("Tips for a job interview", "Give me advice and tips for preparing for my job interview", "added"),
+    # a shared long question, a different closing instruction
+    (LONG_QUESTION + " Answer in the form of a checklist for the on-call engineer.",
+     LONG_QUESTION + " Focus on what the postmortem should say to customers.", "added"),
+    (LONG_QUESTION, LONG_QUESTION + " Keep it under a hundred words.", "numbers"),
+    (LONG_QUESTION, LONG_QUESTION + " Include the commands you would run.", "added"),
+    # conservative by design: a reworded question that also carries an extra content word
+    # costs a miss ("city", "cause", "forgot" are not framing), never a wrong answer
+    ("What is the capital of France?", "Which city is the capital of France?", "added"),
+    ("What are the symptoms of the flu?", "What symptoms does the flu cause?", "added"),
+    ("How do I reset my password?", "I forgot my password, how do I reset it?", "added"),
+    ("Explain gradient descent in simple terms", "What is gradient descent, simply explained?", "added"),
 ]
 
 # (cached prompt, new prompt): rewordings the verifier must let through to the threshold
@@ -144,12 +169,9 @@ MUST_ACCEPT = [
     ("How do I reset my password?", "How do I reset my password?"),
     ("How do I reset my password?", "how do i reset my password"),
     ("How do I reset my password?", "How can I reset my password?"),
-    ("How do I reset my password?", "I forgot my password, how do I reset it?"),
     ("How do I reset my password?", "What are the steps to reset my password?"),
     ("Convert 10 miles to km", "How many km is 10 miles?"),
     ("Convert 10 miles to km", "10 miles in kilometers, please"),
-    ("What is the capital of France?", "Which city is the capital of France?"),
-    ("What is the capital of France?", "What's the capital city of France?"),
     ("Flights from London to Paris", "Flights to Paris from London"),
     ("Flights from London to Paris", "Show me flights from London to Paris"),
     ("How do I cancel my subscription?", "What's the way to cancel my subscription?"),
@@ -157,7 +179,6 @@ MUST_ACCEPT = [
     ("How much is 100 USD in EUR?", "What is 100 US dollars in euros?"),
     ("How much is 100 USD in EUR?", "How much is 100 USD in EUR"),
     ("Set an alarm for 7 am", "Please set an alarm for 7 am"),
-    ("What are the symptoms of the flu?", "What symptoms does the flu cause?"),
     ("What is the boiling point of water at sea level?", "At what temperature does water boil at sea level?"),
     ("Sort an array of 1,000 items", "Sort an array of 1000 items"),
     ("Book a table for two people", "Book a table for 2 people"),
@@ -166,23 +187,41 @@ MUST_ACCEPT = [
     ("What is the GDP of France?", "What’s the GDP of France?"),
     ("How do I undo the last git commit?", "How can I undo my last commit in git?"),
     ("Summarize the plot of Hamlet", "Give me a summary of Hamlet's plot"),
-    ("Explain gradient descent in simple terms", "What is gradient descent, simply explained?"),
     ("What is 3.50 plus 2?", "What is 3.5 plus 2?"),
-    ("How do I block a phone number on iPhone?", "How can I block a number on my iPhone?"),
     ("Recommend a good science fiction novel", "Can you recommend a good science fiction novel?"),
-    ("Is talcum powder cancerous?", "Does talcum powder really cause cancer, or is that a myth?"),
-    ("How do I learn Python fast?", "What is the fastest way to learn Python as a beginner?"),
-    ("Tips for a job interview", "Give me advice and tips for preparing for my job interview"),
-    ("Explain recursion", "Can you explain recursion to me with an example?"),
     ("In 1965 he moved to Boston to study law at Harvard", "He moved to Boston in 1965 to study law at Harvard"),
-    ("Why do people believe the earth is flat?", "Why are there still people who believe the earth is flat?"),
     ("Flights from London to Paris tomorrow", "Tomorrow's flights to Paris from London"),
+    ("How do I block a number on my iPhone?", "How can I block a number on iPhone?"),
+    ("How do I learn Python fast?", "What is the fastest way to learn Python?"),
+    ("At high altitude, how long should I boil pasta?", "How long should I boil pasta at high altitude?"),
+    # framing, politeness and hedges are not an added request
+    ("Hi! Can you explain what an index fund is? Thanks!", "What is an index fund?"),
+    ("Give me some tips on growing basil", "How do I grow basil?"),
+    ("Could you tell me what the steps are to renew a passport?", "How do I renew a passport?"),
+    ("Show me how to tie a bowline", "How do I tie a bowline?"),
+    ("So what exactly is a hash table, honestly?", "What is a hash table?"),
+    ("How can one keep basil alive indoors?", "How do I keep basil alive indoors?"),
+    ("Why do people like jazz so much?", "Why do people like jazz?"),
+    ("Could you recommend a good thriller?", "What is a good thriller?"),
+    # the table: spelling variants, abbreviations and units, powers, instruction verbs
+    ("How do I organise my photos by colour?", "How do I organize my photos by color?"),
+    ("What does the config file for k8s look like?", "What does the configuration file for Kubernetes look like?"),
+    ("How many tbsp of sugar are in 100 g?", "How many tablespoons of sugar are in 100 grams?"),
+    ("How many ounces are in a pound?", "How many oz in a pound?"),
+    ("What is the derivative of x squared?", "What is the derivative of x^2?"),
+    ("Plot x**2 from 0 to 5", "Plot x² from 0 to 5"),
+    ("Draft a memo about the office move", "Write a memo about the office move"),
+    ("Write a haiku about autumn", "Compose a haiku about autumn"),
+    ("Who wrote Pride and Prejudice?", "Who is the author of Pride and Prejudice?"),
+    ("Tips for travelling in Peru with a toddler", "Tips for traveling in Peru with a toddler"),
+    # "A vs B" asks what "the difference between A and B" asks
+    ("What is the difference between Redis and Memcached?", "Redis vs Memcached: what's the difference?"),
     # two forms of one word are not a substitution
-    ("Which is your favorite movie?", "Which are your favorite movies?"),
-    ("What is disk defragmentation?", "What is a disk defragmenter?"),
+    ("What is your favorite song?", "What are your favorite songs?"),
+    ("What is memory fragmentation?", "What is a memory fragmenter?"),
     ("Tips for dating an Australian", "Tips to date an Australian"),
     # nor are two words of one interchangeable class
-    ("What are good pick up lines?", "What are the best pick up lines?"),
+    ("What are good opening lines for a speech?", "What are the best opening lines for a speech?"),
     ("Recommend a movie about space", "Recommend a film about space"),
     ("Where can I buy a used car?", "Where can I purchase a used car?"),
 ]
@@ -194,6 +233,16 @@ STILL_SUBSTITUTIONS = [
     ("How do I reset my password?", "How do I reset my passport?"),
     ("What is a good laptop?", "What is a cheap laptop?"),
     ("Recommend a movie about space", "Recommend a book about space"),
+]
+
+# The table makes words one; what changes the question still rejects under the right rule.
+TABLE_STILL_REJECTS = [
+    ("What is the derivative of x squared?", "What is the derivative of x cubed?", "numbers"),
+    ("Plot x^2 from 0 to 5", "Plot x^3 from 0 to 5", "numbers"),
+    ("Convert 5 kg to lb", "Convert 5 lb to kg", "direction"),
+    ("Is Redis faster than Memcached?", "Is Memcached faster than Redis?", "direction"),
+    ("How do I start the colour printer?", "How do I stop the color printer?", "antonym"),
+    ("Write a haiku about autumn", "Summarize a haiku about autumn", "substitution"),
 ]
 
 
@@ -210,6 +259,12 @@ def test_exemptions_from_substitution_stay_narrow(cached, new):
     assert V.explain(cached, new).rule == "substitution"
 
 
+@pytest.mark.parametrize("cached, new, rule", TABLE_STILL_REJECTS)
+def test_the_table_joins_words_and_keeps_what_changes_the_question(cached, new, rule):
+    verdict = V.explain(cached, new)
+    assert verdict.rejected and verdict.rule == rule, verdict
+
+
 @pytest.mark.parametrize("cached, new", MUST_ACCEPT)
 def test_must_accept(cached, new):
     verdict = V.explain(cached, new)
@@ -221,7 +276,7 @@ def test_the_table_is_large_and_covers_every_rule():
     assert len(MUST_REJECT) + len(MUST_ACCEPT) >= 100
     rules = {rule for _, _, rule in MUST_REJECT}
     assert rules == {"numbers", "negation", "polarity", "antonym", "direction", "swapped",
-                     "question-word", "crossed", "reordered", "substitution"}
+                     "question-word", "crossed", "reordered", "substitution", "added"}
 
 
 def test_the_rules_are_the_seeds_four_and_the_named_additions():
@@ -325,3 +380,55 @@ def test_never_raises_and_agrees_with_explain(a, b):
 @given(st.text())
 def test_identical_prompts_are_always_accepted(a):
     assert V.verify(a, a, 1.0) is True
+
+
+def test_the_added_rule_names_the_words_and_the_side():
+    verdict = V.explain("How do I install Node on Ubuntu?", "How do I install Node on Ubuntu without sudo?")
+    assert str(verdict) == 'reject (added): only in the new prompt: "without sudo"'
+    assert verdict.words == ("sudo",)
+    both = V.explain(LONG_QUESTION + " Reply as a table.", LONG_QUESTION + " Reply as a poem.")
+    assert both.rule == "substitution"  # a one-word swap stays the seed rule's
+    longer = V.explain(LONG_QUESTION + " Give the answer as a short table of suspects.",
+                       LONG_QUESTION + " Then write the incident summary for customers.")
+    assert longer.rule == "added"
+    assert 'only in the cached prompt: "' in longer.detail and 'only in the new prompt: "' in longer.detail
+
+
+def test_a_reworded_long_prompt_is_not_an_added_request():
+    """Words that differ on both sides in several places are a rewording, not a replaced
+    instruction: the added rule needs one differing place between a shared prefix and suffix."""
+    cached = ("Our payment service started timing out every night after we moved the database "
+              "to a larger instance. What is the most likely cause?")
+    new = ("Every night our payment service began timing out once the database moved to a "
+           "bigger instance. What's most likely causing it?")
+    assert V.explain(cached, new).rule != "added"
+
+
+def test_the_shipped_table_loads_and_stays_clear_of_the_rules_own_words():
+    from gpucache.guard.words import _TABLE, DIRECTIONAL, NEGATIONS, QUESTION_WORDS
+
+    assert len(set(_TABLE.values())) >= 100 and len(_TABLE) > len(set(_TABLE.values()))
+    reserved = DIRECTIONAL | NEGATIONS | QUESTION_WORDS
+    clashes = [key for key in _TABLE if reserved.intersection(key) and len(key) == 1]
+    assert clashes == []  # a lone table word never stands for a directional or negation word
+
+
+@pytest.mark.parametrize("text, message", [
+    ("colour, color\ncolor, hue\n", "already in the class on line 1"),
+    ("colour\n", "two or more entries"),
+    ("a b c d e, f\n", "more than 4 words"),
+    ("colour, , color\n", "two or more entries"),
+])
+def test_a_broken_table_is_refused_with_its_line(text, message):
+    from gpucache.guard.words import parse_table
+
+    with pytest.raises(ValueError, match=message):
+        parse_table(text)
+
+
+def test_a_table_reads_phrases_longest_first():
+    from gpucache.guard.words import parse_table
+
+    table = parse_table("# comment\nregex, regular expression  # inline comment\nusd, us dollar, dollar\n")
+    assert table[("regular", "expression")] == "regex" and table[("dollar",)] == "usd"
+    assert table[("us", "dollar")] == "usd"

@@ -27,6 +27,15 @@ the named additions measured in bench/reports/semantic-false-hits.md):
                   insertions or deletions, and at least one word in common -> reject
                   (two forms of one word, "movie"/"movies", and words of one interchangeable
                   class, "good"/"best", are not substitutions)                     [addition]
+    added         one prompt asks for more: content words only it has (a qualifier, a
+                  clause, an instruction), beside words both share; or each side has its
+                  own words in one run beside a long shared part (a different closing
+                  instruction). Framing and politeness do not count.        -> reject  [addition]
+
+Before any rule, both prompts are read through a table of interchangeable words and phrases
+(interchangeable.txt: spelling variants, abbreviations and units, instruction verbs), so
+"colour"/"color", "regex"/"regular expression" and "x squared"/"x^2" are the same words to
+every rule.
 
 It is conservative by design: a one-word synonym swap ("cancel" vs "end") is also rejected and
 costs a miss, never a wrong answer. Any rule can be switched off (``skip``); the report's
@@ -46,13 +55,18 @@ from collections.abc import Iterable, Sequence
 from gpucache.guard.verifier import Verdict
 from gpucache.guard.words import (
     _ANTONYM,
+    _FRAMING,
     _INTERCHANGEABLE,
+    ADDED_MAX_SHARED_INSIDE,
+    ADDED_MIN_SHARED,
     CROSSED_MAX_SHARED,
     DIRECTIONAL,
     LONG_ALIGNMENT,
+    MATCH_MAX_PAIRS,
     POLARITY_AXES,
     QUESTION_WORDS,
     REORDER_MIN_SHARED,
+    SYMMETRIC,
     _exchanged,
     _numbers_of,
     _parse,
@@ -65,9 +79,9 @@ from gpucache.guard.words import (
 # substitution) and the additions the false-hit report measured; any of them can be switched off
 # (``LexicalNearMissVerifier(skip=...)``), which the report uses to show what each one buys.
 SEED_RULES = ("numbers", "negation", "polarity", "direction", "substitution")
-ADDED_RULES = ("antonym", "question-word", "swapped", "crossed", "reordered")
+ADDED_RULES = ("antonym", "question-word", "swapped", "crossed", "reordered", "added")
 RULES = ("numbers", "negation", "polarity", "antonym", "question-word", "direction", "swapped",
-         "crossed", "reordered", "substitution")
+         "crossed", "reordered", "substitution", "added")
 
 
 def clear_caches() -> None:
@@ -166,6 +180,14 @@ class LexicalNearMissVerifier:
             words = tuple(w for pair in subs for w in pair)
             shown = ", ".join(f"{x} -> {y}" for x, y in subs)
             return Verdict(True, "substitution", f"words substituted: {shown}", words)
+        added = _added(a, b) if "added" not in skip else None
+        if added:
+            only_a, only_b = added
+            shown = "; ".join(
+                f'only in the {side} prompt: "{_phrase(p, only)}"'
+                for side, p, only in (("cached", a, only_a), ("new", b, only_b)) if only
+            )
+            return Verdict(True, "added", shown, only_a + only_b)
         return Verdict(False, "rewording")
 
 
@@ -249,8 +271,8 @@ def _crossed(pa: _Parsed, pb: _Parsed) -> tuple[str, str] | None:
                 continue
             between_a = pa.skeleton[first_a[x] + 1 : first_a[y]]
             between_b = pb.skeleton[first_b[y] + 1 : first_b[x]]
-            if any(t in DIRECTIONAL for t in between_a) and any(
-                t in DIRECTIONAL for t in between_b
+            if any(t in DIRECTIONAL and t not in SYMMETRIC for t in between_a) and any(
+                t in DIRECTIONAL and t not in SYMMETRIC for t in between_b
             ):
                 return x, y
     return None
@@ -273,7 +295,9 @@ def _reordered(pa: _Parsed, pb: _Parsed) -> tuple[str, ...]:
     moved. Short prompts are left to the direction and swapped rules, since "a list in Python"
     / "a Python list" is a rewording, and so is a phrase moved with its preposition ("in 1965
     he moved" / "he moved in 1965"): a word that is the object of the same directional words on
-    both sides does not count as moved. Measured on paws_wiki and qqp in the false-hit report.
+    both sides does not count as moved, nor, in a prompt of fewer than 8 shared words,
+    does the word right after it on both sides ("at room temperature" fronted whole).
+    Measured on paws_wiki and qqp in the false-hit report.
     """
     a, b = pa.content, pb.content
     shared = set(a) & set(b)
@@ -296,10 +320,16 @@ def _reordered(pa: _Parsed, pb: _Parsed) -> tuple[str, ...]:
     kept = _one_increasing_subsequence(positions)
     heads_a = _heads(pa.attachments)
     heads_b = _heads(pb.attachments)
-    return tuple(
-        w for w, p in zip(order, positions)
-        if p not in kept and not (heads_a.get(w) and heads_a.get(w) == heads_b.get(w))
-    )
+    governed = {w for w in shared if heads_a.get(w) and heads_a.get(w) == heads_b.get(w)}
+    moved: list[str] = []
+    for w, p in zip(order, positions):
+        if p in kept or w in governed:
+            continue
+        i, j = first_a[w], first_b[w]
+        if i and j and a[i - 1] == b[j - 1] and a[i - 1] in governed and len(shared) < 8:
+            continue  # "at room temperature" fronted: "temperature" follows "room" both times
+        moved.append(w)
+    return tuple(moved)
 
 
 def _heads(attachments: tuple[tuple[str, str], ...]) -> dict[str, tuple[str, ...]]:
@@ -364,3 +394,95 @@ def _substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, st
         else:
             return []
     return subs if common else []
+
+
+def _added(pa: _Parsed, pb: _Parsed) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The content words only the cached and only the new prompt has, when that is the shape
+    of one prompt asking for more than the other, else None.
+
+    Framing and politeness (``words.FRAMING``) are set aside, and a word the other side has in
+    another form ("summary"/"summarize") or of one interchangeable class counts as shared.
+    Two shapes reject: words on one side only, beside at least one shared word ("explain
+    photosynthesis" / "... simply"); and words on both sides in one place, between a common
+    prefix and suffix of at least ``ADDED_MIN_SHARED`` words, where the two differing middles
+    share at most ``ADDED_MAX_SHARED_INSIDE`` words (a long question with a different closing
+    instruction). Middles that share more were reworded in place; words differing in several
+    places are a rewording; short one-for-one swaps are the substitution rule's to judge.
+    """
+    a = [w for w in pa.content if w not in _FRAMING]
+    b = [w for w in pb.content if w not in _FRAMING]
+    only_a, only_b, shared = _unshared(a, b)
+    if not shared or not (only_a or only_b):
+        return None
+    if only_a and only_b:
+        prefix, suffix = _common_ends(a, b)
+        if prefix + suffix < ADDED_MIN_SHARED:
+            return None
+        middle_a, middle_b = a[prefix : len(a) - suffix], b[prefix : len(b) - suffix]
+        if _unshared(middle_a, middle_b)[2] > ADDED_MAX_SHARED_INSIDE:
+            return None  # reworded in place, not replaced
+    return tuple(only_a), tuple(only_b)
+
+
+def _unshared(a: list[str], b: list[str]) -> tuple[list[str], list[str], int]:
+    """(words of a not in b, words of b not in a, how many are shared), as multisets in
+    order, where two forms of one word or words of one interchangeable class match."""
+    left_b = Counter(b)
+    only_a: list[str] = []
+    shared = 0
+    for w in a:
+        if left_b[w] > 0:
+            left_b[w] -= 1
+            shared += 1
+        else:
+            only_a.append(w)
+    only_b: list[str] = []
+    for w in reversed(b):  # b's unmatched words, in b's order
+        if left_b[w] > 0:
+            left_b[w] -= 1
+            only_b.append(w)
+    only_b.reverse()
+    if only_a and only_b and len(only_a) * len(only_b) <= MATCH_MAX_PAIRS:
+        for w in list(only_a):
+            for x in only_b:
+                if _variants(w, x):
+                    only_a.remove(w)
+                    only_b.remove(x)
+                    shared += 1
+                    break
+    return only_a, only_b, shared
+
+
+def _common_ends(a: list[str], b: list[str]) -> tuple[int, int]:
+    """How many words a and b share as a common prefix, and then as a common suffix of what
+    is left (a word matches its other forms and its interchangeable class)."""
+    ends = []
+    for pairs in (zip(a, b), zip(reversed(a), reversed(b))):
+        n = 0
+        for x, y in pairs:
+            if x != y and not _variants(x, y):
+                break
+            n += 1
+        ends.append(n)
+    prefix = ends[0]
+    return prefix, min(ends[1], len(a) - prefix, len(b) - prefix)
+
+
+def _phrase(p: _Parsed, only: tuple[str, ...]) -> str:
+    """The words of ``only`` as they stand in the prompt, with the directional words that
+    lead into them ("without standard library"), runs joined by "...". """
+    left = Counter(only)
+    runs: list[list[str]] = [[]]
+    pending: list[str] = []
+    for w in p.skeleton:
+        if w in DIRECTIONAL:
+            pending.append(w)
+        elif left[w] > 0:
+            left[w] -= 1
+            runs[-1] += pending[-1:] + [w]
+            pending = []
+        else:
+            pending = []
+            if w not in _FRAMING and runs[-1]:
+                runs.append([])
+    return " ... ".join(" ".join(run) for run in runs if run)

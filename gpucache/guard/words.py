@@ -13,6 +13,7 @@ import re
 import unicodedata
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
+from importlib import resources
 from typing import NamedTuple
 
 # Words that carry no question of their own: articles, auxiliaries, pronouns, politeness, and
@@ -89,17 +90,47 @@ ANTONYM_PAIRS = [
 # class joins only when no question changes with the word. Measured in the false-hit report.
 INTERCHANGEABLE_CLASSES = [
     "good best great top nice excellent finest greatest awesome ideal",
-    "movie film", "website site", "photo picture pic image", "buy purchase", "begin start",
-    "fix repair", "kid child", "cost price", "phone smartphone cellphone mobile",
-    "help assist", "job career", "earn make", "learn study", "car vehicle", "email mail",
-    "quickest fastest", "easiest simplest", "big large huge", "small little tiny", "ocean sea",
+    "movie film", "website site", "photo picture pic image", "kid child", "cost price",
+    "phone smartphone cellphone mobile", "help assist", "job career", "earn make",
+    "learn study", "car vehicle", "email mail", "easiest simplest", "big large huge",
+    "small little tiny", "ocean sea",
 ]
+# The table of interchangeable words and phrases (spelling variants, abbreviations and units,
+# instruction verbs) is data, shipped beside this module: interchangeable.txt. Unlike the
+# classes above, which only exempt a word from the substitution rule, the table rewrites every
+# entry to its class's first entry when a prompt is parsed, so every rule reads "colour" and
+# "color", "regex" and "regular expression", "x squared" and "x^2" as the same words.
+TABLE_FILE = "interchangeable.txt"
+MAX_PHRASE_WORDS = 4
+
+# Comparison words that are symmetric: "A vs B" asks what "B vs A" asks. The crossed rule does
+# not count shared words that trade sides across one of these.
+SYMMETRIC = frozenset({"vs", "versus", "between"})
+
+# Words the added rule does not count as an added request when only one prompt has them:
+# greetings and politeness, hedges, and the framing of a request ("explain", "tell me",
+# "give me some tips on", "what are the steps to"). They change how a request is put, not what
+# it asks for; intensifiers and hedges ("so much", "ever", "the main causes"); reflexive
+# pronouns; "one" read as a pronoun ("how can one ..."), which the numbers rule judges when it
+# is a number. Tuned on the tuning half of the data (bench/guard_tuning.py).
+FRAMING = frozenset(
+    """
+    hi hello hey thanks thank advance wonder wondering curious question quick mind kindly
+    possibly maybe perhaps exactly really still ok okay well anyway now
+    explain tell show give provide list define understand figure mean meaning recommend
+    convert calculate
+    advice tip idea suggestion recommendation instruction step way method
+    ever such much else even many main different various think opinion personally honestly
+    currently nowadays yourself myself himself herself themselves ourselves yourselves oneself
+    1 &
+    """.split()
+)
 
 # Words whose object says where something goes or comes from: moving a content word across
 # one of them changes the question ("10 miles to km" / "10 km to miles").
 DIRECTIONAL = frozenset(
     """to from into onto than vs versus per by over under before after above below toward
-    towards via against between for in on at with without of as""".split()
+    towards via against between for in on at with without of as using""".split()
 )
 
 NUMBER_WORDS = {
@@ -126,6 +157,13 @@ ORDINAL_WORDS = {
 SOFT_NUMBERS = frozenset({"one"})
 
 REORDER_MIN_SHARED = 5
+# The added rule: the common prefix and suffix needed before two differing middles count as
+# a changed instruction, the most words those middles may share and still count as replaced
+# rather than reworded; and the most pairs of unshared words it
+# compares for variants (bounded work on megabyte prompts).
+ADDED_MIN_SHARED = 3
+ADDED_MAX_SHARED_INSIDE = 1
+MATCH_MAX_PAIRS = 10_000
 # Beyond these sizes the pairwise rules switch to bounded work, so a megabyte prompt is
 # still compared in full (numbers, negation, polarity, substitution) in linear-ish time.
 LONG_ALIGNMENT = 2000  # tokens in the differing middle before difflib's autojunk heuristic
@@ -135,7 +173,9 @@ CROSSED_MAX_SHARED = 200  # shared words the pairwise crossed rule examines
 # other word and still ask different questions.
 QUESTION_WORDS = frozenset({"who", "whom", "whose", "when", "where", "why"})
 
-_TOKEN = re.compile(r"[^\W_]+(?:['.][^\W_]+)*|[$€£¥₹%#+@&]")
+_TOKEN = re.compile(r"[^\W_]+(?:['.][^\W_]+)*|\^\d+|[$€£¥₹%#+@&]")
+_POWER = re.compile(r"\s*(?:\^|\*\*)\s*(\d+)")  # "x^2", "x ** 2" -> "x ^2"
+_SUPERSCRIPTS = str.maketrans({"²": " ^2", "³": " ^3"})
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
 _GROUPED = re.compile(r"(?<=\d)[,_ ](?=\d{3}\b)")
@@ -174,6 +214,67 @@ def _stem(word: str) -> str:
 _INTERCHANGEABLE: dict[str, int] = {
     _stem(word): n for n, words in enumerate(INTERCHANGEABLE_CLASSES) for word in words.split()
 }
+
+
+def parse_table(text: str) -> dict[tuple[str, ...], str]:
+    """The interchangeable-words table: each entry, as its tuple of stemmed words, -> the token
+    its class is read as (the first entry, its words joined by "_").
+
+    One class per line, entries separated by commas, "#" starts a comment. A word or phrase in
+    two classes is an error: its reading would depend on the order of the file.
+    """
+    table: dict[tuple[str, ...], str] = {}
+    where: dict[tuple[str, ...], int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        entries = [e.strip().casefold() for e in line.split(",")]
+        if len(entries) < 2 or not all(entries):
+            raise ValueError(f"table line {n}: a class needs two or more entries: {line!r}")
+        canonical = "_".join(entries[0].split())
+        for entry in entries:
+            key = tuple(_stem(w) for w in entry.split())
+            if not 1 <= len(key) <= MAX_PHRASE_WORDS:
+                raise ValueError(f"table line {n}: {entry!r} has more than "
+                                 f"{MAX_PHRASE_WORDS} words")
+            if key in where and where[key] != n:
+                raise ValueError(f"table line {n}: {entry!r} is already in the class on line "
+                                 f"{where[key]}")
+            where[key] = n
+            table[key] = canonical
+    return table
+
+
+_TABLE = parse_table(resources.files(__package__).joinpath(TABLE_FILE).read_text("utf-8"))
+_PHRASE_STARTS = frozenset(key[0] for key in _TABLE if len(key) > 1)
+# The framing words as the rules see them: stemmed and read through the table ("show" is
+# read as "demonstrate").
+_FRAMING = frozenset(_TABLE.get((_stem(w),), _stem(w)) for w in FRAMING)
+_stem_memo = lru_cache(maxsize=65536)(_stem)
+
+
+def _read_through_table(tokens: list[str]) -> list[str]:
+    """Tokens with every table entry replaced by its class's token, longest phrase first."""
+    out: list[str] = []
+    i, n = 0, len(tokens)
+    while i < n:
+        tok = tokens[i]
+        stem = _stem_memo(tok) if len(tok) <= 64 else tok
+        if stem in _PHRASE_STARTS:
+            for width in range(min(MAX_PHRASE_WORDS, n - i), 1, -1):
+                canonical = _TABLE.get(tuple(_stem_memo(t) for t in tokens[i : i + width]))
+                if canonical is not None:
+                    out.append(canonical)
+                    i += width
+                    break
+            else:
+                out.append(_TABLE.get((stem,), tok))
+                i += 1
+            continue
+        out.append(_TABLE.get((stem,), tok))
+        i += 1
+    return out
 
 
 class _Parsed(NamedTuple):
@@ -233,6 +334,8 @@ def _token_uncached(tok: str) -> _TokenInfo:
     else:
         kind = _CONTENT
     polar = tuple(_POLAR.get(canonical, ()))
+    if tok.startswith("^"):  # a power: "^2" is "squared", never the number 2
+        return canonical, (tok,), False, kind, polar
     ordinal = _ORDINAL.match(tok)
     if ordinal:
         return canonical, (f"#{int(ordinal.group(1))}",), False, kind, polar
@@ -259,14 +362,19 @@ def _parse(prompt: str) -> _Parsed:
 
 
 def _parse_uncached(prompt: str) -> _Parsed:
-    norm = prompt.casefold() if prompt.isascii() else unicodedata.normalize("NFKC", prompt)
+    if prompt.isascii():
+        norm = prompt.casefold()
+    else:
+        norm = unicodedata.normalize("NFKC", prompt.translate(_SUPERSCRIPTS))
     norm = norm.translate(_QUOTES).casefold()
     if "," in norm or "_" in norm or " " in norm:
         norm = _GROUPED.sub("", norm)
+    if "^" in norm or "**" in norm:
+        norm = _POWER.sub(r" ^\1", norm)
     raw = _TOKEN.findall(norm)
-    if "'" not in norm:
-        return _build(raw)
-    return _build(_split_contractions(raw))
+    if "'" in norm:
+        raw = _split_contractions(raw)
+    return _build(_read_through_table(raw), raw)
 
 
 _parse_memo = lru_cache(maxsize=4096)(_parse_uncached)
@@ -292,8 +400,9 @@ def _split_contractions(raw: list[str]) -> list[str]:
     return tokens
 
 
-def _build(tokens: list[str]) -> _Parsed:
-    """One pass over the tokens: this runs once per new prompt on every candidate check."""
+def _build(tokens: list[str], written: list[str]) -> _Parsed:
+    """One pass over the tokens (read through the table; ``written`` are the tokens before
+    that, kept for the antonym lists): this runs once per new prompt on every candidate check."""
     numbers: list[str] = []
     soft: list[str] = []
     stemmed: list[str] = []
@@ -327,7 +436,7 @@ def _build(tokens: list[str]) -> _Parsed:
     return _Parsed(
         norm=" ".join(stemmed),
         tokens=tuple(stemmed),
-        surface=frozenset(tokens).union(stemmed),
+        surface=frozenset(tokens).union(stemmed, written, map(_stem_memo, written)),
         content=tuple(content),
         core=tuple(t for t in bag if t not in _POLAR),
         bag=tuple(bag),

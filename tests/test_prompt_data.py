@@ -1,0 +1,54 @@
+"""The LLM-prompt pairs kept in the repository: their shape, their kinds, their split."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gpucache.tools.evaluation import half_of, read_jsonl
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+DEV, HELD = DATA / "llm_prompts.jsonl", DATA / "llm_prompts_heldout.jsonl"
+NEAR_MISS_KINDS = {"added-constraint", "output-language", "length-format", "audience", "tone",
+                   "programming-language", "without-only", "quantity", "entity", "direction",
+                   "swapped-roles", "changed-instruction"}
+PARAPHRASE_KINDS = {"fillers", "reordering", "synonyms", "spelling", "abbreviations",
+                    "question-form", "long-paraphrase", "mixed-paraphrase"}
+
+
+@pytest.mark.parametrize("path", [DEV, HELD])
+def test_every_row_is_a_labelled_pair_of_a_named_kind(path):
+    rows = read_jsonl(path)
+    assert len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert set(r) == {"a", "b", "label", "kind", "source", "id"}
+        assert r["a"].strip() and r["b"].strip() and r["a"] != r["b"]
+        assert r["label"] == (0 if r["kind"] in NEAR_MISS_KINDS else 1)
+        assert r["kind"] in NEAR_MISS_KINDS | PARAPHRASE_KINDS
+        assert r["source"].startswith("written for gpucache")
+
+
+def test_the_dev_set_is_large_enough_and_covers_every_kind_in_both_halves():
+    rows = read_jsonl(DEV)
+    assert len(rows) >= 400
+    kinds = Counter(r["kind"] for r in rows)
+    assert set(kinds) == NEAR_MISS_KINDS | PARAPHRASE_KINDS
+    for half in ("tune", "report"):
+        assert {r["kind"] for r in rows if half_of(r["id"]) == half} == set(kinds)
+
+
+def test_the_held_apart_set_shares_no_pair_with_the_dev_set():
+    def key(r):
+        return frozenset((r["a"].casefold(), r["b"].casefold()))
+
+    assert not {key(r) for r in read_jsonl(DEV)} & {key(r) for r in read_jsonl(HELD)}
+
+
+def test_the_sources_page_counts_what_the_files_hold():
+    page = (DATA / "SOURCES.md").read_text(encoding="utf-8")
+    for path in (DEV, HELD):
+        rows = read_jsonl(path)
+        labels = Counter(r["label"] for r in rows)
+        assert f"| `{path.name}` | {len(rows)} | {labels[0]} / {labels[1]} |" in page
