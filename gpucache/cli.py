@@ -2,7 +2,8 @@
 (the false-hit benchmark), ``bench``, ``info``.
 
     gpucache demo [--device auto] [--batch-size 16] [--limit N]
-    gpucache eval PAIRS.jsonl [...] [--replay INTENTS.jsonl] [--out REPORT.md]
+    gpucache eval PAIRS.jsonl [...] [--held-apart PAIRS.jsonl ...] [--replay INTENTS.jsonl]
+                  [--half report|tune|all] [--out REPORT.md]
     gpucache bench [--quick] [--device all|cpu|cuda] [--out bench/reports/bench.md]
     gpucache serve --upstream http://127.0.0.1:8000/v1 [--port 8100] [--snapshot PATH]
     gpucache info
