@@ -261,19 +261,15 @@ def _read_through_table(tokens: list[str]) -> list[str]:
     while i < n:
         tok = tokens[i]
         stem = _stem_memo(tok) if len(tok) <= 64 else tok
+        width, canonical = 1, _TABLE.get((stem,), tok)
         if stem in _PHRASE_STARTS:
-            for width in range(min(MAX_PHRASE_WORDS, n - i), 1, -1):
-                canonical = _TABLE.get(tuple(_stem_memo(t) for t in tokens[i : i + width]))
-                if canonical is not None:
-                    out.append(canonical)
-                    i += width
+            for wide in range(min(MAX_PHRASE_WORDS, n - i), 1, -1):
+                phrase = _TABLE.get(tuple(_stem_memo(t) for t in tokens[i : i + wide]))
+                if phrase is not None:
+                    width, canonical = wide, phrase
                     break
-            else:
-                out.append(_TABLE.get((stem,), tok))
-                i += 1
-            continue
-        out.append(_TABLE.get((stem,), tok))
-        i += 1
+        out.append(canonical)
+        i += width
     return out
 
 
