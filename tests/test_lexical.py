@@ -426,6 +426,28 @@ def test_a_broken_table_is_refused_with_its_line(text, message):
         parse_table(text)
 
 
+def test_without_the_table_prompts_are_read_as_written():
+    """``table=False`` is the report's ablation of the table: the seed's substitution rule
+    then refuses what the table joins, and the verifier says so in its name."""
+    plain = LexicalNearMissVerifier(table=False)
+    assert plain.explain("Write a haiku about autumn", "Compose a haiku about autumn").rule == "substitution"
+    assert V.explain("Write a haiku about autumn", "Compose a haiku about autumn").rule == "identical"
+    assert plain.name == "lexical-near-miss-without-table"
+    assert repr(plain) == "LexicalNearMissVerifier(skip=(), table=False)"
+    both = LexicalNearMissVerifier(skip=("added",), table=False)
+    assert both.name == "lexical-near-miss-without-added-table"
+
+
+@pytest.mark.parametrize("cached, new", [
+    ("How many teeth does a shark have?", "How many tooth does a shark have?"),
+    ("Why do some people snore?", "Why do some persons snore?"),
+    ("How do I speed up my laptop?", "How do I accelerate my laptop?"),
+    ("What is the biggest lake in Africa?", "What is the largest lake in Africa?"),
+])
+def test_grammatical_forms_and_phrasal_verbs_are_one_word(cached, new):
+    assert not V.explain(cached, new).rejected
+
+
 def test_a_table_reads_phrases_longest_first():
     from gpucache.guard.words import parse_table
 

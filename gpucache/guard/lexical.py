@@ -100,11 +100,14 @@ class LexicalNearMissVerifier:
     off trades wrong answers for hits, and the false-hit report's ablation table says how many
     of each on every benchmark file, so a deployment can decide with numbers (a cache of long
     news-like prompts loses many hits to "reordered", for instance).
+
+    ``table=False`` reads prompts as written, without the table of interchangeable words:
+    the report's ablation uses it to show what the table buys.
     """
 
     name = "lexical-near-miss"
 
-    def __init__(self, skip: Iterable[str] = ()) -> None:
+    def __init__(self, skip: Iterable[str] = (), *, table: bool = True) -> None:
         if isinstance(skip, str):
             raise TypeError("skip takes a collection of rule names, not one string")
         skipped = frozenset(skip)
@@ -112,19 +115,23 @@ class LexicalNearMissVerifier:
         if unknown:
             raise ValueError(f"unknown rules {unknown}; the rules are {', '.join(RULES)}")
         self.skip = skipped
-        if skipped:
-            self.name = f"lexical-near-miss-without-{'-'.join(r for r in RULES if r in skipped)}"
+        self.table = bool(table)
+        left_out = [r for r in RULES if r in skipped] + ([] if self.table else ["table"])
+        if left_out:
+            self.name = f"lexical-near-miss-without-{'-'.join(left_out)}"
 
     def __repr__(self) -> str:
         skipped = ", ".join(repr(r) for r in RULES if r in self.skip)
-        return f"LexicalNearMissVerifier(skip=({skipped}{',' if len(self.skip) == 1 else ''}))"
+        table = "" if self.table else ", table=False"
+        return (f"LexicalNearMissVerifier(skip=({skipped}{',' if len(self.skip) == 1 else ''})"
+                f"{table})")
 
     def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
         return not self.explain(cached_prompt, new_prompt).rejected
 
     def explain(self, cached_prompt: str, new_prompt: str) -> Verdict:
         """Which rule decides this pair, and the words involved."""
-        a, b = _parse(cached_prompt), _parse(new_prompt)
+        a, b = _parse(cached_prompt, self.table), _parse(new_prompt, self.table)
         if a.norm == b.norm:
             return Verdict(False, "identical")
         skip = self.skip

@@ -93,6 +93,7 @@ INTERCHANGEABLE_CLASSES = [
     "movie film", "website site", "photo picture pic image", "kid child", "cost price",
     "phone smartphone cellphone mobile", "help assist", "job career", "earn make",
     "learn study", "car vehicle", "email mail", "easiest simplest", "big large huge",
+    "biggest largest",
     "small little tiny", "ocean sea",
 ]
 # The table of interchangeable words and phrases (spelling variants, abbreviations and units,
@@ -349,15 +350,16 @@ def _token_uncached(tok: str) -> _TokenInfo:
 MEMO_MAX_CHARS = 4096  # longer prompts are parsed in full each time, never kept in the memo
 
 
-def _parse(prompt: str) -> _Parsed:
-    """The parsed prompt; memoised for prompts of ordinary length only, so a few megabyte-long
-    prompts cannot pin gigabytes in the memo."""
+def _parse(prompt: str, table: bool = True) -> _Parsed:
+    """The parsed prompt, read through the table of interchangeable words unless ``table`` is
+    False; memoised for prompts of ordinary length only, so a few megabyte-long prompts cannot
+    pin gigabytes in the memo."""
     if len(prompt) > MEMO_MAX_CHARS:
-        return _parse_uncached(prompt)
-    return _parse_memo(prompt)
+        return _parse_uncached(prompt, table)
+    return _parse_memo(prompt, table)
 
 
-def _parse_uncached(prompt: str) -> _Parsed:
+def _parse_uncached(prompt: str, table: bool = True) -> _Parsed:
     if prompt.isascii():
         norm = prompt.casefold()
     else:
@@ -370,7 +372,7 @@ def _parse_uncached(prompt: str) -> _Parsed:
     raw = _TOKEN.findall(norm)
     if "'" in norm:
         raw = _split_contractions(raw)
-    return _build(_read_through_table(raw), raw)
+    return _build(_read_through_table(raw) if table else raw, raw)
 
 
 _parse_memo = lru_cache(maxsize=4096)(_parse_uncached)
