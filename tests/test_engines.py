@@ -118,7 +118,8 @@ def test_the_choosing_engine_answers_with_whichever_it_measured_faster():
             self.measured.append(run)
             return 0.5 if len(self.measured) % 2 == 0 else 1.0  # the second engine timed wins
 
-    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=Timer())
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=Timer(),
+                                start=lambda measure: measure())
     engine = ChoosingEngine(chooser, {"torch": TorchEngine(), "triton": NumpyEngine()})
     vectors = unit_rows(200, 16, 3)
     rows = stored_rows("fp32", vectors, [0] * 200, [math.inf] * 200)

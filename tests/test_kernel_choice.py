@@ -4,6 +4,7 @@ per query bucket and size class. The choice moves speed only, never an answer.""
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -32,6 +33,11 @@ class ScriptedTimer:
         return self.seconds[kernel]
 
 
+def INLINE(measure):
+    """Measure in the lookup itself, so a test sees the choice at once."""
+    measure()
+
+
 def unit_rows(n: int, d: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
@@ -52,7 +58,7 @@ def test_size_classes_are_powers_of_four():
 
 def test_the_faster_kernel_is_kept_per_shape_and_measured_once():
     timer = ScriptedTimer({"torch": 2.0, "triton": 1.0})
-    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=100, timer=timer)
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=100, timer=timer, start=INLINE)
     ran: list[str] = []
     assert chooser.choose(64, 1000, ran.append) == "triton"
     assert timer.measured == ["torch", "triton"] and ran == ["torch", "triton"]
@@ -67,7 +73,7 @@ def test_the_faster_kernel_is_kept_per_shape_and_measured_once():
 
 def test_a_small_store_uses_torch_unmeasured_and_a_tie_keeps_torch():
     timer = ScriptedTimer({"torch": 1.0, "triton": 1.0})
-    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=100, timer=timer)
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=100, timer=timer, start=INLINE)
     assert chooser.choose(64, 99, lambda name: None) == "torch" and timer.measured == []
     assert chooser.choose(64, 100, lambda name: None) == "torch" and len(timer.measured) == 2
 
@@ -105,7 +111,7 @@ def test_an_auto_store_answers_the_same_whichever_kernel_wins(faster):
     expires = [math.inf if i % 7 else 5.0 for i in range(n)]
     reference = ExactScanStore(d, device="cpu", scan_kernel="torch")
     timer = ScriptedTimer({"torch": 1.0, "triton": 1.0, faster: 0.5})
-    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=timer)
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=timer, start=INLINE)
     # the engine a CUDA store with Triton is built with, here on the CPU
     auto = ExactScanStore(d, device="cpu", engine=ChoosingEngine(
         chooser, {"torch": TorchEngine(), "triton": TritonEngine()}))
@@ -131,8 +137,77 @@ def test_on_cuda_auto_measures_and_agrees_with_torch():
         store.add(vectors, 0, [math.inf] * n)
     assert auto.scan_kernel == "auto" and auto.kernel_chooser is not None
     got, want = auto.search(queries, k, 0), plain.search(queries, k, 0)
+    assert auto.kernel_chooser.wait_measured(timeout=120)
     ((shape, choice),) = auto.kernel_chooser.choices.items()  # one shape, measured once
     timings = auto.kernel_chooser.timings[shape]
     assert set(timings) == {"torch", "triton"}  # both kernels really ran and were timed
     assert choice == min(timings, key=timings.__getitem__)  # and the faster one was kept
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-4)
+
+
+class GatedTimer(ScriptedTimer):
+    """A scripted timer that holds every measurement until the test opens its gate."""
+
+    def __init__(self, seconds):
+        super().__init__(seconds)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+
+    def __call__(self, run, device):
+        self.started.set()
+        assert self.gate.wait(timeout=60)
+        return super().__call__(run, device)
+
+
+def test_a_new_shape_is_measured_in_a_thread_while_lookups_scan_with_torch():
+    """The lookup that meets a new shape does not wait for the measurement (which compiles
+    and times eight scans on a GPU): it and every lookup until the measurement ends get torch,
+    and one measurement runs per shape however many lookups meet it."""
+    timer = GatedTimer({"torch": 2.0, "triton": 1.0})
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=100, timer=timer)
+    assert chooser.choose(64, 1000, lambda kernel: kernel) == "torch"  # returned, gate shut
+    assert timer.started.wait(timeout=60)
+    assert chooser.choose(64, 1000, lambda kernel: kernel) == "torch"
+    assert chooser.wait_measured(timeout=0) is False
+    timer.gate.set()
+    assert chooser.wait_measured(timeout=60)
+    assert timer.measured == ["torch", "triton"]  # one measurement, both kernels
+    assert chooser.choose(64, 1000, lambda kernel: kernel) == "triton"
+
+
+def test_a_failed_measurement_settles_the_shape_on_torch_once():
+    calls = []
+
+    def failing_timer(run, device):
+        calls.append(run.args[0])
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory while timing")
+
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=failing_timer, start=INLINE)
+    assert chooser.choose(64, 1000, lambda kernel: None) == "torch"
+    assert chooser.choose(64, 1000, lambda kernel: None) == "torch"
+    assert calls == ["torch"]  # not measured again on the next lookup
+    [(shape, error)] = chooser.errors.items()
+    assert error.startswith("OutOfMemoryError") and chooser.timings == {}
+
+
+def test_an_auto_store_answers_while_its_kernels_are_measured_in_the_background():
+    """Through a store: the first search answers (with torch) while the measurement, in its
+    own thread, scans the same rows into its own buffers; afterwards the winner answers and the
+    answers agree."""
+    n, d, q, k = 300, 16, 3, 4
+    vectors, queries = unit_rows(n, d, 5), unit_rows(q, d, 6)
+    timer = GatedTimer({"torch": 2.0, "triton": 1.0})
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=timer)
+    # "triton" here is a second torch engine: the thread and the choice are what is tested
+    auto = ExactScanStore(d, device="cpu", engine=ChoosingEngine(
+        chooser, {"torch": TorchEngine(), "triton": TorchEngine()}))
+    auto.add(vectors, 0, [math.inf] * n)
+    first = auto.search(queries, k, 0)
+    assert chooser.choices == {}  # the measurement is still held at the gate
+    timer.gate.set()
+    assert chooser.wait_measured(timeout=60)
+    assert chooser.choices == {("<=64", size_class(n)): "triton"}
+    second = auto.search(queries, k, 0)
+    assert torch.equal(first[1], second[1])
+    for result in timer.results.values():
+        assert torch.equal(result[1], first[1])

@@ -80,7 +80,8 @@ class CacheSettings:
         "auto",
         '`"auto"`: on CUDA with Triton installed, the store times the fused Triton kernel and '
         "matmul + topk on its own scans (per query bucket 1 / up to 64 / more, again each time "
-        "the store grows 4x, from 65,536 rows) and keeps the faster; elsewhere `\"torch\"`. "
+        "the store grows 4x, from 65,536 rows) and keeps the faster, measuring in a thread of its "
+        "own while lookups scan with torch; elsewhere `\"torch\"`. "
         'Or `"torch"`, `"triton"`. Not kept in snapshots: it is a speed choice of this machine',
         saved=False,
     )

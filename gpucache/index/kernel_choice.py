@@ -8,17 +8,22 @@ has, so a store with ``scan_kernel="auto"`` on CUDA measures both kernels on its
 first time it scans a given shape, and keeps the faster.
 
 A shape is a query bucket (1, up to 64, more) and a size class (the store's rows, in powers of
-4): a store that grows 4x is measured again. The lookup that meets a new shape pays for the
-measurement, about eight scans (a warm-up and three timed runs per kernel), once per shape.
-Below ``MIN_ROWS`` both kernels take well under a millisecond and the torch path is used
-unmeasured. Both kernels return the same scores (fp32 in IEEE precision, the half-precision
-modes rescored in fp32), so the choice moves speed only, never an answer.
+4): a store that grows 4x is measured again. The measurement (about eight scans: a warm-up,
+which also compiles the Triton kernel, and three timed runs per kernel) runs in a thread of its
+own, never in the lookup that met the new shape: that lookup, and every lookup of the shape
+until the measurement ends, scans with torch, so no lookup waits on a compile or holds the
+cache's lock through eight scans. Below ``MIN_ROWS`` both kernels take well under a
+millisecond and the torch path is used unmeasured. Both kernels return the same scores (fp32 in
+IEEE precision, the half-precision modes rescored in fp32), so the choice moves speed only,
+never an answer. A measurement that fails (out of memory, a compile error) settles the shape
+on torch and keeps the error in ``errors``, so it is not retried on every lookup.
 """
 
 from __future__ import annotations
 
 import functools
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -57,6 +62,11 @@ def wall_timer(
     return statistics.median(once() for _ in range(TIMED_RUNS))
 
 
+def in_a_thread(measure: Callable[[], None]) -> None:
+    """Run ``measure`` in a daemon thread of its own: how a chooser measures by default."""
+    threading.Thread(target=measure, name="gpucache-kernel-choice", daemon=True).start()
+
+
 class ScanKernelChooser:
     """Remembers, per (query bucket, size class), which kernel ran faster here.
 
@@ -64,6 +74,9 @@ class ScanKernelChooser:
         device: the store's device (the timer synchronises it).
         min_rows: stores smaller than this use the torch path without measuring.
         timer: ``timer(run, device) -> seconds``; replaceable for tests.
+        start: ``start(measure)`` runs a measurement; by default in a thread of its own
+            (``in_a_thread``), so the lookup that meets a new shape does not wait for it.
+            ``lambda measure: measure()`` measures inline, in that lookup.
     """
 
     def __init__(
@@ -72,21 +85,49 @@ class ScanKernelChooser:
         *,
         min_rows: int = MIN_ROWS,
         timer: Callable[[Callable[[], object], torch.device], float] = wall_timer,
+        start: Callable[[Callable[[], None]], None] = in_a_thread,
     ) -> None:
         self.device = device
         self.min_rows = min_rows
         self._timer = timer
+        self._start = start
+        self._lock = threading.Condition()
+        self._pending: set[tuple[str, int]] = set()
         self.choices: dict[tuple[str, int], str] = {}  # (bucket, size class) -> kernel
         self.timings: dict[tuple[str, int], dict[str, float]] = {}  # seconds, as measured
+        self.errors: dict[tuple[str, int], str] = {}  # shapes whose measurement failed
 
     def choose(self, queries: int, rows: int, run: Callable[[str], object]) -> str:
-        """The kernel for a scan of ``queries`` over ``rows``; ``run(kernel)`` performs that
-        scan with the named kernel and is called only while a new shape is measured."""
+        """The kernel for a scan of ``queries`` over ``rows``: the measured faster one, or
+        torch while the shape is unmeasured. ``run(kernel)`` performs such a scan with the
+        named kernel; it is called only by the measurement, which a new shape starts."""
         if rows < self.min_rows:
             return "torch"
         shape = (bucket(queries), size_class(rows))
-        if shape not in self.choices:
+        with self._lock:
+            if shape in self.choices or shape in self._pending:
+                return self.choices.get(shape, "torch")
+            self._pending.add(shape)
+        self._start(functools.partial(self._measure, shape, run))
+        with self._lock:
+            return self.choices.get(shape, "torch")
+
+    def wait_measured(self, timeout: float | None = None) -> bool:
+        """Block until no measurement is running; False if ``timeout`` seconds pass first."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._pending, timeout)
+
+    def _measure(self, shape: tuple[str, int], run: Callable[[str], object]) -> None:
+        try:
             seconds = {k: self._timer(functools.partial(run, k), self.device) for k in KERNELS}
-            self.timings[shape] = seconds
-            self.choices[shape] = min(KERNELS, key=seconds.__getitem__)  # a tie keeps torch
-        return self.choices[shape]
+            choice, error = min(KERNELS, key=seconds.__getitem__), None  # a tie keeps torch
+        except Exception as exc:  # noqa: BLE001 - any failure settles the shape on torch
+            seconds, choice, error = {}, "torch", f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            if error is None:
+                self.timings[shape] = seconds
+            else:
+                self.errors[shape] = error
+            self.choices[shape] = choice
+            self._pending.discard(shape)
+            self._lock.notify_all()

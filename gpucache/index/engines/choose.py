@@ -12,7 +12,7 @@ from gpucache.index.engines.torch_engine import TorchEngine
 from gpucache.index.engines.triton_engine import TritonEngine
 from gpucache.index.kernel_choice import ScanKernelChooser
 from gpucache.index.probes import CpuPaths
-from gpucache.index.scratch import BufferSource
+from gpucache.index.scratch import BufferSource, host_buffer
 
 
 def default_engine(device: torch.device, dtype: torch.dtype, paths: CpuPaths | None = None) -> ScanEngine:
@@ -36,8 +36,12 @@ class ChoosingEngine:
         self.engines = engines
 
     def scan(self, rows: RowsView, job: ScanJob, buffer: BufferSource) -> tuple[torch.Tensor, torch.Tensor]:
+        # A measurement may run after this scan has returned its buffer and while the store
+        # changes: it scans this view (its tensors stay alive; rows written meanwhile only
+        # change the scores it throws away) into buffers of its own.
         name = self.chooser.choose(
-            job.queries.shape[0], rows.high, lambda name: self.engines[name].scan(rows, job, buffer)
+            job.queries.shape[0], rows.high,
+            lambda name: self.engines[name].scan(rows, job, host_buffer),
         )
         return self.engines[name].scan(rows, job, buffer)
 
