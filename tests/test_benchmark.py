@@ -33,6 +33,16 @@ def test_bench_quick_writes_a_report(tmp_path):
         assert 0 < o["embed_s"] <= o["get_or_put_all_s"] and o["scan_s"] < o["get_or_put_all_s"]
         assert f"{o['overhead_fraction']:.1%} of the embedding time" in text  # as measured
     assert text.count("Cache overhead at N = ") == 3
+    # the verifier ran in the overhead's lookups: entries were stored near every prompt
+    assert all(o["verifier_rejections_per_batch"] > 0 for o in overheads)
+    # recall is against a float64 brute force, so every engine has one, FAISS's too
+    assert all(s["recall_at_k"] is not None for s in scans)
+    assert "| vs FAISS same precision |" in text and "FAISS's OpenMP pool set to" in text
+    latency = data[0]["latency"]
+    assert set(latency["ms"]) >= {"get (miss)", "get_or_put (semantic hit)", "get_or_put (miss)"}
+    assert latency["semantic_hits"] >= latency["count"]  # the hits were hits
+    assert all(0 < v["p50"] <= v["p99"] for v in latency["ms"].values())
+    assert "### One lookup at a time" in text
 
 
 def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):
@@ -80,7 +90,9 @@ def test_the_report_compares_each_mode_with_faiss_and_the_gpu_with_the_cpu():
 
     def report(device, ours_qps, faiss_qps):
         scans = [ScanResult(device, "gpucache", "int8", 1000, 1, 1 / ours_qps, 0.0, ours_qps, 1.0),
-                 ScanResult("cpu", "faiss", "fp32", 1000, 1, 1 / faiss_qps, 0.0, faiss_qps, 1.0)]
+                 ScanResult("cpu", "faiss", "fp32", 1000, 1, 1 / faiss_qps, 0.0, faiss_qps, 1.0),
+                 ScanResult("cpu", "faiss", "int8", 1000, 1, 0.5 / faiss_qps, 0.0, 2 * faiss_qps,
+                            1.0)]
         return BenchReport(device, versions, 10.0, {"fp32": 0.1}, scans=scans,
                            embed={"prompts": 4, "gpucache_prompts_per_s": ours_qps, "dtype": "x"},
                            end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": ours_qps,
@@ -88,6 +100,7 @@ def test_the_report_compares_each_mode_with_faiss_and_the_gpu_with_the_cpu():
 
     text = render([report("cpu", 50.0, 100.0), report("cuda:0", 400.0, 100.0)], "cmd")
     assert "| gpucache | int8 | 1000 | 1 |" in text and "| 0.50x |" in text and "| 4.00x |" in text
+    assert "| 0.50x | 0.25x |" in text and "| 4.00x | 2.00x |" in text  # against FAISS's int8
     assert "Below FAISS IndexFlatIP: gpucache int8 N=1000 Q=1 (0.500x)." in text
     assert "Below FAISS IndexFlatIP: none." in text  # the GPU section
     assert "| scan queries/s, int8, N = 1000, Q = 1, cuda:0 / cpu | 8.0x |" in text

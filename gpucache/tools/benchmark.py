@@ -8,8 +8,10 @@ What it measures (medians of ``repeat`` synchronized timings after a warm-up):
 * the embedder: prompts/s of ``TransformerEmbedder`` against sentence-transformers on the same
   prompts and model, with the cosine agreement between the two;
 * the scan: queries/s and effective GB/s of ``ExactScanStore.search`` for each N x Q x storage
-  mode, with recall@K of each quantized mode against fp32, against FAISS ``IndexFlatIP``
-  configured at its best (BLAS for every batch size) where faiss is installed;
+  mode at the library's default scan budget, with recall@K against a float64 brute force,
+  against FAISS ``IndexFlatIP`` and against FAISS's index of the same precision (scalar
+  quantizers fp16, 8-bit), configured at their best (BLAS for every batch size, the same
+  thread count as torch) where faiss is installed;
 * ``get_or_put_all`` end to end on the demo workload (paraphrase-heavy);
 * on CUDA, NVML telemetry (memory used, utilisation, power) read during the scan runs.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -88,6 +91,7 @@ class BenchReport:
     end_to_end: dict[str, Any] = field(default_factory=dict)
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     limits_measured: dict[str, dict[str, float]] = field(default_factory=dict)
+    latency: dict[str, Any] = field(default_factory=dict)
 
 
 def read_bandwidth(device: torch.device, repeat: int, megabytes: int = 1024) -> float:
@@ -221,7 +225,7 @@ def bench_scan(
     dim: int = 384, telemetry: list[dict[str, Any]] | None = None,
 ) -> list[ScanResult]:
     """Every engine on the same data and queries; for each (N, Q) the engines are timed
-    together (``timed_together``) and recall is against gpucache fp32 (exact)."""
+    together (``timed_together``) and recall is against a float64 brute force."""
     results: list[ScanResult] = []
     gen = torch.Generator().manual_seed(0)
     for n in ns:
@@ -254,12 +258,10 @@ def bench_scan(
             timings = timed_together(calls + read, device, repeat)
             read_gb_per_s = data.numel() * 4 / timings.pop()[0] / 1e9 if read else None
             del read
-            reference = _rows_list(engines[0].search(on_device, k))  # gpucache fp32: exact
+            reference = brute_force_top_k(data, queries, k)
             for engine, call, (seconds, spread) in zip(engines, calls, timings):
-                recall = None
-                if engine is not engines[0]:
-                    rows = _rows_list(call())
-                    recall = sum(len(set(a) & set(b)) for a, b in zip(rows, reference)) / (q * k)
+                rows = _rows_list(call())
+                recall = sum(len(set(a) & set(b)) for a, b in zip(rows, reference)) / (q * k)
                 label = engine.label
                 chooser = engine.store.kernel_chooser if engine.store is not None else None
                 if chooser is not None:  # say which kernel the default chose
@@ -277,13 +279,20 @@ def bench_scan(
     return results
 
 
+def brute_force_top_k(data: torch.Tensor, queries: torch.Tensor, k: int) -> list[list[int]]:
+    """The true top-k rows of each query: float64 products on the CPU, outside every engine
+    measured, so recall is against the truth and not against one of the engines."""
+    scores = queries.double().cpu() @ data.double().cpu().T
+    return scores.topk(k, dim=1).indices.tolist()  # type: ignore[no-any-return]
+
+
 def _rows_list(rows: Any) -> list[list[int]]:
     return (rows.cpu() if isinstance(rows, torch.Tensor) else torch.from_numpy(rows)).tolist()
 
 
 def _our_engines(device: torch.device, data: torch.Tensor, modes: list[str]) -> list[_Engine]:
-    """gpucache stores, fp32 with the torch kernel first (the recall reference); on CUDA with
-    Triton also the fused kernel and the "auto" default per mode."""
+    """gpucache stores at the library's defaults (scan budget included), fp32 with the torch
+    kernel first; on CUDA with Triton also the fused kernel and the "auto" default per mode."""
     from gpucache.kernels import triton_available
 
     variants = [("gpucache", mode, "torch") for mode in sorted(modes, key=lambda m: m != "fp32")]
@@ -294,7 +303,7 @@ def _our_engines(device: torch.device, data: torch.Tensor, modes: list[str]) -> 
     n, dim = data.shape
     for label, mode, kernel in variants:
         store = ExactScanStore(dim, device=device, quantization=mode, initial_rows=n,
-                               scan_budget_bytes=256 * 2**20, scan_kernel=kernel)
+                               scan_kernel=kernel)  # the library's default scan budget
         store.add(data, 0, [float("inf")] * n)
 
         def search(queries: torch.Tensor, k: int, store: ExactScanStore = store) -> torch.Tensor:
@@ -313,6 +322,9 @@ def _faiss_engines(data: torch.Tensor) -> list[_Engine]:
     # faiss-cpu only switches to BLAS at Q >= 20 by default (distance_compute_blas_threshold);
     # below it a scalar loop runs. Compare against it at its best: BLAS for every batch size.
     faiss.cvar.distance_compute_blas_threshold = 1
+    # FAISS's OpenMP pool gets the threads torch scans with, so neither side has more cores;
+    # the report records both (versions()).
+    faiss.omp_set_num_threads(torch.get_num_threads())
     x = data.numpy()
     dim = x.shape[1]
     indexes: list[tuple[str, Any]] = [("fp32", faiss.IndexFlatIP(dim))]
@@ -384,6 +396,64 @@ class _FillRouter:
         return vectors  # type: ignore[no-any-return]
 
 
+NEAR_PER_PROMPT = 2  # stored entries near each prompt of the overhead batch
+
+
+def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
+    """One lookup at a time, as a proxy at low concurrency sees it: p50 and p99 milliseconds
+    of ``get`` of a new prompt (a miss), ``get_or_put`` of a reworded stored prompt (a semantic
+    hit) and of a new prompt (a miss, the loader instant), over a cache of ``n`` entries at the
+    default settings; beside them sentence-transformers encoding one prompt, the yardstick.
+
+    The four are measured in rounds, one call of each per round, so a shared machine's drift
+    reaches them alike; the ratios to the yardstick are of medians from the same rounds."""
+    from gpucache import SemanticCache, StoreEverything
+    from gpucache.embedding.embedder import TransformerEmbedder, default_model_path
+    from gpucache.tools.demo import load_workload
+
+    router = _FillRouter(TransformerEmbedder(device=device))
+    cache = SemanticCache(router, device=device, capacity=n + 4 * count + 10,  # type: ignore[arg-type]
+                          cache_policy=StoreEverything())
+    base = list(dict.fromkeys(item.prompt for item in load_workload()))[: count + 1]
+    if len(base) <= count:
+        raise ValueError(f"the demo workload has {len(base)} distinct prompts; ask for fewer")
+    cache.warm([(p, "stored answer") for p in base])
+    for first in range(0, n - len(base), 50_000):
+        cache.warm([(f"{router.prefix}{i}", "x")
+                    for i in range(first, min(n - len(base), first + 50_000))])
+    calls: dict[str, Callable[[int], object]] = {
+        "get (miss)": lambda i: cache.get(f"{base[i]} (asked {i})"),
+        "get_or_put (semantic hit)": lambda i: cache.get_or_put(f"Please, {base[i]}",
+                                                               lambda p: "fresh"),
+        "get_or_put (miss)": lambda i: cache.get_or_put(f"{base[i]} (new {i})", lambda p: "fresh"),
+    }
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        pass
+    else:
+        st = SentenceTransformer(str(default_model_path()), device=str(device))
+        calls["sentence-transformers encode, batch 1"] = (
+            lambda i: st.encode([f"{base[i]} (st {i})"], convert_to_tensor=True))
+    for call in calls.values():  # warm-up (first calls allocate), on a prompt of its own
+        call(count)
+    millis: dict[str, list[float]] = {name: [] for name in calls}
+    for i in range(count):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call(i)
+            _sync(device)
+            millis[name].append(1000 * (time.perf_counter() - start))
+    served = cache.stats()
+    out: dict[str, Any] = {"n": n, "count": count, "semantic_hits": served.semantic_hits,
+                           "ms": {}}
+    for name, values in millis.items():
+        values.sort()
+        out["ms"][name] = {"p50": statistics.median(values),
+                           "p99": values[min(len(values) - 1, (99 * len(values)) // 100)]}
+    return out
+
+
 def bench_overhead(
     device: torch.device, n: int, repeat: int, quantization: str | None = None
 ) -> dict[str, Any]:
@@ -402,13 +472,20 @@ def bench_overhead(
     router = _FillRouter(TransformerEmbedder(device=device))
     cache = SemanticCache(router, device=device, capacity=n + 10_000,  # type: ignore[arg-type]
                           cache_policy=StoreEverything(), quantization=quantization)
-    for first in range(0, n, 50_000):
-        cache.warm([(f"{router.prefix}{i}", "x") for i in range(first, min(n, first + 50_000))])
     base = list(dict.fromkeys(item.prompt for item in load_workload()))[:64]
+    # Beside the random fill, entries near every prompt of the batch ("(stored 0)" beside
+    # "(variant 1)"): the scan finds them above the threshold, so the verifier runs on each
+    # lookup as it does in real traffic (and, the numbers differing, refuses them).
+    near = [(f"{p} (stored {j})", "x") for p in base for j in range(NEAR_PER_PROMPT)]
+    cache.warm(near)
+    for first in range(0, n - len(near), 50_000):
+        cache.warm([(f"{router.prefix}{i}", "x")
+                    for i in range(first, min(n - len(near), first + 50_000))])
     scope_id = cache._table.scope_id(check_scope(None))  # the default scope the fill went to
     if scope_id is None:
         raise RuntimeError("gpucache bug: the fill stored nothing in the default scope")
     runs: list[tuple[float, float, float]] = []  # (embed, scan, get_or_put_all) per run
+    refused_before = sum(cache.stats().rejections.values())
     for run in range(repeat + 1):
         batch = [f"{p} (variant {run})" for p in base]  # new text each run: no exact-tier hits
         vectors = router.real.encode(batch)
@@ -425,7 +502,9 @@ def bench_overhead(
             runs.append((router.embed_s, scan, total))
     # The fractions are taken per run, then the median (not a ratio of medians), so a
     # neighbour's load on one run moves that run's numerator and denominator together.
+    verified = sum(cache.stats().rejections.values()) - refused_before
     return {"n": n, "batch": len(base), "quantization": quantization or "fp32",
+            "verifier_rejections_per_batch": verified / (repeat + 1),
             "embed_s": statistics.median(e for e, _, _ in runs),
             "scan_s": statistics.median(sc for _, sc, _ in runs),
             "get_or_put_all_s": statistics.median(t for _, _, t in runs),
@@ -441,11 +520,14 @@ def versions() -> dict[str, str]:
            "transformers": transformers.__version__, "cuda": str(torch.version.cuda),
            "machine": platform.machine(), "processor": platform.processor() or "unknown",
            "cpu_threads": str(torch.get_num_threads()),
-           "blas_pool": "quiet" if blas_pool_quiet() else "spinning"}
+           "blas_pool": "quiet" if blas_pool_quiet() else "spinning",
+           "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT", "unset"),
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset")}
     try:
         import faiss
 
         out["faiss"] = faiss.__version__
+        out["faiss_threads"] = str(faiss.omp_get_max_threads())
     except ImportError:
         out["faiss"] = "not installed"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -465,6 +547,22 @@ def machine_limits(device: torch.device, repeat: int, quick: bool) -> tuple[floa
     return read_bandwidth(device, repeat, 256 if quick else 1024), {
         name: matmul_rate(device, dtype, repeat, 512 if quick else 2048) for name, dtype in dtypes
     }
+
+
+def _latency_lines(latency: dict[str, Any]) -> list[str]:
+    if not latency:
+        return []
+    yardstick = latency["ms"].get("sentence-transformers encode, batch 1")
+    lines = ["### One lookup at a time", "",
+             f"A cache of {latency['n']:,} entries at the default settings, {latency['count']} "
+             "calls of each kind, one at a time, interleaved in rounds (semantic hits served: "
+             f"{latency['semantic_hits']}).", "",
+             "| call | p50 ms | p99 ms | p50 / sentence-transformers batch-1 p50 |",
+             "|---|---:|---:|---:|"]
+    for name, ms in latency["ms"].items():
+        ratio = f"{ms['p50'] / yardstick['p50']:.2f}x" if yardstick else "-"
+        lines.append(f"| {name} | {ms['p50']:.2f} | {ms['p99']:.2f} | {ratio} |")
+    return lines + [""]
 
 
 def _limits_spread(r: BenchReport) -> str:
@@ -493,6 +591,7 @@ def run_bench(
         report.embed = bench_embedder(device, prompts, repeat)
         report.scans = bench_scan(device, ns, qs, list(QUANTIZATIONS), 4, repeat,
                                   telemetry=telemetry)
+        report.latency = bench_latency(device, 10_000 if quick else 100_000, 20 if quick else 200)
         report.end_to_end = bench_end_to_end(device, 1 if quick else repeat)
         report.end_to_end["overhead"] = [
             bench_overhead(device, 10_000 if quick else 100_000, 1 if quick else repeat, mode)
@@ -520,6 +619,10 @@ def render(reports: list[BenchReport], command: str) -> str:
             f"transformers {v['transformers']}, faiss {v['faiss']}; {v['machine']}, "
             f"{v['cpu_threads']} torch threads"
             + (f", numpy's BLAS pool {v['blas_pool']} when idle" if "blas_pool" in v else "")
+            + (f"; FAISS's OpenMP pool set to {v['faiss_threads']} threads"
+               if "faiss_threads" in v else "")
+            + (f"; OPENBLAS_THREAD_TIMEOUT {v['openblas_thread_timeout']}, OMP_NUM_THREADS "
+               f"{v['omp_num_threads']}" if "omp_num_threads" in v else "")
             + ".", "",
             f"Machine limits measured in this run (the higher of a measurement at its start and "
             f"one at its end{_limits_spread(r)}): read bandwidth {r.read_gb_per_s:.1f} GB/s; "
@@ -547,9 +650,10 @@ def render(reports: list[BenchReport], command: str) -> str:
                   "the CPU's caches are read at cache speed there) or of the "
                   "faster of the mode's and fp32's matmul rate (Q >= 64, 2QND FLOPs).", "",
                   "| engine | mode | N | Q | ms / batch (spread) | queries/s | GB/s | read GB/s | "
-                  "fraction | recall@4 vs fp32 | vs FAISS flat |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "fraction | recall@4 | vs FAISS flat | vs FAISS same precision |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         flat = {(s.n, s.q): s.queries_per_s for s in r.scans if s.engine == "faiss" and s.mode == "fp32"}
+        same = {(s.n, s.q, s.mode): s.queries_per_s for s in r.scans if s.engine == "faiss"}
         behind = []
         for s in r.scans:
             if s.q == 1:
@@ -567,10 +671,19 @@ def render(reports: list[BenchReport], command: str) -> str:
                 versus = f"{ratio:.2f}x"
                 if ratio < 1:
                     behind.append(f"{s.engine} {s.mode} N={s.n} Q={s.q} ({ratio:.3f}x)")
+            twin = same.get((s.n, s.q, s.mode)) if s.engine.startswith("gpucache") else None
+            versus_same = f"{s.queries_per_s / twin:.2f}x" if twin else "-"
             read = "-" if s.read_gb_per_s is None else f"{s.read_gb_per_s:.1f}"
             lines.append(f"| {s.engine} | {s.mode} | {s.n} | {s.q} | {1000 * s.seconds:.2f} "
                          f"({1000 * s.spread:.2f}) | {s.queries_per_s:.0f} | {s.gb_per_s:.1f} | "
-                         f"{read} | {frac:.0%} | {recall} | {versus} |")
+                         f"{read} | {frac:.0%} | {recall} | {versus} | {versus_same} |")
+        lines += ["", "recall@4 is against the true top 4: float64 products on the CPU, outside "
+                  "every engine measured. 'vs FAISS flat' divides by FAISS IndexFlatIP (fp32); "
+                  "'vs FAISS same precision' by FAISS's index of the mode's precision (fp32: "
+                  "IndexFlatIP, fp16: IndexScalarQuantizer QT_fp16, int8: QT_8bit). gpucache's "
+                  "stores run at the library's default scan budget."
+                  + (" The ratios are of a GPU against FAISS on the CPU (faiss-gpu is not "
+                     "installed)." if r.device.startswith("cuda") else "")]
         if flat:
             lines += ["", "Engines timed together for each (N, Q), in blocks, forward then "
                       "reverse order, so the ratios hold on a busy machine. Below FAISS "
@@ -583,7 +696,10 @@ def render(reports: list[BenchReport], command: str) -> str:
                   f"hit rate {ee['hit_rate']:.1%}.", ""]
         overheads = ee.get("overhead", [])
         for o in [overheads] if isinstance(overheads, dict) else overheads:  # old reports: one
-            lines += [f"Cache overhead at N = {o['n']} stored entries (synthetic vectors, "
+            near = (f", {o['verifier_rejections_per_batch']:.0f} candidates per batch above "
+                    "the threshold refused by the verifier (entries stored near every prompt)"
+                    if "verifier_rejections_per_batch" in o else "")
+            lines += [f"Cache overhead at N = {o['n']} stored entries (synthetic vectors{near}, "
                       f"{o.get('quantization', 'fp32')} storage), batches "
                       f"of {o['batch']} new demo prompts: embedding {1000 * o['embed_s']:.0f} ms "
                       "(timed inside the call), "
@@ -593,6 +709,7 @@ def render(reports: list[BenchReport], command: str) -> str:
                       + (f", of which the similarity scan alone {o['scan_fraction']:.1%} "
                          f"({1000 * o['scan_s']:.0f} ms)" if "scan_fraction" in o else "")
                       + ".", ""]
+        lines += _latency_lines(r.latency)
         if r.telemetry:
             lines += ["### NVML telemetry during the scans", "",
                       "| N | Q | mode | memory used GiB | utilisation | power W |",
