@@ -211,3 +211,34 @@ def test_an_auto_store_answers_while_its_kernels_are_measured_in_the_background(
     assert torch.equal(first[1], second[1])
     for result in timer.results.values():
         assert torch.equal(result[1], first[1])
+
+
+@pytest.mark.parametrize(("dtype", "capability", "takes"), [
+    (torch.float32, (7, 5), True), (torch.float16, (7, 0), True),
+    (torch.bfloat16, (7, 5), False), (torch.bfloat16, (8, 0), True), (torch.bfloat16, (9, 0), True),
+    (torch.bfloat16, None, True), (torch.int8, (9, 0), False), (torch.int8, None, False),
+])
+def test_the_kernel_takes_bf16_only_from_compute_capability_8(dtype, capability, takes):
+    from gpucache.index.engines.triton_engine import kernel_takes
+
+    assert kernel_takes(dtype, capability) is takes
+
+
+def test_rows_the_kernel_cannot_take_are_scanned_by_torch(monkeypatch):
+    """A bf16 store on a pre-Ampere GPU: the Triton engine hands the scan to torch instead of
+    failing in Triton's code generation (the capability is scripted; the scan runs on the CPU)."""
+    from gpucache.index.engines import triton_engine
+    from gpucache.index.engines.base import RowsView, ScanJob
+    from gpucache.index.scratch import host_buffer
+
+    monkeypatch.setattr(triton_engine, "device_capability", lambda device: (7, 5))
+    n, d = 50, 16
+    vectors = unit_rows(n, d, 7).to(torch.bfloat16)
+    rows = RowsView(vectors, torch.empty(0), torch.zeros(n, dtype=torch.int64),
+                    torch.full((n,), math.inf, dtype=torch.float64), n)
+    job = ScanJob(unit_rows(2, d, 8), 3, 0, 0.0, 64)
+    scanned = []
+    monkeypatch.setattr(TorchEngine, "scan",
+                        lambda self, r, j, b: scanned.append(r.vectors.dtype) or ("torch", None))
+    assert TritonEngine().scan(rows, job, host_buffer) == ("torch", None)
+    assert scanned == [torch.bfloat16]

@@ -9,7 +9,7 @@ from gpucache.index.engines.base import RowsView, ScanEngine, ScanJob
 from gpucache.index.engines.int8_cpu import Int8CpuEngine
 from gpucache.index.engines.numpy_engine import NumpyEngine
 from gpucache.index.engines.torch_engine import TorchEngine
-from gpucache.index.engines.triton_engine import TritonEngine
+from gpucache.index.engines.triton_engine import TritonEngine, device_capability, kernel_takes
 from gpucache.index.kernel_choice import ScanKernelChooser
 from gpucache.index.probes import CpuPaths
 from gpucache.index.scratch import BufferSource, host_buffer
@@ -53,7 +53,10 @@ def engine_for(
     there is a choice to make (CUDA, Triton installed, a dtype the kernel takes)."""
     if scan_kernel == "triton":
         return TritonEngine(), None
-    if scan_kernel == "auto" and device.type == "cuda" and dtype != torch.int8 and _triton_importable():
+    if (
+        scan_kernel == "auto" and device.type == "cuda"
+        and kernel_takes(dtype, device_capability(device)) and _triton_importable()
+    ):
         chooser = ScanKernelChooser(device)
         return ChoosingEngine(chooser, {"torch": TorchEngine(), "triton": TritonEngine()}), chooser
     return default_engine(device, dtype), None

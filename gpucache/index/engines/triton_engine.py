@@ -9,7 +9,9 @@ slices of the rows, merged with a running top-k, so that:
 - the kernel's 32-bit row offsets (row x stride) and its launch grid (at most 65,535 tiles of
   rows) never overflow, whatever the store's size;
 - a ``k`` beyond what the kernel keeps per tile (``MAX_K``: a quantized store over-fetches
-  ``4k + 16``) goes to the torch engine instead of failing.
+  ``4k + 16``) goes to the torch engine instead of failing;
+- bf16 rows on a GPU older than compute capability 8.0 (no bf16 in Triton's code generation
+  there) go to the torch engine too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,25 @@ def launch_rows(dim: int, block_n: int = BLOCK_N) -> int:
     return max(block_n, min(by_offset, by_grid) // block_n * block_n)
 
 
+BF16_MIN_CAPABILITY = (8, 0)
+
+
+def kernel_takes(dtype: torch.dtype, capability: tuple[int, int] | None) -> bool:
+    """Whether the kernel can scan rows of ``dtype`` on a device of this CUDA compute
+    ``capability`` (None: the CPU, under Triton's interpreter)."""
+    if dtype == torch.bfloat16 and capability is not None:
+        return capability >= BF16_MIN_CAPABILITY
+    return dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA compute capability of ``device``, None for a CPU."""
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return int(major), int(minor)
+
+
 def budget_rows(budget: int, queries: int, k: int, block_n: int = BLOCK_N) -> int:
     """The most rows one launch may cover with its survivors within ``budget`` bytes."""
     per_tile = queries * min(k, block_n) * SURVIVOR_BYTES
@@ -49,7 +70,9 @@ class TritonEngine:
     def scan(self, rows: RowsView, job: ScanJob, buffer: BufferSource) -> tuple[torch.Tensor, torch.Tensor]:
         from gpucache.kernels import MAX_K, scan_topk  # imports triton: only for an index that uses it
 
-        if job.k > MAX_K:
+        if job.k > MAX_K or not kernel_takes(
+            rows.vectors.dtype, device_capability(rows.vectors.device)
+        ):
             return self._torch.scan(rows, job, buffer)
         queries = job.queries.to(rows.vectors.dtype)
         q, dim = queries.shape
