@@ -188,11 +188,12 @@ def test_linear_weights_held_in_bf16_embed_exactly_as_autocast_over_fp32_weights
     """Casting the Linear weights once is the cast autocast makes in every pass: same bits."""
     if real_embedder.autocast_dtype is None:
         pytest.skip("this CPU has no native bf16: the default stays fp32")
-    recasting = TransformerEmbedder(device="cpu", dtype=torch.float32)
+    held = TransformerEmbedder(device="cpu", lean=False)  # the model's own pass, bf16 weights
+    recasting = TransformerEmbedder(device="cpu", dtype=torch.float32, lean=False)
     recasting.autocast_dtype = torch.bfloat16  # autocast over the fp32 weights, cast per pass
-    assert recasting._use_attention(real_embedder.attention)  # the same attention as the default
+    assert recasting._use_attention(held.attention)  # the same attention as the default
     prompts = [item.prompt for item in load_workload()][:100]
-    assert torch.equal(recasting.encode(prompts), real_embedder.encode(prompts))
+    assert torch.equal(recasting.encode(prompts), held.encode(prompts))
 
 
 def test_a_faster_dtype_that_drifts_is_not_adopted(monkeypatch):
@@ -227,3 +228,63 @@ def test_the_cuda_default_fp16_is_checked_against_fp32_too(monkeypatch):
     refused = TransformerEmbedder(device="cpu")
     assert refused.autocast_dtype is None
     assert all(p.dtype == torch.float32 for p in refused._model.parameters())
+
+
+def test_the_lean_pass_is_adopted_where_it_agrees_and_embeds_as_the_model_does(real_embedder):
+    """The default embedder runs MiniLM through the lean pass (the same weights, fewer
+    operations) and its embeddings are the model's own: against the model's pass at the same
+    dtype, and against plain fp32, to AGREEMENT_MIN on prompts beyond the probe's."""
+    assert real_embedder.uses_lean and real_embedder.lean_agreement >= AGREEMENT_MIN
+    prompts = [item.prompt for item in load_workload()][:150] + ["ok", "x " * 300]
+    own = TransformerEmbedder(device="cpu", lean=False)
+    assert not own.uses_lean and own.lean_agreement is None
+    got = real_embedder.encode(prompts)  # batched, padded
+    assert float((got * own.encode(prompts)).sum(dim=1).min()) >= AGREEMENT_MIN
+    exact = TransformerEmbedder(device="cpu", dtype=torch.float32, lean=False)
+    assert float((got * exact.encode(prompts)).sum(dim=1).min()) >= AGREEMENT_MIN
+    lean_fp32 = TransformerEmbedder(device="cpu", dtype=torch.float32)
+    assert lean_fp32.uses_lean  # in fp32 the two passes differ only in rounding
+    assert float((lean_fp32.encode(prompts) * exact.encode(prompts)).sum(dim=1).min()) > 0.99999
+
+
+def test_a_single_prompt_embeds_as_it_does_inside_a_padded_batch(real_embedder):
+    """One prompt runs without a mask (it has no padding); in a batch beside a longer one it
+    is padded and masked: the same embedding either way."""
+    alone = real_embedder.encode(["How do I reset my router?"])
+    padded = real_embedder.encode(["How do I reset my router?",
+                                   "Explain in detail how a home router assigns addresses to "
+                                   "the devices on a network, step by step"])[:1]
+    assert float((alone * padded).sum()) > 0.99999
+
+
+def test_a_lean_pass_that_drifts_is_not_adopted(monkeypatch):
+    from gpucache.embedding.lean import LeanEncoder
+
+    def broken(self, input_ids, attention_mask):
+        gen = torch.Generator().manual_seed(0)
+        return torch.randn(*input_ids.shape, 384, generator=gen)
+
+    monkeypatch.setattr(LeanEncoder, "__call__", broken)
+    drifting = TransformerEmbedder(device="cpu", dtype=torch.float32)
+    assert not drifting.uses_lean and drifting.lean_agreement < AGREEMENT_MIN
+    exact = TransformerEmbedder(device="cpu", dtype=torch.float32, lean=False)
+    assert torch.equal(drifting.encode(["ok then"]), exact.encode(["ok then"]))
+
+
+@pytest.mark.parametrize(("config", "supported"), [
+    ({"model_type": "bert", "hidden_act": "gelu"}, True),
+    ({"model_type": "bert", "hidden_act": "relu"}, False),
+    ({"model_type": "bert", "hidden_act": "gelu", "position_embedding_type": "relative_key"}, False),
+    ({"model_type": "roberta", "hidden_act": "gelu"}, False),
+    ({"model_type": "bert", "hidden_act": "gelu", "is_decoder": True}, False),
+])
+def test_the_lean_pass_takes_only_the_models_it_was_written_for(config, supported):
+    from types import SimpleNamespace
+
+    from gpucache.embedding.lean import LeanEncoder
+
+    model = SimpleNamespace(config=SimpleNamespace(**config), embeddings=None, encoder=None)
+    assert LeanEncoder.supports(model) is supported
+    if not supported:
+        with pytest.raises(ValueError, match="BERT models"):
+            LeanEncoder(model)

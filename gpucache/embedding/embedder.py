@@ -28,6 +28,7 @@ import torch
 
 from gpucache.devices import DeviceLike, cpu_has_native_bf16, resolve_device
 from gpucache.embedding import attention
+from gpucache.embedding.lean import LeanEncoder
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -116,6 +117,11 @@ class TransformerEmbedder:
             over it is split (one text per pass at the least). The default equals
             ``batch_size`` x ``max_length`` at the defaults, so it binds only when a larger
             ``batch_size`` meets long texts.
+        lean: run BERT-family models through ``gpucache.embedding.lean`` (the same weights in
+            fewer, larger operations: a single prompt embeds several times faster), adopted
+            only where a load-time probe agrees with the model's own pass to
+            ``AGREEMENT_MIN`` cosine (``lean_agreement``, ``uses_lean``). False: always the
+            model's own forward pass.
     """
 
     def __init__(
@@ -127,6 +133,7 @@ class TransformerEmbedder:
         batch_size: int = 64,
         max_length: int = 256,
         max_batch_tokens: int = 16384,
+        lean: bool = True,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -157,10 +164,25 @@ class TransformerEmbedder:
         self._dim = int(self._model.config.hidden_size)
         self.agreement: float | None = None  # min cosine against fp32, where it was checked
         self.autocast_dtype: torch.dtype | None = None  # the matmuls' dtype under autocast
-        if checked:
-            self._adopt_if_it_agrees(wanted)
+        self._lean: LeanEncoder | None = None
+        self.lean_agreement: float | None = None  # the lean pass's min cosine, where tried
+        if checked or (lean and LeanEncoder.supports(self._model)):
+            reference = self.encode(PROBE_TEXTS)  # the model as loaded (fp32 where checked)
+            if checked:
+                self._adopt_if_it_agrees(wanted, reference)
+            if lean and LeanEncoder.supports(self._model):
+                self._adopt_lean(reference)
+            self.forward_passes = 0  # the load-time probes are not the caller's passes
 
-    def _adopt_if_it_agrees(self, dtype: torch.dtype) -> None:
+    def _adopt_lean(self, reference: torch.Tensor) -> None:
+        """Run the lean forward pass (``gpucache.embedding.lean``) where its probe embeddings
+        keep ``AGREEMENT_MIN`` cosine with ``reference``: the model's own, as loaded."""
+        self._lean = LeanEncoder(self._model, self.autocast_dtype or self.dtype)
+        self.lean_agreement = self._probe_agreement(reference)
+        if self.lean_agreement < AGREEMENT_MIN:
+            self._lean = None
+
+    def _adopt_if_it_agrees(self, dtype: torch.dtype, reference: torch.Tensor) -> None:
         """Run the matmuls in ``dtype`` under autocast if the probe embeddings keep
         ``AGREEMENT_MIN`` cosine with fp32's; otherwise stay in fp32 (a model or CPU where the
         faster dtype drifts).
@@ -173,7 +195,6 @@ class TransformerEmbedder:
         The short-prompt attention of ``gpucache.embedding.attention`` is tried first and kept if the
         check passes with it; else the model's own attention is checked alone.
         """
-        reference = self.encode(PROBE_TEXTS)
         self.autocast_dtype = dtype
         original = self.attention
         agreement = -1.0
@@ -213,6 +234,11 @@ class TransformerEmbedder:
         except (AttributeError, ValueError, ImportError, KeyError):
             return False
         return self.attention == name
+
+    @property
+    def uses_lean(self) -> bool:
+        """Whether forward passes run through the lean encoder."""
+        return self._lean is not None
 
     @property
     def dim(self) -> int:
@@ -289,7 +315,9 @@ class TransformerEmbedder:
             tokens = {k: v.pin_memory() for k, v in tokens.items()}
         tokens = {k: v.to(self._device, non_blocking=True) for k, v in tokens.items()}
         self.forward_passes += 1
-        if self.autocast_dtype is None:
+        if self._lean is not None:
+            hidden = self._lean(tokens["input_ids"], tokens["attention_mask"])  # (B, T, D)
+        elif self.autocast_dtype is None:
             hidden = self._model(**tokens).last_hidden_state  # (B, T, D)
         else:
             with torch.autocast(self._device.type, dtype=self.autocast_dtype):
