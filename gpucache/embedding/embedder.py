@@ -7,7 +7,10 @@ with masked mean pooling (the pooling all-MiniLM-L6-v2 was trained with), then L
 Speed comes from two habits borrowed from sentence-transformers, one taken further: texts are
 sorted by length before batching, so a batch pads to similar lengths and little compute goes to
 padding (by token count, where sentence-transformers sorts by characters), and the forward pass
-runs under ``torch.inference_mode()``. Results are put back in input order. A
+runs under ``torch.inference_mode()``. Results are put back in input order. BERT-family models
+run through a lean forward pass over their own weights (``gpucache.embedding.lean``), since a
+cache embeds one short prompt at a time and at batch 1 the model's own pass is mostly
+framework overhead; it is adopted only where a load-time probe agrees. A
 token budget bounds each forward pass by rows x padded length rather than rows alone, so a
 batch size tuned for short prompts cannot exhaust the memory (attention grows with the square
 of the length) when a list of long documents arrives. On CUDA the token tensors are copied
