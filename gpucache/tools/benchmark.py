@@ -426,6 +426,7 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
         "get_or_put (semantic hit)": lambda i: cache.get_or_put(f"Please, {base[i]}",
                                                                lambda p: "fresh"),
         "get_or_put (miss)": lambda i: cache.get_or_put(f"{base[i]} (new {i})", lambda p: "fresh"),
+        "gpucache embedder encode, batch 1": lambda i: router.real.encode([f"{base[i]} (e {i})"]),
     }
     try:
         from sentence_transformers import SentenceTransformer
