@@ -162,6 +162,13 @@ MUST_REJECT = [
     ("What are the symptoms of the flu?", "What symptoms does the flu cause?", "added"),
     ("How do I reset my password?", "I forgot my password, how do I reset it?", "added"),
     ("Explain gradient descent in simple terms", "What is gradient descent, simply explained?", "added"),
+    # an exposition verb is framing only where it opens an instruction that answers a question
+    ("Translate this email into French", "Translate this email into French and summarize it", "added"),
+    ("Who was Marie Curie?", "Who was Marie Curie's husband?", "added"),
+    ("Tell me about the Roman Empire", "Who founded the Roman Empire?", "added"),
+    ("Tell me about Ada Lovelace", "When was Ada Lovelace born?", "added"),
+    # a relative "who" is set aside; the clause it opens is not
+    ("Write a story about a knight", "Write a story about a knight who fears the dark", "added"),
 ]
 
 # (cached prompt, new prompt): rewordings the verifier must let through to the threshold
@@ -213,6 +220,22 @@ MUST_ACCEPT = [
     ("Draft a memo about the office move", "Write a memo about the office move"),
     ("Write a haiku about autumn", "Compose a haiku about autumn"),
     ("Who wrote Pride and Prejudice?", "Who is the author of Pride and Prejudice?"),
+    ("Outline the stages of mitosis", "List the stages of mitosis"),
+    ("Enumerate the causes of the French Revolution", "List the causes of the French Revolution"),
+    ("My web page loads slowly. How can I speed it up?", "My web page loads slowly. How do I make it faster?"),
+    ("How do I accelerate my laptop's boot?", "How do I speed up my laptop's boot?"),
+    # a question and an instruction asking for one exposition
+    ("Who was Ada Lovelace?", "Tell me about Ada Lovelace"),
+    ("What is the story of Beowulf?", "Summarize the story of Beowulf"),
+    ("What is a black hole?", "Describe a black hole"),
+    # irregular plurals, a noun beside its verb, a word written apart or joined
+    ("How do I sort the indices of an array?", "How do I sort the indexes of an array?"),
+    ("What are the criteria for a good hash function?", "What is the criterion for a good hash function?"),
+    ("Define entropy", "What is the definition of entropy?"),
+    ("How do I build a web site with Django?", "How do I build a website with Django?"),
+    ("How do I clean my key board?", "How do I clean my keyboard?"),
+    # a relative "who" asks what a relative "that" asks
+    ("Write a story about a knight who fears the dark", "Write a story about a knight that fears the dark"),
     ("Tips for travelling in Peru with a toddler", "Tips for traveling in Peru with a toddler"),
     # "A vs B" asks what "the difference between A and B" asks
     ("What is the difference between Redis and Memcached?", "Redis vs Memcached: what's the difference?"),
@@ -243,6 +266,12 @@ TABLE_STILL_REJECTS = [
     ("Is Redis faster than Memcached?", "Is Memcached faster than Redis?", "direction"),
     ("How do I start the colour printer?", "How do I stop the color printer?", "antonym"),
     ("Write a haiku about autumn", "Summarize a haiku about autumn", "substitution"),
+    ("Outline the stages of mitosis", "Outline the stages of meiosis", "substitution"),
+    ("How do I make my laptop faster?", "How do I make my laptop quieter?", "substitution"),
+    ("How do I sort the indices of an array?", "How do I sort the vertices of a graph?", "substitution"),
+    ("Define entropy", "Define enthalpy", "substitution"),
+    # two words spell one only in order and in full
+    ("How do I clean my board key?", "How do I clean my keyboard?", "substitution"),
 ]
 
 

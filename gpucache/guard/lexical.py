@@ -61,9 +61,11 @@ from gpucache.guard.words import (
     ADDED_MIN_SHARED,
     CROSSED_MAX_SHARED,
     DIRECTIONAL,
+    EXPOSITION,
     LONG_ALIGNMENT,
     MATCH_MAX_PAIRS,
     POLARITY_AXES,
+    QUESTION_OPENERS,
     QUESTION_WORDS,
     REORDER_MIN_SHARED,
     SYMMETRIC,
@@ -257,6 +259,16 @@ def _variants(x: str, y: str) -> bool:
     return common >= 6 and 5 * common >= 4 * len(short)
 
 
+def _joined(a: Sequence[str], b: Sequence[str]) -> bool:
+    """One word written apart on one side and joined on the other ("multi year"/"multiyear",
+    "web site"/"website"): two words against one whose letters they spell in order. The
+    stemmer only touches a word's ending, so the first word's stem is its written form."""
+    if sorted((len(a), len(b))) != [1, 2]:
+        return False
+    one, two = (a, b) if len(a) == 1 else (b, a)
+    return len(one[0]) >= 5 and "".join(two) == one[0]
+
+
 def _crossed(pa: _Parsed, pb: _Parsed) -> tuple[str, str] | None:
     """Two shared content words on opposite sides of a directional word in each prompt, in
     opposite order, where the rest of the prompts differ ("how much is 100 EUR in USD" /
@@ -397,6 +409,9 @@ def _substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, st
             if i2 - i1 == j2 - j1 and all(map(_variants, a_part, b_part)):
                 common += i2 - i1  # "help"/"helpful": one word in two forms, not a substitution
                 continue
+            if _joined(a_part, b_part):
+                common += 1  # "multi year"/"multiyear": one word, written apart or joined
+                continue
             subs.append((" ".join(a_part), " ".join(b_part)))
         else:
             return []
@@ -416,10 +431,11 @@ def _added(pa: _Parsed, pb: _Parsed) -> tuple[tuple[str, ...], tuple[str, ...]] 
     instruction). Middles that share more were reworded in place; words differing in several
     places are a rewording; short one-for-one swaps are the substitution rule's to judge.
     """
-    a = [w for w in pa.content if w not in _FRAMING]
-    b = [w for w in pb.content if w not in _FRAMING]
+    lead_a, lead_b = _question_and_instruction(pa, pb)
+    a = [w for i, w in enumerate(pa.content) if _counts(w, i, lead_a)]
+    b = [w for i, w in enumerate(pb.content) if _counts(w, i, lead_b)]
     only_a, only_b, shared = _unshared(a, b)
-    if not shared or not (only_a or only_b):
+    if not shared or not (only_a or only_b) or _joined(only_a, only_b):
         return None
     if only_a and only_b:
         prefix, suffix = _common_ends(a, b)
@@ -429,6 +445,39 @@ def _added(pa: _Parsed, pb: _Parsed) -> tuple[tuple[str, ...], tuple[str, ...]] 
         if _unshared(middle_a, middle_b)[2] > ADDED_MAX_SHARED_INSIDE:
             return None  # reworded in place, not replaced
     return tuple(only_a), tuple(only_b)
+
+
+def _counts(word: str, position: int, lead: str) -> bool:
+    """Whether a content word counts to the added rule: not framing, not a relative "who" ("a
+    dog who loves snow" / "a dog that loves snow"), and not the leading word set aside by
+    ``_question_and_instruction``."""
+    if word in _FRAMING:
+        return False
+    if position:
+        return word != "who"
+    return word != lead
+
+
+def _question_and_instruction(pa: _Parsed, pb: _Parsed) -> tuple[str, str]:
+    """The leading words to set aside when one prompt asks as a question what the other asks as
+    an instruction ("Who was Napoleon?" / "Tell me about Napoleon", "What is the plot of
+    Macbeth?" / "Summarize the plot of Macbeth"): a question's opening "who", and an
+    instruction's opening exposition verb, both only in that pairing. Anywhere else those words
+    stay content ("Translate this and summarize it" asks for more than "Translate this")."""
+    lead_a = lead_b = ""
+    if _asks(pa) and _instructs(pb):
+        lead_a, lead_b = "who", pb.tokens[0]
+    elif _asks(pb) and _instructs(pa):
+        lead_a, lead_b = pa.tokens[0], "who"
+    return lead_a, lead_b
+
+
+def _asks(p: _Parsed) -> bool:
+    return bool(p.tokens) and p.tokens[0] in QUESTION_OPENERS
+
+
+def _instructs(p: _Parsed) -> bool:
+    return bool(p.tokens) and p.tokens[0] in EXPOSITION
 
 
 def _unshared(a: list[str], b: list[str]) -> tuple[list[str], list[str], int]:

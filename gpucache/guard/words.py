@@ -127,6 +127,12 @@ FRAMING = frozenset(
     """.split()
 )
 
+# A question and an instruction that ask for one thing ("Who was Napoleon?" / "Tell me about
+# Napoleon"): the question's opening words, and the instructions that ask for an exposition.
+# The added rule sets the two leading words aside only in that pairing. Stemmed, and read
+# through the table (so "describe" is "explain" and "sum up" is "summarize").
+QUESTION_OPENERS = frozenset("what who which".split())
+
 # Words whose object says where something goes or comes from: moving a content word across
 # one of them changes the question ("10 miles to km" / "10 km to miles").
 DIRECTIONAL = frozenset(
@@ -252,6 +258,9 @@ _PHRASE_STARTS = frozenset(key[0] for key in _TABLE if len(key) > 1)
 # The framing words as the rules see them: stemmed and read through the table ("show" is
 # read as "demonstrate").
 _FRAMING = frozenset(_TABLE.get((_stem(w),), _stem(w)) for w in FRAMING)
+EXPOSITION = frozenset(
+    _TABLE.get((_stem(w),), _stem(w)) for w in "explain tell summarize define".split()
+)
 _stem_memo = lru_cache(maxsize=65536)(_stem)
 
 
