@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import torch
+
 
 def test_bench_quick_writes_a_report(tmp_path):
     out = tmp_path / "bench.md"
@@ -43,6 +45,12 @@ def test_bench_quick_writes_a_report(tmp_path):
     assert latency["semantic_hits"] >= latency["count"]  # the hits were hits
     assert all(0 < v["p50"] <= v["p99"] for v in latency["ms"].values())
     assert "### One lookup at a time" in text
+    from gpucache.index.store import resolve_quantization
+
+    assert latency["quantization"] == resolve_quantization("auto", torch.device("cpu"), 384)
+    if latency["quantization"] != "fp32":  # the default's storage beside a full-precision one
+        assert "get (miss), fp32 store" in latency["ms"]
+    assert latency["embedder"]["lean"] and latency["embedder"]["single_text_path"]
 
 
 def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):

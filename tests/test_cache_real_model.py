@@ -87,7 +87,7 @@ def test_near_misses_above_the_threshold_are_refused_and_counted(real_embedder, 
     assert guarded.stats().rejections == {rule: 1}
 
 
-@pytest.mark.parametrize("mode", ["bf16", "int8"])
+@pytest.mark.parametrize("mode", ["bf16", "int8", "auto"])
 def test_quantized_storage_serves_what_fp32_serves(real_embedder, mode):
     """Quantized rows only choose candidates; the fp32 rescore decides. Through the real model,
     with enough entries that int8 rows share their block's scale with other prompts."""
@@ -96,6 +96,7 @@ def test_quantized_storage_serves_what_fp32_serves(real_embedder, mode):
     prompts = list(dict.fromkeys(item.prompt for item in load_workload()))
     entries, asks = prompts[::2], prompts[1::2]  # the demo's paraphrases fall on both sides
     caches = [SemanticCache(real_embedder, device="cpu", quantization=m) for m in (None, mode)]
+    assert caches[0].quantization == "fp32" and caches[1].quantization in ("int8", mode)
     for cache in caches:
         cache.warm([(prompt, f"answer {i}") for i, prompt in enumerate(entries)])
     plain, quantized = (cache.get_all(asks) for cache in caches)

@@ -257,6 +257,64 @@ def test_a_single_prompt_embeds_as_it_does_inside_a_padded_batch(real_embedder):
     assert float((alone * padded).sum()) > 0.99999
 
 
+def test_a_single_text_takes_the_short_path_and_embeds_as_a_list_of_one_does(real_embedder):
+    """``encode([text])`` tokenizes on the Rust tokenizer and skips padding and batching; the
+    token ids are the full tokenizer's, truncation included, and so is the embedding."""
+    assert real_embedder._single is not None
+    texts = ["How do I reset my router?", "ok", "word " * 2000, "naïve café ☕ \ud800 end"]
+    for text in texts:
+        want = real_embedder._tokenizer([real_embedder._clean(text)], truncation=True,
+                                        max_length=real_embedder.max_length)["input_ids"][0]
+        assert real_embedder._single.encode(real_embedder._clean(text)).ids == want
+    alone = torch.cat([real_embedder.encode([t]) for t in texts])
+    assert alone.shape == (len(texts), real_embedder.dim) and alone.dtype == torch.float32
+    single, real_embedder._single = real_embedder._single, None
+    try:  # the general path, one text at a time: the same ids, the same arithmetic
+        listed = torch.cat([real_embedder.encode([t]) for t in texts])
+    finally:
+        real_embedder._single = single
+    assert float((alone * listed).sum(dim=1).min()) > 0.999999
+    together = real_embedder.encode(texts + ["a longer neighbour so that every text is padded"])
+    assert float((alone * together[: len(texts)]).sum(dim=1).min()) >= AGREEMENT_MIN
+
+
+def test_packed_linear_layers_multiply_as_f_linear_does():
+    """On the CPU the lean pass multiplies by weights packed once (oneDNN's layout); for any
+    row count, and with the GELU fused, the products are F.linear's to the dtype's rounding.
+    Where packing is unavailable or fails its probe, the layer multiplies with F.linear."""
+    from gpucache.embedding.lean import PackedLinear, packing_available
+
+    gen = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(96, 64, generator=gen) / 8, torch.randn(96, generator=gen)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        packed = PackedLinear(weight, bias, dtype, pack=True)
+        plain = PackedLinear(weight, bias, dtype, pack=False)
+        assert plain.packed is None
+        assert (packed.packed is not None) is packing_available(torch.device("cpu"))
+        for shape in ((1, 64), (7, 64), (3, 33, 64), (300, 64)):
+            x = torch.randn(*shape, generator=gen).to(dtype)
+            for gelu in (False, True):
+                got, want = packed(x, gelu=gelu), plain(x, gelu=gelu)
+                assert got.shape == want.shape and got.dtype == want.dtype
+                torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_a_lean_pass_without_packing_embeds_as_the_packed_one(real_embedder):
+    from gpucache.embedding.lean import LeanEncoder
+
+    lean = real_embedder._lean
+    unpacked = LeanEncoder(real_embedder._model, lean.matmul_dtype, pack=False)
+    assert not unpacked.packed
+    tokens = real_embedder._tokenizer(["How do I reset my router?", "ok"], padding=True,
+                                      return_tensors="pt")
+    with torch.inference_mode():
+        a = lean(tokens["input_ids"], tokens["attention_mask"])
+        b = unpacked(tokens["input_ids"], tokens["attention_mask"])
+    mask = tokens["attention_mask"].bool()
+    cos = torch.nn.functional.cosine_similarity(a[mask], b[mask], dim=-1)
+    assert float(cos.min()) > 0.999
+
+
 def test_a_lean_pass_that_drifts_is_not_adopted(monkeypatch):
     from gpucache.embedding.lean import LeanEncoder
 

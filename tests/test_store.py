@@ -271,6 +271,47 @@ def test_max_device_bytes_caps_the_allocation():
         ExactScanStore(16, quantization="fp8")
 
 
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda")  # a device object only: resolving a mode touches no GPU
+
+
+@pytest.mark.parametrize("given, device, dim, cap, kernel, gemv, mode", [
+    (None, CPU, 384, None, "auto", True, "fp32"),  # None is full precision, as always
+    ("bf16", CPU, 384, None, "auto", True, "bf16"),  # an explicit mode is kept
+    ("auto", CPU, 384, None, "auto", True, "int8"),  # a CPU: a quarter of the bytes per lookup
+    ("auto", CPU, 384, None, "torch", True, "int8"),
+    ("auto", CPU, 384, 10**9, "auto", True, "fp32"),  # capped: the fp32 copy shares the RAM
+    ("auto", CPU, 24, None, "auto", True, "fp32"),  # no int8 GEMV for this dimension
+    ("auto", CPU, 384, None, "auto", False, "fp32"),  # no int8 GEMV in this torch
+    ("auto", CPU, 384, None, "triton", True, "fp32"),  # the kernel scans no int8
+    ("auto", CUDA, 384, None, "auto", True, "fp32"),  # exact, no host copy, already fast
+])
+def test_auto_quantization_is_int8_on_a_cpu_and_fp32_elsewhere(
+        monkeypatch, given, device, dim, cap, kernel, gemv, mode):
+    from gpucache.index import store as store_module
+    from gpucache.index.probes import CpuPaths
+
+    paths = CpuPaths(fp32_via_numpy=False, int8_matmul=True, int8_gemv=gemv)
+    monkeypatch.setattr(store_module.CpuPaths, "detect", staticmethod(lambda: paths))
+    assert store_module.resolve_quantization(given, device, dim, cap, kernel) == mode
+
+
+def test_an_auto_store_says_which_mode_it_took_and_scans_exactly():
+    from gpucache.index.probes import CpuPaths
+
+    store = ExactScanStore(384, device="cpu", quantization="auto", initial_rows=64)
+    expected = "int8" if CpuPaths.detect().int8_gemv_for(384) else "fp32"
+    assert store.quantization == expected
+    rows = unit_rows(500, 384, 11)
+    store.add(rows, 0, [math.inf] * 500)
+    query = rows[123:124]
+    scores, found = store.search(query, 3, 0, 0.0)
+    assert int(found[0, 0]) == 123
+    assert float(scores[0, 0]) == pytest.approx(float(rows[123] @ rows[123]), abs=1e-6)
+    with pytest.raises(ValueError, match="quantization"):
+        ExactScanStore(16, quantization="Auto")
+
+
 @pytest.mark.parametrize("engine", [NumpyEngine(), TorchEngine()], ids=["numpy", "torch"])
 @pytest.mark.parametrize("q", [1, 7, 40, 300])
 @pytest.mark.parametrize("chunk_rows", [64, 1000, 5000])

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucache.cache.validation import check_positive_int, check_threshold, check_ttl
-from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
+from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, SCAN_KERNELS
+from gpucache.index.store import check_quantization
 
 # Chosen from bench/reports/semantic-false-hits.md: with the lexical verifier, the threshold at
 # which qqp serves about 6% of its different-question pairs. The README quotes the figures.
@@ -49,8 +50,10 @@ class CacheSettings:
     )
     replay_chunk_chars: int = _setting(64, "characters per chunk when a hit is replayed as a stream")
     quantization: str | None = _setting(
-        None,
-        'device storage: `None`/`"fp32"`, `"fp16"`, `"bf16"`, `"int8"` (rescored in fp32)',
+        "auto",
+        'device storage: `"auto"` (`"int8"` on a CPU without `max_device_bytes`, else `"fp32"`), '
+        '`None`/`"fp32"`, `"fp16"`, `"bf16"`, `"int8"` (quantized modes rescored in fp32); '
+        "`cache.quantization` says which is in use",
     )
     max_device_bytes: int | None = _setting(
         None, "most device memory the store may take; the cache evicts to stay within it"
@@ -92,10 +95,7 @@ class CacheSettings:
         check_positive_int(self.capacity, "capacity")
         check_ttl(self.ttl)
         check_positive_int(self.replay_chunk_chars, "replay_chunk_chars")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(
-                f"quantization must be None or one of {QUANTIZATIONS}, got {self.quantization!r}"
-            )
+        check_quantization(self.quantization)
         if self.max_device_bytes is not None:
             check_positive_int(self.max_device_bytes, "max_device_bytes")
         check_positive_int(self.scan_budget_bytes, "scan_budget_bytes")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -168,6 +168,7 @@ class TransformerEmbedder:
         self.agreement: float | None = None  # min cosine against fp32, where it was checked
         self.autocast_dtype: torch.dtype | None = None  # the matmuls' dtype under autocast
         self._lean: LeanEncoder | None = None
+        self._single: Any = None  # a tokenizers.Tokenizer for single texts (_adopt_single)
         self.lean_agreement: float | None = None  # the lean pass's min cosine, where tried
         if checked or (lean and LeanEncoder.supports(self._model)):
             reference = self.encode(PROBE_TEXTS)  # the model as loaded (fp32 where checked)
@@ -175,6 +176,7 @@ class TransformerEmbedder:
                 self._adopt_if_it_agrees(wanted, reference)
             if lean and LeanEncoder.supports(self._model):
                 self._adopt_lean(reference)
+                self._adopt_single()
             self.forward_passes = 0  # the load-time probes are not the caller's passes
 
     def _adopt_lean(self, reference: torch.Tensor) -> None:
@@ -263,6 +265,8 @@ class TransformerEmbedder:
         for text in texts:
             if not isinstance(text, str):
                 raise TypeError(f"encode takes str items, got {type(text).__name__}")
+        if len(texts) == 1 and self._single is not None:
+            return self._encode_single(texts[0])
         out = torch.empty((len(texts), self._dim), dtype=torch.float32, device=self._device)
         # By characters first (cheap), so each window's texts are of similar length; within a
         # window, by tokens. Longest first: an out-of-memory shows in the first batch, not the
@@ -282,6 +286,38 @@ class TransformerEmbedder:
                     )
                     out[[window[j] for j in batch]] = self._forward(dict(padded))
         return out
+
+    def _encode_single(self, text: str) -> torch.Tensor:
+        """One text through the lean pass on the tokenizer's own Rust tokenizer: no padding, no
+        mask, no batching, which is what a cache lookup embeds. The same token ids and the same
+        arithmetic as ``encode`` of a list (``_adopt_single`` checked the ids at load)."""
+        assert self._single is not None and self._lean is not None
+        ids = torch.tensor([self._single.encode(self._clean(text)).ids], device=self._device)
+        with torch.inference_mode():
+            self.forward_passes += 1
+            hidden = self._lean(ids, torch.ones_like(ids))  # (1, T, D)
+            return torch.nn.functional.normalize(hidden.mean(dim=1), p=2, dim=1)
+
+    def _adopt_single(self) -> None:
+        """Tokenize single texts with a copy of the tokenizer's Rust backend set to truncate at
+        ``max_length``, if it gives the token ids the full tokenizer call gives on the probe
+        texts (and on one over-long text); its Python wrapper costs as much as the tokenizing."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is None or self._lean is None:
+            return
+        try:
+            from tokenizers import Tokenizer
+
+            single = Tokenizer.from_str(backend.to_str())
+            single.enable_truncation(self.max_length)
+            single.no_padding()
+        except (ImportError, ValueError, TypeError, AttributeError, RuntimeError):
+            return
+        texts = [*PROBE_TEXTS, "word " * (4 * self.max_length)]
+        want = self._tokenizer(texts, truncation=True, max_length=self.max_length,
+                               padding=False)["input_ids"]
+        if all(single.encode(t).ids == list(w) for t, w in zip(texts, want)):
+            self._single = single
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
         """Positions grouped into forward passes, longest first: consecutive in token length,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 FREE = -1  # the scope id of a free row: masking by scope masks free rows too
 NEVER = math.inf  # the expiry of a row that never expires
 QUANTIZATIONS = ("fp32", "fp16", "bf16", "int8")
+AUTO = "auto"  # a quantization the store resolves for its device: ``store.resolve_quantization``
 SCAN_KERNELS = ("auto", "torch", "triton")
 # The most scratch one (Q, chunk) score block may take: a million rows scan in a few megabytes.
 DEFAULT_SCAN_BUDGET_BYTES = 64 * 2**20

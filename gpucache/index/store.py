@@ -33,11 +33,43 @@ from gpucache.index.codecs import Codec, make_codec
 from gpucache.index.engines.base import RowsView, ScanEngine, ScanJob
 from gpucache.index.engines.choose import default_engine, engine_for
 from gpucache.index.fallback import OomFallback
-from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
+from gpucache.index.interface import AUTO, DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
 from gpucache.index.kernel_choice import ScanKernelChooser
+from gpucache.index.probes import CpuPaths
 from gpucache.index.refine import FullCopy, RefinePolicy, matmul_is_exact, overfetch, rescore_rows
 from gpucache.index.rows import RowTable
 from gpucache.index.scratch import ScanScratch
+
+
+def check_quantization(quantization: object) -> None:
+    """Raise ValueError unless ``quantization`` is None, "auto" or one of ``QUANTIZATIONS``."""
+    if quantization is not None and quantization != AUTO and quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"quantization must be None, {AUTO!r} or one of {QUANTIZATIONS}, got {quantization!r}"
+        )
+
+
+def resolve_quantization(quantization: str | None, device: torch.device, dim: int,
+                         max_device_bytes: int | None = None, scan_kernel: str = "auto") -> str:
+    """The storage mode a store takes: None is "fp32"; "auto" is "int8" on a CPU whose torch
+    has the int8 GEMV for ``dim`` (``probes.CpuPaths.int8_gemv_for``) and "fp32" elsewhere.
+
+    Why int8 on a CPU: a single lookup, what a proxy at low concurrency waits on, streams every
+    stored row once, and int8 rows are a quarter of fp32's bytes; batches are faster too
+    (``bench/reports/bench.md``). Scores stay exact (the candidates are rescored from the fp32
+    copy), so int8 can cost a miss, never cause a hit. But that copy lives in the same memory
+    on a CPU, so an int8 CPU store holds more bytes per entry than fp32: under a memory cap
+    (``max_device_bytes``) "auto" stays fp32, which fits the most entries, and so it does for
+    the Triton kernel, which scans no int8. On CUDA the fp32 scan is already a fraction of the
+    embedding and needs no host copy, so "auto" is fp32."""
+    if quantization is None:
+        return "fp32"
+    if quantization != AUTO:
+        return quantization
+    if (device.type == "cpu" and max_device_bytes is None and scan_kernel != "triton"
+            and CpuPaths.detect().int8_gemv_for(dim)):
+        return "int8"
+    return "fp32"
 
 
 class ExactScanStore:
@@ -48,7 +80,9 @@ class ExactScanStore:
         device: where the vectors live ("auto", "cpu", "cuda[:N]").
         initial_rows: rows allocated up front; the tensors double when they fill.
         scan_budget_bytes: the most memory one (Q, chunk) fp32 score block may take.
-        quantization: None or "fp32" (full precision on the device), "fp16", "bf16" or "int8".
+        quantization: None or "fp32" (full precision on the device), "fp16", "bf16", "int8",
+            or "auto" (``resolve_quantization``: int8 on a CPU for single lookups' sake, fp32
+            elsewhere). ``store.quantization`` holds the mode in use.
         max_device_bytes: the most device memory the store's tensors may take; None: no cap.
         scan_kernel: "auto", "torch" (chunked matmul + topk) or "triton" (the fused kernel
             of ``gpucache.kernels``; fp32/fp16/bf16 storage, CUDA or Triton's CPU interpreter).
@@ -80,9 +114,9 @@ class ExactScanStore:
         if (isinstance(scan_budget_bytes, bool) or not isinstance(scan_budget_bytes, int)
                 or scan_budget_bytes < 4):
             raise ValueError(f"scan_budget_bytes must be an int >= 4, got {scan_budget_bytes!r}")
-        mode = "fp32" if quantization is None else quantization
-        if mode not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
+        check_quantization(quantization)
+        self.device = resolve_device(device)
+        mode = resolve_quantization(quantization, self.device, dim, max_device_bytes, scan_kernel)
         if scan_kernel not in SCAN_KERNELS:
             raise ValueError(f"scan_kernel must be 'auto', 'torch' or 'triton', got {scan_kernel!r}")
         if scan_kernel == "triton":
@@ -93,7 +127,6 @@ class ExactScanStore:
             if mode == "int8":
                 raise ValueError("scan_kernel='triton' supports fp32, fp16 and bf16 storage")
         self.dim = dim
-        self.device = resolve_device(device)
         self.quantization = mode
         self.scan_budget_bytes = scan_budget_bytes
         self.row_bytes = Codec.row_bytes(mode, dim)

@@ -412,15 +412,22 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
     from gpucache.tools.demo import load_workload
 
     router = _FillRouter(TransformerEmbedder(device=device))
-    cache = SemanticCache(router, device=device, capacity=n + 4 * count + 10,  # type: ignore[arg-type]
-                          cache_policy=StoreEverything())
     base = list(dict.fromkeys(item.prompt for item in load_workload()))[: count + 1]
     if len(base) <= count:
         raise ValueError(f"the demo workload has {len(base)} distinct prompts; ask for fewer")
-    cache.warm([(p, "stored answer") for p in base])
-    for first in range(0, n - len(base), 50_000):
-        cache.warm([(f"{router.prefix}{i}", "x")
-                    for i in range(first, min(n - len(base), first + 50_000))])
+
+    def filled(**settings: Any) -> SemanticCache:
+        cache = SemanticCache(router, device=device, capacity=n + 4 * count + 10,  # type: ignore[arg-type]
+                              cache_policy=StoreEverything(), **settings)
+        cache.warm([(p, "stored answer") for p in base])
+        for first in range(0, n - len(base), 50_000):
+            cache.warm([(f"{router.prefix}{i}", "x")
+                        for i in range(first, min(n - len(base), first + 50_000))])
+        return cache
+
+    cache = filled()
+    # the same lookup from a full-precision store, beside the default's storage mode
+    fp32 = filled(quantization="fp32") if cache.quantization != "fp32" else None
     calls: dict[str, Callable[[int], object]] = {
         "get (miss)": lambda i: cache.get(f"{base[i]} (asked {i})"),
         "get_or_put (semantic hit)": lambda i: cache.get_or_put(f"Please, {base[i]}",
@@ -428,6 +435,8 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
         "get_or_put (miss)": lambda i: cache.get_or_put(f"{base[i]} (new {i})", lambda p: "fresh"),
         "gpucache embedder encode, batch 1": lambda i: router.real.encode([f"{base[i]} (e {i})"]),
     }
+    if fp32 is not None:
+        calls["get (miss), fp32 store"] = lambda i: fp32.get(f"{base[i]} (fp32 {i})")
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
@@ -446,7 +455,14 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
             _sync(device)
             millis[name].append(1000 * (time.perf_counter() - start))
     served = cache.stats()
+    embedder = router.real
+    lean = getattr(embedder, "_lean", None)
     out: dict[str, Any] = {"n": n, "count": count, "semantic_hits": served.semantic_hits,
+                           "quantization": cache.quantization,
+                           "embedder": {"lean": bool(getattr(embedder, "uses_lean", False)),
+                                        "packed": bool(lean is not None and lean.packed),
+                                        "single_text_path": getattr(embedder, "_single", None)
+                                        is not None},
                            "ms": {}}
     for name, values in millis.items():
         values.sort()
@@ -554,8 +570,13 @@ def _latency_lines(latency: dict[str, Any]) -> list[str]:
     if not latency:
         return []
     yardstick = latency["ms"].get("sentence-transformers encode, batch 1")
+    how = latency.get("embedder", {})
     lines = ["### One lookup at a time", "",
-             f"A cache of {latency['n']:,} entries at the default settings, {latency['count']} "
+             f"A cache of {latency['n']:,} entries at the default settings (storage "
+             f"`{latency.get('quantization', 'fp32')}`; embedder: lean pass "
+             f"{'on' if how.get('lean') else 'off'}, packed weights "
+             f"{'on' if how.get('packed') else 'off'}, single-text path "
+             f"{'on' if how.get('single_text_path') else 'off'}), {latency['count']} "
              "calls of each kind, one at a time, interleaved in rounds (semantic hits served: "
              f"{latency['semantic_hits']}).", "",
              "| call | p50 ms | p99 ms | p50 / sentence-transformers batch-1 p50 |",
