@@ -31,6 +31,7 @@ import torch
 
 from gpucache.devices import DeviceLike, cpu_has_native_bf16, resolve_device
 from gpucache.embedding import attention
+from gpucache.embedding.graphs import Capture, GraphedEncoder, cuda_capture
 from gpucache.embedding.lean import LeanEncoder
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -125,6 +126,10 @@ class TransformerEmbedder:
             only where a load-time probe agrees with the model's own pass to
             ``AGREEMENT_MIN`` cosine (``lean_agreement``, ``uses_lean``). False: always the
             model's own forward pass.
+        cuda_graphs: on CUDA, replay the lean pass from CUDA graphs for small batches of short
+            prompts (``gpucache.embedding.graphs``: one launch per lookup instead of dozens),
+            adopted only where a load-time probe agrees with the eager pass to
+            ``AGREEMENT_MIN`` (``graphs``, ``graph_agreement``). Ignored elsewhere.
     """
 
     def __init__(
@@ -137,6 +142,7 @@ class TransformerEmbedder:
         max_length: int = 256,
         max_batch_tokens: int = 16384,
         lean: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -169,6 +175,8 @@ class TransformerEmbedder:
         self.autocast_dtype: torch.dtype | None = None  # the matmuls' dtype under autocast
         self._lean: LeanEncoder | None = None
         self._single: Any = None  # a tokenizers.Tokenizer for single texts (_adopt_single)
+        self.graphs: GraphedEncoder | None = None  # CUDA graphs of the lean pass, where adopted
+        self.graph_agreement: float | None = None  # their probe's min cosine, where tried
         self.lean_agreement: float | None = None  # the lean pass's min cosine, where tried
         if checked or (lean and LeanEncoder.supports(self._model)):
             reference = self.encode(PROBE_TEXTS)  # the model as loaded (fp32 where checked)
@@ -177,6 +185,8 @@ class TransformerEmbedder:
             if lean and LeanEncoder.supports(self._model):
                 self._adopt_lean(reference)
                 self._adopt_single()
+                if cuda_graphs and self._device.type == "cuda":
+                    self._adopt_graphs(reference)
             self.forward_passes = 0  # the load-time probes are not the caller's passes
 
     def _adopt_lean(self, reference: torch.Tensor) -> None:
@@ -186,6 +196,34 @@ class TransformerEmbedder:
         self.lean_agreement = self._probe_agreement(reference)
         if self.lean_agreement < AGREEMENT_MIN:
             self._lean = None
+
+    def _adopt_graphs(self, reference: torch.Tensor, capture: Capture = cuda_capture) -> None:
+        """Replay the lean pass from CUDA graphs (``gpucache.embedding.graphs``) where the probe
+        texts, embedded one at a time and in small padded batches through the graphs, keep
+        ``AGREEMENT_MIN`` cosine with ``reference`` and no capture failed. ``capture`` is the
+        recording step (an eager stand-in lets the CPU tests run this)."""
+        if self._lean is None:
+            return
+        lean = self._lean
+        self.graphs = GraphedEncoder(lambda ids, mask: lean(ids, mask, masked=True),
+                                     self._device, capture)
+        singles = torch.cat([self.encode([text]) for text in PROBE_TEXTS])
+        batched = torch.cat([self.encode(PROBE_TEXTS[i : i + 4])
+                             for i in range(0, len(PROBE_TEXTS), 4)])
+        agreement = min(float((singles * reference).sum(dim=1).min()),
+                        float((batched * reference).sum(dim=1).min()))
+        self.graph_agreement = agreement
+        if agreement < AGREEMENT_MIN or self.graphs.failure is not None or not self.graphs.captured:
+            self.graphs = None
+
+    def _hidden(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The lean pass's hidden states: from a CUDA graph where one holds the shape."""
+        assert self._lean is not None
+        if self.graphs is not None:
+            hidden = self.graphs(ids, mask)
+            if hidden is not None:
+                return hidden
+        return self._lean(ids, mask)
 
     def _adopt_if_it_agrees(self, dtype: torch.dtype, reference: torch.Tensor) -> None:
         """Run the matmuls in ``dtype`` under autocast if the probe embeddings keep
@@ -295,7 +333,7 @@ class TransformerEmbedder:
         ids = torch.tensor([self._single.encode(self._clean(text)).ids], device=self._device)
         with torch.inference_mode():
             self.forward_passes += 1
-            hidden = self._lean(ids, torch.ones_like(ids))  # (1, T, D)
+            hidden = self._hidden(ids, torch.ones_like(ids))  # (1, T, D)
             return torch.nn.functional.normalize(hidden.mean(dim=1), p=2, dim=1)
 
     def _adopt_single(self) -> None:
@@ -355,7 +393,7 @@ class TransformerEmbedder:
         tokens = {k: v.to(self._device, non_blocking=True) for k, v in tokens.items()}
         self.forward_passes += 1
         if self._lean is not None:
-            hidden = self._lean(tokens["input_ids"], tokens["attention_mask"])  # (B, T, D)
+            hidden = self._hidden(tokens["input_ids"], tokens["attention_mask"])  # (B, T, D)
         elif self.autocast_dtype is None:
             hidden = self._model(**tokens).last_hidden_state  # (B, T, D)
         else:

@@ -144,16 +144,20 @@ class LeanEncoder:
             and hasattr(model, "embeddings") and hasattr(model, "encoder")
         )
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids and mask -> (B, T, D) fp32 hidden states of the last layer."""
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 masked: bool | None = None) -> torch.Tensor:
+        """(B, T) token ids and mask -> (B, T, D) fp32 hidden states of the last layer.
+
+        ``masked``: whether to apply the mask; None decides by looking (a host sync), True
+        always applies it (a CUDA graph cannot look, ``gpucache.embedding.graphs``)."""
         b, t = input_ids.shape
         x = F.embedding(input_ids, self.word) + self.position[:t] + self.token_type  # (B, T, D)
         x = F.layer_norm(x.float(), x.shape[-1:], *self.emb_norm, self.eps)
         # a single prompt, or a batch without padding, needs no mask; padded keys are masked
-        # out (every query row keeps its own real tokens, so no row is all masked)
-        keep = None
-        if not bool(attention_mask.all()):
-            keep = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T)
+        # out (every row has at least one real token, so no row is all masked)
+        if masked is None:
+            masked = not bool(attention_mask.all())
+        keep = attention_mask[:, None, None, :].bool() if masked else None  # (B, 1, 1, T)
         d = x.shape[-1]
         head = d // self.heads
         for qkv_p, out_p, norm1, inter_p, down_p, norm2 in self.layers:
