@@ -167,6 +167,8 @@ MUST_REJECT = [
     ("Who was Marie Curie?", "Who was Marie Curie's husband?", "added"),
     ("Tell me about the Roman Empire", "Who founded the Roman Empire?", "added"),
     ("Tell me about Ada Lovelace", "When was Ada Lovelace born?", "added"),
+    # politeness is set aside, the request it wraps is not
+    ("Help me write a cover letter", "Help me write a cover letter for a nursing job, thanks", "added"),
     # a relative "who" is set aside; the clause it opens is not
     ("Write a story about a knight", "Write a story about a knight who fears the dark", "added"),
 ]
@@ -210,6 +212,8 @@ MUST_ACCEPT = [
     ("How can one keep basil alive indoors?", "How do I keep basil alive indoors?"),
     ("Why do people like jazz so much?", "Why do people like jazz?"),
     ("Could you recommend a good thriller?", "What is a good thriller?"),
+    ("Can you help me write a cover letter? Thx!", "Write a cover letter"),
+    ("Pls summarize this memo, I'd appreciate it", "Summarize this memo"),
     # the table: spelling variants, abbreviations and units, powers, instruction verbs
     ("How do I organise my photos by colour?", "How do I organize my photos by color?"),
     ("What does the config file for k8s look like?", "What does the configuration file for Kubernetes look like?"),

@@ -116,7 +116,8 @@ SYMMETRIC = frozenset({"vs", "versus", "between"})
 # is a number. Tuned on the tuning half of the data (bench/guard_tuning.py).
 FRAMING = frozenset(
     """
-    hi hello hey thanks thank advance wonder wondering curious question quick mind kindly
+    hi hello hey thanks thank thx pls plz appreciate appreciated grateful cheers help assist
+    advance wonder wondering curious question quick mind kindly
     possibly maybe perhaps exactly really still ok okay well anyway now
     explain tell show give provide list define understand figure mean meaning recommend
     convert calculate
