@@ -6,7 +6,10 @@ The loop the guard's rules, word lists and table were tuned with. It only ever r
 Similarities are embedded once per file and kept in ``--cache`` between runs.
 
     python bench/guard_tuning.py data/llm_prompts.jsonl ../shared/data/qqp.jsonl \\
-        --show added --show rewording
+        --whole data/llm_prompts_tuning.jsonl --show added --show rewording
+
+``--whole`` files are tuning data only (``data/llm_prompts_tuning.jsonl``: written for tuning,
+never measured by ``gpucache eval``), so they are read whole.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ def similarities(path: Path, rows: list[dict[str, object]], cache: Path) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("pairs", nargs="+", type=Path)
+    parser.add_argument("pairs", nargs="*", type=Path)
+    parser.add_argument("--whole", nargs="*", type=Path, default=[],
+                        help="tuning-only pair files, read whole (never reported)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
     parser.add_argument("--show", action="append", default=[],
                         help="print the tune-half pairs above the threshold that this rule "
@@ -53,8 +58,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path(".cache/guard-tuning"))
     args = parser.parse_args()
     verifier = LexicalNearMissVerifier()
-    for path in args.pairs:
-        rows = select_half(read_jsonl(path), "tune", path)
+    files = [(path, "tune half") for path in args.pairs] + [(path, "whole") for path in args.whole]
+    for path, part in files:
+        rows = read_jsonl(path) if part == "whole" else select_half(read_jsonl(path), "tune", path)
         sims = similarities(path, rows, args.cache)
         above = [(r, s) for r, s in zip(rows, sims) if s >= args.threshold]
         verdicts = [(r, s, verifier.explain(str(r["a"]), str(r["b"]))) for r, s in above]
@@ -64,7 +70,7 @@ def main() -> None:
         served1 = sum(r["label"] == 1 and not v.rejected for r, _, v in verdicts)
         only0 = sum(r["label"] == 0 for r, _ in above)
         only1 = sum(r["label"] == 1 for r, _ in above)
-        print(f"\n== {path.name} (tune half, {len(rows)} pairs, threshold {args.threshold})")
+        print(f"\n== {path.name} ({part}, {len(rows)} pairs, threshold {args.threshold})")
         print(f"threshold only: false hits {only0}/{label0} = {only0 / max(label0, 1):.1%}, "
               f"hits {only1}/{label1} = {only1 / max(label1, 1):.1%}")
         print(f"with verifier:  false hits {served0}/{label0} = {served0 / max(label0, 1):.1%}, "

@@ -11,6 +11,7 @@ from gpucache.tools.evaluation import half_of, read_jsonl
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEV, HELD = DATA / "llm_prompts.jsonl", DATA / "llm_prompts_heldout.jsonl"
+TUNING = DATA / "llm_prompts_tuning.jsonl"  # tuning only, never reported
 NEAR_MISS_KINDS = {"added-constraint", "output-language", "length-format", "audience", "tone",
                    "programming-language", "without-only", "quantity", "entity", "direction",
                    "swapped-roles", "changed-instruction"}
@@ -18,7 +19,7 @@ PARAPHRASE_KINDS = {"fillers", "reordering", "synonyms", "spelling", "abbreviati
                     "question-form", "long-paraphrase", "mixed-paraphrase"}
 
 
-@pytest.mark.parametrize("path", [DEV, HELD])
+@pytest.mark.parametrize("path", [DEV, HELD, TUNING])
 def test_every_row_is_a_labelled_pair_of_a_named_kind(path):
     rows = read_jsonl(path)
     assert len({r["id"] for r in rows}) == len(rows)
@@ -46,9 +47,18 @@ def test_the_held_apart_set_shares_no_pair_with_the_dev_set():
     assert not {key(r) for r in read_jsonl(DEV)} & {key(r) for r in read_jsonl(HELD)}
 
 
+def test_the_tuning_only_set_shares_no_prompt_with_what_is_measured_or_tested():
+    """Tuning on a prompt that a reported pair or a test also holds would fit the report."""
+    measured = {t.casefold() for path in (DEV, HELD) for r in read_jsonl(path) for t in (r["a"], r["b"])}
+    tests = (Path(__file__).resolve().parent / "test_lexical.py").read_text(encoding="utf-8").casefold()
+    for r in read_jsonl(TUNING):
+        for text in (r["a"], r["b"]):
+            assert text.casefold() not in measured and f'"{text.casefold()}"' not in tests, text
+
+
 def test_the_sources_page_counts_what_the_files_hold():
     page = (DATA / "SOURCES.md").read_text(encoding="utf-8")
-    for path in (DEV, HELD):
+    for path in (DEV, HELD, TUNING):
         rows = read_jsonl(path)
         labels = Counter(r["label"] for r in rows)
         assert f"| `{path.name}` | {len(rows)} | {labels[0]} / {labels[1]} |" in page

@@ -171,7 +171,9 @@ class LexicalNearMissVerifier:
                 True, "direction", f"reordered around a directional word: {' '.join(moved)}", moved
             )
         if same_content and a.content != b.content and "swapped" not in skip:
-            swap = _exchanged(a.skeleton, b.skeleton)
+            # content words trading places, or a content word trading places with a word the
+            # parser sets aside ("Is Rust faster than Go?": "go" is a stopword, and a name)
+            swap = _exchanged(a.skeleton, b.skeleton) or _exchanged(a.tokens, b.tokens)
             if swap:
                 return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
         crossed = _crossed(a, b) if "crossed" not in skip else None
