@@ -461,6 +461,28 @@ def test_the_shipped_table_loads_and_stays_clear_of_the_rules_own_words():
     assert clashes == []  # a lone table word never stands for a directional or negation word
 
 
+def _shipped_classes() -> list[list[str]]:
+    from importlib import resources
+
+    text = resources.files("gpucache.guard").joinpath("interchangeable.txt").read_text("utf-8")
+    lines = (line.split("#")[0].strip() for line in text.splitlines() if not line.lstrip().startswith("#"))
+    return [[entry.strip() for entry in line.split(",")] for line in lines if line]
+
+
+@pytest.mark.parametrize("entries", _shipped_classes(), ids=lambda entries: entries[0])
+def test_every_table_entry_reads_as_its_class_and_only_its_class(entries):
+    """Each shipped entry, put in place of its class's first entry, is the same request; and in
+    place of a word outside the class it is a substitution still: the table admits its own
+    classes and nothing beside them."""
+    def frame(word: str) -> str:
+        return f"Write a note on {word} for my class"
+
+    for entry in entries[1:]:
+        assert not V.explain(frame(entries[0]), frame(entry)).rejected, entry
+    for entry in entries:
+        assert V.explain(frame(entry), frame("zebras")).rejected, entry
+
+
 @pytest.mark.parametrize("text, message", [
     ("colour, color\ncolor, hue\n", "already in the class on line 1"),
     ("colour\n", "two or more entries"),
