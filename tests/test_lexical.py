@@ -167,6 +167,7 @@ MUST_REJECT = [
     ("Who was Marie Curie?", "Who was Marie Curie's husband?", "added"),
     ("Tell me about the Roman Empire", "Who founded the Roman Empire?", "added"),
     ("Tell me about Ada Lovelace", "When was Ada Lovelace born?", "added"),
+    ("Write one haiku about 3 cats", "Write 2 haikus about 3 cats", "numbers"),
     # a name the parser reads as a stopword still trades places ("Go" the language)
     ("Is Go more popular than Rust?", "Is Rust more popular than Go?", "swapped"),
     # politeness is set aside, the request it wraps is not
@@ -234,6 +235,8 @@ MUST_ACCEPT = [
     ("Who was Ada Lovelace?", "Tell me about Ada Lovelace"),
     ("What is the story of Beowulf?", "Summarize the story of Beowulf"),
     ("What is a black hole?", "Describe a black hole"),
+    # "one" beside the same numbers is a word, not a count that changed
+    ("Suggest one book on Rome written before 1900", "Suggest a book on Rome written before 1900"),
     # weights, speeds, and words that ask for the same thing
     ("Convert 3 pounds to kg", "Convert 3 lbs to kg"),
     ("What is 100 km/h in mph?", "What is 100 kph in mph?"),

@@ -459,7 +459,11 @@ def _build(tokens: list[str], written: list[str]) -> _Parsed:
 
 
 def _numbers_of(p: _Parsed, other: _Parsed) -> tuple[str, ...]:
-    if other.numbers or other.soft_numbers:
+    """The numbers of ``p`` the numbers rule compares with ``other``'s. A soft number ("one",
+    also a pronoun) counts only where the hard numbers differ, so that "one" can stand for a
+    "1" the other side writes, while "buy a new one" beside the same "8 GB" and "2015" stays a
+    pronoun."""
+    if p.numbers != other.numbers and (other.numbers or other.soft_numbers):
         return tuple(sorted(p.numbers + p.soft_numbers))
     return p.numbers
 
