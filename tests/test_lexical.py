@@ -168,6 +168,10 @@ MUST_REJECT = [
     ("Tell me about the Roman Empire", "Who founded the Roman Empire?", "added"),
     ("Tell me about Ada Lovelace", "When was Ada Lovelace born?", "added"),
     ("Write one haiku about 3 cats", "Write 2 haikus about 3 cats", "numbers"),
+    # joined by "or"/"and" is no excuse for a subject and object, or for numbers
+    ("Does the hawk hunt the rabbit?", "Does the rabbit hunt the hawk?", "swapped"),
+    ("Divide 12 and 4", "Divide 4 and 12", "swapped"),
+    ("Is London or Paris closer to Berlin than Rome?", "Is Rome or Paris closer to Berlin than London?", "direction"),
     # a name the parser reads as a stopword still trades places ("Go" the language)
     ("Is Go more popular than Rust?", "Is Rust more popular than Go?", "swapped"),
     # politeness is set aside, the request it wraps is not
@@ -235,6 +239,10 @@ MUST_ACCEPT = [
     ("Who was Ada Lovelace?", "Tell me about Ada Lovelace"),
     ("What is the story of Beowulf?", "Summarize the story of Beowulf"),
     ("What is a black hole?", "Describe a black hole"),
+    # two words joined by "or"/"and" trade places without changing the question
+    ("Should I learn Python or Java first?", "Should I learn Java or Python first?"),
+    ("Is a cat or a dog a better pet for a small flat?", "Is a dog or a cat a better pet for a small flat?"),
+    ("Whisk the eggs and the milk together", "Whisk the milk and the eggs together"),
     # "one" beside the same numbers is a word, not a count that changed
     ("Suggest one book on Rome written before 1900", "Suggest a book on Rome written before 1900"),
     # weights, speeds, and words that ask for the same thing

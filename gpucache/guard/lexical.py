@@ -21,6 +21,7 @@ the named additions measured in bench/reports/semantic-false-hits.md):
     question-word each side asks a different wh-thing ("who" vs "when")     -> reject  [addition]
     direction     same content words reordered around a directional word  -> reject
     swapped       same content words, two of them traded places            -> reject  [addition]
+                  (two words joined by "or"/"and" trade places freely: "Python or Java")
     crossed       shared words swap sides of a directional word elsewhere  -> reject  [addition]
     reordered     most content words shared (>= 5, Jaccard >= 0.6), some moved -> reject  [addition]
     substitution  content words align with only substitutions of <= 2 words each, no
@@ -59,6 +60,8 @@ from gpucache.guard.words import (
     _INTERCHANGEABLE,
     ADDED_MAX_SHARED_INSIDE,
     ADDED_MIN_SHARED,
+    ARTICLES,
+    COORDINATORS,
     CROSSED_MAX_SHARED,
     DIRECTIONAL,
     EXPOSITION,
@@ -174,8 +177,12 @@ class LexicalNearMissVerifier:
             # content words trading places, or a content word trading places with a word the
             # parser sets aside ("Is Rust faster than Go?": "go" is a stopword, and a name)
             swap = _exchanged(a.skeleton, b.skeleton) or _exchanged(a.tokens, b.tokens)
-            if swap:
+            if swap and not _coordinated(a.tokens, *swap):
                 return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
+            if swap and _exchanged(a.tokens, b.tokens):
+                # word for word the same prompt but for "A or B" / "B or A": the later rules
+                # would read the exchange as words moved
+                return Verdict(False, "rewording")
         crossed = _crossed(a, b) if "crossed" not in skip else None
         if crossed:
             return Verdict(
@@ -269,6 +276,23 @@ def _joined(a: Sequence[str], b: Sequence[str]) -> bool:
         return False
     one, two = (a, b) if len(a) == 1 else (b, a)
     return len(one[0]) >= 5 and "".join(two) == one[0]
+
+
+def _coordinated(tokens: tuple[str, ...], x: str, y: str) -> bool:
+    """Whether ``x`` and ``y`` are joined by "or" or "and" ("Python or Java", "the salt and the
+    sugar"): two words joined that way trade places without changing the question, unlike a
+    subject and an object ("dog bites man"). Numbers are never coordinated: "divide 10 and 5"
+    and "divide 5 and 10" differ."""
+    if not (x.isalpha() and y.isalpha()):
+        return False
+    places = [i for i, t in enumerate(tokens) if t in (x, y)]
+    for i, j in zip(places, places[1:]):
+        between = tokens[i + 1 : j]
+        if {tokens[i], tokens[j]} == {x, y} and any(t in COORDINATORS for t in between) and all(
+            t in COORDINATORS or t in ARTICLES for t in between
+        ):
+            return True
+    return False
 
 
 def _crossed(pa: _Parsed, pb: _Parsed) -> tuple[str, str] | None:

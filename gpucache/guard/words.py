@@ -108,6 +108,11 @@ MAX_PHRASE_WORDS = 4
 # not count shared words that trade sides across one of these.
 SYMMETRIC = frozenset({"vs", "versus", "between"})
 
+# Words that join two words symmetrically: "Python or Java" asks what "Java or Python" asks, so
+# two words trading places across one of them are not a swapped question.
+COORDINATORS = frozenset({"or", "and"})
+ARTICLES = frozenset({"a", "an", "the"})
+
 # Words the added rule does not count as an added request when only one prompt has them:
 # greetings and politeness, hedges, and the framing of a request ("explain", "tell me",
 # "give me some tips on", "what are the steps to"). They change how a request is put, not what
