@@ -176,10 +176,11 @@ class LexicalNearMissVerifier:
         if same_content and a.content != b.content and "swapped" not in skip:
             # content words trading places, or a content word trading places with a word the
             # parser sets aside ("Is Rust faster than Go?": "go" is a stopword, and a name)
-            swap = _exchanged(a.skeleton, b.skeleton) or _exchanged(a.tokens, b.tokens)
+            in_tokens = _exchanged(a.tokens, b.tokens)
+            swap = _exchanged(a.skeleton, b.skeleton) or in_tokens
             if swap and not _coordinated(a.tokens, *swap):
                 return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
-            if swap and _exchanged(a.tokens, b.tokens):
+            if in_tokens:
                 # word for word the same prompt but for "A or B" / "B or A": the later rules
                 # would read the exchange as words moved
                 return Verdict(False, "rewording")
