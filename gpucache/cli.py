@@ -28,6 +28,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from gpucache.index.blas_pool import blas_pool_quiet
     from gpucache.index.codecs import INT8_SCALE_BLOCK
     from gpucache.index.probes import INT8_GEMV_DIM, CpuPaths
+    from gpucache.index.store import resolve_quantization
     from gpucache.telemetry import gpu_readings
 
     paths = CpuPaths.detect()
@@ -47,6 +48,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"int8 cpu scan batches {int8_batches}; one query {int8_single}")
     defaults = ", ".join(f"{name}={value!r}" for name, value in CacheSettings().items())
     print(f"settings      {defaults}")
+    device = resolve_device("auto")
+    storage = resolve_quantization(CacheSettings().quantization, device, 384)
+    print(f"storage       quantization='auto' stores {storage} on {device} (all-MiniLM-L6-v2, D = 384)")
     readings = gpu_readings()
     if not readings:
         print("gpus          none visible to NVML (no driver or no GPU)")

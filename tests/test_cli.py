@@ -24,6 +24,12 @@ def test_info_reports_device_and_no_gpu_without_error():
     # what the CPU scan multiplies with, and whether numpy's BLAS threads sleep when idle
     assert "fp32 cpu scan" in result.stdout and "sleeps when idle" in result.stdout
     assert "int8 cpu scan batches" in result.stdout and "one query" in result.stdout
+    from gpucache.devices import resolve_device
+    from gpucache.index.store import resolve_quantization
+
+    device = resolve_device("auto")
+    expected = resolve_quantization("auto", device, 384)
+    assert f"quantization='auto' stores {expected} on {device}" in result.stdout
 
 
 def test_demo_replays_a_slice_and_prints_a_summary():
