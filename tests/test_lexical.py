@@ -166,7 +166,7 @@ MUST_REJECT = [
     ("Translate this email into French", "Translate this email into French and summarize it", "added"),
     ("Who was Marie Curie?", "Who was Marie Curie's husband?", "added"),
     ("Tell me about the Roman Empire", "Who founded the Roman Empire?", "added"),
-    ("Tell me about Ada Lovelace", "When was Ada Lovelace born?", "added"),
+    ("Tell me about Grace Hopper", "When was Grace Hopper born?", "added"),
     ("Write one haiku about 3 cats", "Write 2 haikus about 3 cats", "numbers"),
     # joined by "or"/"and" is no excuse for a subject and object, or for numbers
     ("Does the hawk hunt the rabbit?", "Does the rabbit hunt the hawk?", "swapped"),
@@ -236,7 +236,7 @@ MUST_ACCEPT = [
     ("My web page loads slowly. How can I speed it up?", "My web page loads slowly. How do I make it faster?"),
     ("How do I accelerate my laptop's boot?", "How do I speed up my laptop's boot?"),
     # a question and an instruction asking for one exposition
-    ("Who was Ada Lovelace?", "Tell me about Ada Lovelace"),
+    ("Who was Grace Hopper?", "Tell me about Grace Hopper"),
     ("What is the story of Beowulf?", "Summarize the story of Beowulf"),
     ("What is a black hole?", "Describe a black hole"),
     # two words joined by "or"/"and" trade places without changing the question

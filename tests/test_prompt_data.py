@@ -62,3 +62,19 @@ def test_the_sources_page_counts_what_the_files_hold():
         rows = read_jsonl(path)
         labels = Counter(r["label"] for r in rows)
         assert f"| `{path.name}` | {len(rows)} | {labels[0]} / {labels[1]} |" in page
+
+
+def test_no_test_pair_is_a_pair_of_the_data():
+    """A test case is written for its rule: none of the verifier's test pairs is a pair of the
+    dev set, the held-apart set or the tuning-only set, in either order."""
+    import test_lexical
+
+    def key(a: str, b: str) -> frozenset[str]:
+        return frozenset((a.casefold(), b.casefold()))
+
+    data = {key(r["a"], r["b"]) for path in (DEV, HELD, TUNING) for r in read_jsonl(path)}
+    tested = ([key(a, b) for a, b, _ in test_lexical.MUST_REJECT] + [key(a, b) for a, b in test_lexical.MUST_ACCEPT]
+              + [key(a, b) for a, b, _ in test_lexical.TABLE_STILL_REJECTS]
+              + [key(a, b) for a, b in test_lexical.STILL_SUBSTITUTIONS])
+    assert not set(tested) & data, sorted(map(sorted, set(tested) & data))
+
