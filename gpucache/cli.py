@@ -25,6 +25,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from gpucache import __version__
     from gpucache.cache.settings import CacheSettings
     from gpucache.devices import cpu_has_native_bf16, cpu_vendor, resolve_device
+    from gpucache.embedding.lean import packing_available
     from gpucache.index.blas_pool import blas_pool_quiet
     from gpucache.index.codecs import INT8_SCALE_BLOCK
     from gpucache.index.probes import INT8_GEMV_DIM, CpuPaths
@@ -38,6 +39,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"device        {resolve_device('auto')} (chosen by device='auto')")
     print(f"cpu           {cpu_vendor() or 'vendor unknown'}, bf16 "
           f"{'native' if cpu_has_native_bf16() else 'emulated'}")
+    packs = ", ".join(f"{name} {'yes' if packing_available(torch.device('cpu'), dtype) else 'no'}"
+                      for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)))
+    print(f"embedder cpu  matmuls in {'bf16' if cpu_has_native_bf16() else 'fp32'} where the load-time "
+          f"probe agrees; oneDNN packs Linear weights: {packs}")
     pool = ("sleeps when idle" if blas_pool_quiet() else
             "spins when idle (set OPENBLAS_THREAD_TIMEOUT=4 before numpy is imported)")
     print(f"fp32 cpu scan {'numpy BLAS' if paths.fp32_via_numpy else 'torch'}; numpy's BLAS pool {pool}")
@@ -75,7 +80,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     print("loading the embedder (all-MiniLM-L6-v2, packaged) ...", file=sys.stderr)
     cache = SemanticCache(device=args.device)
-    print(f"ready in {time.perf_counter() - started:.1f} s on {cache.device}", file=sys.stderr)
+    print(f"ready in {time.perf_counter() - started:.1f} s on {cache.device}: "
+          f"{getattr(cache.embedder, 'path', type(cache.embedder).__name__)}", file=sys.stderr)
     model = StandInModel(seconds_per_word=args.seconds_per_word)
     total = len(load_workload()[: args.limit])
     with tqdm(total=total, desc="replaying", unit="prompt", file=sys.stderr) as bar:

@@ -290,13 +290,58 @@ def test_packed_linear_layers_multiply_as_f_linear_does():
         packed = PackedLinear(weight, bias, dtype, pack=True)
         plain = PackedLinear(weight, bias, dtype, pack=False)
         assert plain.packed is None
-        assert (packed.packed is not None) is packing_available(torch.device("cpu"))
+        # the layer packs exactly where the machine-wide answer says this dtype packs (oneDNN
+        # packs bf16 only on some CPUs: an AVX2 machine packs fp32 and not bf16)
+        assert (packed.packed is not None) is packing_available(torch.device("cpu"), dtype)
         for shape in ((1, 64), (7, 64), (3, 33, 64), (300, 64)):
             x = torch.randn(*shape, generator=gen).to(dtype)
             for gelu in (False, True):
                 got, want = packed(x, gelu=gelu), plain(x, gelu=gelu)
                 assert got.shape == want.shape and got.dtype == want.dtype
                 torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_the_embedder_says_which_path_it_took(real_embedder):
+    """The path in words matches what was adopted: the lean pass, the matmuls' dtype, and on
+    the CPU packed weights exactly where this dtype packs on this machine."""
+    from gpucache.embedding.lean import packing_available
+
+    path = real_embedder.path
+    assert real_embedder.uses_lean and path.startswith("lean pass")
+    dtype = real_embedder.autocast_dtype or real_embedder.dtype
+    assert str(dtype).removeprefix("torch.") in path
+    packs = packing_available(torch.device("cpu"), dtype)
+    assert real_embedder._lean.packed is packs
+    assert ("oneDNN-packed weights" in path) is packs and ("unpacked weights" in path) is not packs
+
+
+def test_packing_is_reported_per_dtype_as_the_ops_answer_it(monkeypatch):
+    """An AVX2 CPU packs fp32 and refuses bf16 (oneDNN raises): the answer is per dtype and
+    comes from the ops themselves, so a refusal reads as 'not available', never as a layer
+    that silently differs from the report."""
+    from gpucache.embedding import lean
+
+    real_reorder = torch.ops.mkldnn._reorder_linear_weight
+
+    def refuse_bf16(weight, rows):
+        if weight.dtype == torch.bfloat16:
+            raise RuntimeError("bf16 path needs the cpu support avx512bw, avx512vl and avx512dq")
+        return real_reorder(weight, rows)
+
+    class Ops:
+        _reorder_linear_weight = staticmethod(refuse_bf16)
+        _linear_pointwise = torch.ops.mkldnn._linear_pointwise
+
+    monkeypatch.setattr(lean.torch.ops, "mkldnn", Ops)
+    lean._packing_works.cache_clear()
+    try:
+        assert lean.packing_available(torch.device("cpu"), torch.float32) is True
+        assert lean.packing_available(torch.device("cpu"), torch.bfloat16) is False
+        weight, bias = torch.randn(8, 16), torch.randn(8)
+        assert lean.PackedLinear(weight, bias, torch.bfloat16, pack=True).packed is None
+        assert lean.PackedLinear(weight, bias, torch.float32, pack=True).packed is not None
+    finally:
+        lean._packing_works.cache_clear()
 
 
 def test_a_lean_pass_without_packing_embeds_as_the_packed_one(real_embedder):

@@ -284,6 +284,23 @@ class TransformerEmbedder:
         return self._lean is not None
 
     @property
+    def path(self) -> str:
+        """The forward path this embedder took at load, in words: which pass, the matmuls'
+        dtype, and on the CPU whether the Linear weights are packed (the probes above decide
+        each; this says what they decided, so a machine that packs fp32 but not bf16, or
+        emulates bf16, shows it)."""
+        matmuls = self.autocast_dtype or self.dtype
+        name = str(matmuls).removeprefix("torch.")
+        if self._lean is None:
+            return f"the model's own forward pass ({name} matmuls, {self.attention} attention)"
+        parts = [f"lean pass ({name} matmuls"]
+        if self._device.type == "cpu":
+            parts.append("oneDNN-packed weights" if self._lean.packed else "unpacked weights")
+        if self.graphs is not None:
+            parts.append("CUDA graphs for small batches")
+        return ", ".join(parts) + ")"
+
+    @property
     def dim(self) -> int:
         return self._dim
 

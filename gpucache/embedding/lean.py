@@ -20,6 +20,7 @@ anything else runs through the model itself.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -30,15 +31,28 @@ import torch.nn.functional as F
 PACK_ROWS = 32
 
 
-def packing_available(device: torch.device) -> bool:
-    """Whether Linear weights can be packed for ``device``: a CPU, with torch's oneDNN
-    (mkldnn) linear ops present. Those ops are what ``torch.compile`` uses for frozen CPU
-    Linears; they are private, so anything missing or failing means plain ``F.linear``."""
-    return (
-        device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether Linear weights in ``dtype`` can be packed for ``device``: a CPU, with torch's
+    oneDNN (mkldnn) linear ops present, and a tiny weight of that dtype packed and multiplied
+    by them. Those ops are what ``torch.compile`` uses for frozen CPU Linears; they are private,
+    and what they support depends on the CPU as well as the build: oneDNN packs bf16 only with
+    AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, so an AVX2 machine packs fp32 and not bf16. Asking
+    the ops, rather than reading CPU flags, keeps this answer and the layers' own in step."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return _packing_works(dtype)
+
+
+@functools.cache
+def _packing_works(dtype: torch.dtype) -> bool:
+    weight = torch.eye(16, dtype=dtype)
+    probe = torch.arange(32, dtype=torch.float32).reshape(2, 16).to(dtype)
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
+        got = torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return got.shape == probe.shape and bool(torch.equal(got.float(), probe.float()))
 
 
 class PackedLinear:
@@ -91,7 +105,7 @@ class LeanEncoder:
         matmul_dtype: the dtype the Linear layers and the attention multiply in; LayerNorm
             and the residual stream stay in fp32.
         pack: pack the Linear weights for the CPU's matrix library (``packing_available``).
-            None: wherever it is available.
+            None: wherever it is available for ``matmul_dtype``.
     """
 
     def __init__(self, model: Any, matmul_dtype: torch.dtype = torch.float32,
@@ -101,7 +115,7 @@ class LeanEncoder:
         config = model.config
         device = model.embeddings.word_embeddings.weight.device
         if pack is None:
-            pack = packing_available(device)
+            pack = packing_available(device, matmul_dtype)
         self.heads = int(config.num_attention_heads)
         self.eps = float(config.layer_norm_eps)
         self.matmul_dtype = matmul_dtype
