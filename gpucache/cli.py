@@ -24,12 +24,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     from gpucache import __version__
     from gpucache.cache.settings import CacheSettings
-    from gpucache.devices import cpu_has_native_bf16, cpu_vendor, resolve_device
+    from gpucache.devices import cpu_features, cpu_has_native_bf16, cpu_vendor, resolve_device
     from gpucache.embedding.lean import packing_available
     from gpucache.index.blas_pool import blas_pool_quiet
     from gpucache.index.codecs import INT8_SCALE_BLOCK
     from gpucache.index.probes import INT8_GEMV_DIM, CpuPaths
-    from gpucache.index.store import resolve_quantization
+    from gpucache.index.store import measure_scan_paths, resolve_quantization
     from gpucache.telemetry import gpu_readings
 
     paths = CpuPaths.detect()
@@ -37,8 +37,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"python        {platform.python_version()}")
     print(f"torch         {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
     print(f"device        {resolve_device('auto')} (chosen by device='auto')")
-    print(f"cpu           {cpu_vendor() or 'vendor unknown'}, bf16 "
-          f"{'native' if cpu_has_native_bf16() else 'emulated'}")
+    print(f"cpu           {cpu_vendor() or 'vendor unknown'}, {' '.join(cpu_features()) or 'no AVX2'}; "
+          f"bf16 {'native' if cpu_has_native_bf16() else 'emulated'}")
     packs = ", ".join(f"{name} {'yes' if packing_available(torch.device('cpu'), dtype) else 'no'}"
                       for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)))
     print(f"embedder cpu  matmuls in {'bf16' if cpu_has_native_bf16() else 'fp32'} where the load-time "
@@ -56,6 +56,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     device = resolve_device("auto")
     storage = resolve_quantization(CacheSettings().quantization, device, 384)
     print(f"storage       quantization='auto' stores {storage} on {device} (all-MiniLM-L6-v2, D = 384)")
+    if storage in ("int8", "bf16") and device.type == "cpu":
+        # measured here, as a store measures itself once it holds PATH_CHOICE_MIN_ROWS rows
+        chosen = measure_scan_paths(mode=storage)
+        print("scan paths    " + "; ".join(
+            f"Q = {q}: {'the ' + storage + ' rows' if path == 'quantized' else 'the fp32 copy'} "
+            f"({', '.join(f'{name} {sec * 1e3:.1f} ms' for name, sec in timings.items())})"
+            for q, (path, timings) in chosen.items()) + ", 65,536 rows measured here")
     readings = gpu_readings()
     if not readings:
         print("gpus          none visible to NVML (no driver or no GPU)")

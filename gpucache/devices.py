@@ -65,3 +65,20 @@ def cpu_has_native_bf16() -> bool:
     """Whether the CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), where a bf16 model
     runs faster than fp32; elsewhere bf16 is emulated and slower."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+# The instruction sets that decide the CPU paths (bf16 matmuls, oneDNN packing, int8 products),
+# as /proc/cpuinfo names them, with the names a reader knows them by.
+CPU_FEATURES = (
+    ("AVX2", ("avx2",)),
+    ("AVX-512", ("avx512f",)),
+    ("VNNI", ("avx512_vnni", "avx_vnni")),
+    ("AVX-512 BF16", ("avx512_bf16",)),
+    ("AMX", ("amx_tile",)),
+)
+
+
+def cpu_features() -> list[str]:
+    """Which of ``CPU_FEATURES`` this CPU has, in that order (empty where unknown)."""
+    flags = cpu_flags()
+    return [name for name, names in CPU_FEATURES if flags & set(names)]

@@ -37,9 +37,25 @@ def large_cache(entries: int) -> SemanticCache:
     return cache
 
 
+def entries_for_a_scan_of(seconds: float, batch: list[str]) -> int:
+    """How many entries make one scan of ``batch`` last about ``seconds`` on this machine,
+    from a measured scan of a small store: the scan must be long beside the ticker's period
+    on every CPU, yet a CPU whose batch path is slow must not turn this test into minutes."""
+    probe_rows = 16_384
+    probe = large_cache(probe_rows)
+    probe.get_all(batch)  # the first scan of the shape settles its path
+    timings = []
+    for _ in range(2):
+        started = time.perf_counter()
+        probe.get_all(batch)
+        timings.append(time.perf_counter() - started)
+    per_row = min(timings) / probe_rows
+    return max(probe_rows, min(200_000, int(seconds / per_row)))
+
+
 def test_a_long_scan_in_another_thread_never_stalls_the_loop():
-    cache = large_cache(200_000)
     batch = [f"scanned prompt {i}" for i in range(512)]
+    cache = large_cache(entries_for_a_scan_of(0.4, batch))
     three_scans, stop = threading.Event(), threading.Event()
     scan_seconds: list[float] = []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 import torch
@@ -242,3 +243,95 @@ def test_rows_the_kernel_cannot_take_are_scanned_by_torch(monkeypatch):
                         lambda self, r, j, b: scanned.append(r.vectors.dtype) or ("torch", None))
     assert TritonEngine().scan(rows, job, host_buffer) == ("torch", None)
     assert scanned == [torch.bfloat16]
+
+
+# ------------------------------------------- a quantized CPU store: its rows or its exact copy
+
+
+class CountingEngine:
+    """The store's own engine, counting the scans of the quantized rows."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.name, self.scans = engine, engine.name, 0
+
+    def scan(self, rows, job, buffer):
+        self.scans += 1
+        return self.engine.scan(rows, job, buffer)
+
+
+def measured_int8_store(n: int, seconds: dict[str, float]):
+    from gpucache.index.kernel_choice import STORE_PATHS
+    from gpucache.index.store import PATH_CHOICE_MIN_ROWS, unmeasured_path
+
+    store = ExactScanStore(32, device="cpu", quantization="int8")
+    assert store.path_chooser is not None and store.path_chooser.min_rows == PATH_CHOICE_MIN_ROWS
+    timer = ScriptedTimer(seconds)
+    store.path_chooser = ScanKernelChooser(store.device, min_rows=64, timer=timer, start=INLINE,
+                                           options=STORE_PATHS, unmeasured=unmeasured_path)
+    store.add(unit_rows(n, 32, seed=5), 0, [math.inf] * n)
+    store.engine = CountingEngine(store.engine)
+    return store, timer
+
+
+@pytest.mark.parametrize("faster", ["quantized", "copy"])
+def test_a_quantized_cpu_store_answers_batches_the_way_measured_faster(faster):
+    """Where int8 products are slow (an AVX2 CPU without VNNI), batches scan the exact copy;
+    where they are fast, the int8 rows. Both ways return the exact scores of the same rows."""
+    slower = {"quantized": "copy", "copy": "quantized"}[faster]
+    store, timer = measured_int8_store(3000, {faster: 1.0, slower: 2.0})
+    queries = unit_rows(40, 32, seed=6)
+    scores, rows = store.search(queries, 3, 0)
+    assert timer.measured == ["quantized", "copy"]
+    assert store.scan_paths == {"<=64 queries, 4^5 rows": faster}
+    scans_before = store.engine.scans
+    again_scores, again_rows = store.search(queries, 3, 0)
+    assert (store.engine.scans > scans_before) is (faster == "quantized")
+    # the measured runs and the lookups agree: the path moves speed, never an answer
+    for got_scores, got_rows in (timer.results["quantized"], timer.results["copy"], (again_scores, again_rows)):
+        torch.testing.assert_close(got_scores, scores, rtol=0, atol=1e-6)
+        assert torch.equal(got_rows, rows)
+
+
+def test_an_unmeasured_quantized_cpu_store_scans_int8_for_one_query_and_the_copy_for_batches():
+    """Below the measured sizes (and while a measurement runs): one query takes the int8
+    rows, the reason 'auto' stores int8; a batch takes the fp32 copy, never far from the best
+    on any CPU, where int8 batches were 17x slower than fp32 on one."""
+    store, timer = measured_int8_store(50, {"quantized": 1.0, "copy": 1.0})
+    store.search(unit_rows(1, 32, seed=7), 2, 0)
+    assert store.engine.scans == 1
+    store.search(unit_rows(8, 32, seed=8), 2, 0)
+    assert store.engine.scans == 1 and timer.measured == [] and store.scan_paths == {}
+
+
+def test_a_pinned_refine_policy_or_engine_is_never_second_guessed():
+    from gpucache.index.refine import RefinePolicy
+
+    assert ExactScanStore(32, device="cpu", quantization="int8", refine=RefinePolicy()).path_chooser is None
+    assert ExactScanStore(32, device="cpu", quantization="int8", engine=TorchEngine()).path_chooser is None
+    assert ExactScanStore(32, device="cpu", quantization="fp32").path_chooser is None
+    assert ExactScanStore(32, device="cpu").scan_paths == {}
+
+
+@pytest.mark.slow
+def test_auto_storage_answers_a_batch_no_slower_than_fp32_here():
+    """On this machine, whatever its CPU: after "auto" measured the shape, a batch over its
+    int8 store is answered at least about as fast as by an fp32 store of the same rows (a
+    ratio in one process, the stores timed in turn; the margin is for a shared machine)."""
+    n, q = 65_536, 64
+    data = unit_rows(n, 384, seed=1)
+    queries = unit_rows(q, 384, seed=2)
+    auto = ExactScanStore(384, device="cpu", quantization="auto", initial_rows=n)
+    fp32 = ExactScanStore(384, device="cpu", quantization="fp32", initial_rows=n)
+    for store in (auto, fp32):
+        store.add(data, 0, [math.inf] * n)
+    if auto.path_chooser is None:
+        pytest.skip(f"'auto' stores {auto.quantization} here: nothing to choose")
+    auto.search(queries, 4, 0)
+    assert auto.path_chooser.wait_measured(timeout=300)
+    times = {"auto": [], "fp32": []}
+    for _ in range(5):
+        for name, store in (("auto", auto), ("fp32", fp32)):
+            started = time.perf_counter()
+            store.search(queries, 4, 0)
+            times[name].append(time.perf_counter() - started)
+    assert min(times["auto"]) <= 1.5 * min(times["fp32"]), (times, auto.scan_paths)

@@ -134,6 +134,13 @@ class CacheState:
         """The index's storage mode: "fp32", "fp16", "bf16" or "int8"."""
         return self.store.quantization
 
+    @property
+    def scan_paths(self) -> dict[str, str]:
+        """How a quantized CPU index answers each query bucket, as measured on this machine
+        ("quantized" rows then the exact rescore, or the exact fp32 "copy"); empty for fp32
+        storage and on CUDA (``ExactScanStore.scan_paths``)."""
+        return self.store.scan_paths
+
     def __repr__(self) -> str:
         return (
             f"SemanticCache(entries={len(self._table)}, threshold={self.threshold}, "

@@ -1,4 +1,4 @@
-"""ScanKernelChooser: pick the faster of the two scan kernels by timing both on the store.
+"""ScanKernelChooser: pick the faster of two ways to scan by timing both on the store.
 
 Why measure instead of configuring: whether the fused Triton kernel beats matmul + topk depends
 on the GPU, the storage dtype, the number of queries per batch and the store's size. Its tiles
@@ -30,6 +30,9 @@ from collections.abc import Callable
 import torch
 
 KERNELS = ("torch", "triton")
+# A quantized CPU store's two ways to answer a scan: its quantized rows (then a rescore of the
+# over-fetched candidates) or its exact fp32 copy (``gpucache.index.refine``).
+STORE_PATHS = ("quantized", "copy")
 MIN_ROWS = 65536
 TIMED_RUNS = 3  # after one warm-up run, which also compiles the Triton kernel
 
@@ -68,15 +71,24 @@ def in_a_thread(measure: Callable[[], None]) -> None:
 
 
 class ScanKernelChooser:
-    """Remembers, per (query bucket, size class), which kernel ran faster here.
+    """Remembers, per (query bucket, size class), which of two ways to scan ran faster here.
+
+    The same measurement decides the scan kernel on CUDA (torch against Triton, ``KERNELS``)
+    and, on a CPU, whether a quantized store scans its quantized rows or its exact fp32 copy
+    (``STORE_PATHS``): whether int8 products beat fp32 ones for a batch depends on the CPU
+    (with VNNI int8 batches were about 3x faster than fp32 here; on an AVX2 machine without it,
+    17x slower), so neither answer can be written down for every machine.
 
     Args:
         device: the store's device (the timer synchronises it).
-        min_rows: stores smaller than this use the torch path without measuring.
+        min_rows: stores smaller than this take the unmeasured choice without measuring.
         timer: ``timer(run, device) -> seconds``; replaceable for tests.
         start: ``start(measure)`` runs a measurement; by default in a thread of its own
             (``in_a_thread``), so the lookup that meets a new shape does not wait for it.
             ``lambda measure: measure()`` measures inline, in that lookup.
+        options: the two (or more) names ``run`` takes; ties go to the first.
+        unmeasured: ``unmeasured(queries, rows) -> name``, the choice for a shape not (yet)
+            measured; by default the first option.
     """
 
     def __init__(
@@ -86,43 +98,48 @@ class ScanKernelChooser:
         min_rows: int = MIN_ROWS,
         timer: Callable[[Callable[[], object], torch.device], float] = wall_timer,
         start: Callable[[Callable[[], None]], None] = in_a_thread,
+        options: tuple[str, ...] = KERNELS,
+        unmeasured: Callable[[int, int], str] | None = None,
     ) -> None:
         self.device = device
         self.min_rows = min_rows
+        self.options = options
+        self._unmeasured = unmeasured or (lambda queries, rows: options[0])
         self._timer = timer
         self._start = start
         self._lock = threading.Condition()
         self._pending: set[tuple[str, int]] = set()
-        self.choices: dict[tuple[str, int], str] = {}  # (bucket, size class) -> kernel
+        self.choices: dict[tuple[str, int], str] = {}  # (bucket, size class) -> option
         self.timings: dict[tuple[str, int], dict[str, float]] = {}  # seconds, as measured
         self.errors: dict[tuple[str, int], str] = {}  # shapes whose measurement failed
 
     def choose(self, queries: int, rows: int, run: Callable[[str], object]) -> str:
-        """The kernel for a scan of ``queries`` over ``rows``: the measured faster one, or
-        torch while the shape is unmeasured. ``run(kernel)`` performs such a scan with the
-        named kernel; it is called only by the measurement, which a new shape starts."""
+        """The option for a scan of ``queries`` over ``rows``: the measured faster one, or the
+        unmeasured choice while the shape is unmeasured. ``run(option)`` performs such a scan
+        the named way; it is called only by the measurement, which a new shape starts."""
+        fallback = self._unmeasured(queries, rows)
         if rows < self.min_rows:
-            return "torch"
+            return fallback
         shape = (bucket(queries), size_class(rows))
         with self._lock:
             if shape in self.choices or shape in self._pending:
-                return self.choices.get(shape, "torch")
+                return self.choices.get(shape, fallback)
             self._pending.add(shape)
-        self._start(functools.partial(self._measure, shape, run))
+        self._start(functools.partial(self._measure, shape, run, fallback))
         with self._lock:
-            return self.choices.get(shape, "torch")
+            return self.choices.get(shape, fallback)
 
     def wait_measured(self, timeout: float | None = None) -> bool:
         """Block until no measurement is running; False if ``timeout`` seconds pass first."""
         with self._lock:
             return self._lock.wait_for(lambda: not self._pending, timeout)
 
-    def _measure(self, shape: tuple[str, int], run: Callable[[str], object]) -> None:
+    def _measure(self, shape: tuple[str, int], run: Callable[[str], object], fallback: str) -> None:
         try:
-            seconds = {k: self._timer(functools.partial(run, k), self.device) for k in KERNELS}
-            choice, error = min(KERNELS, key=seconds.__getitem__), None  # a tie keeps torch
-        except Exception as exc:  # noqa: BLE001 - any failure settles the shape on torch
-            seconds, choice, error = {}, "torch", f"{type(exc).__name__}: {exc}"
+            seconds = {k: self._timer(functools.partial(run, k), self.device) for k in self.options}
+            choice, error = min(self.options, key=seconds.__getitem__), None  # a tie keeps the first
+        except Exception as exc:  # noqa: BLE001 - any failure settles the shape unmeasured
+            seconds, choice, error = {}, fallback, f"{type(exc).__name__}: {exc}"
         with self._lock:
             if error is None:
                 self.timings[shape] = seconds

@@ -34,11 +34,15 @@ from gpucache.index.engines.base import RowsView, ScanEngine, ScanJob
 from gpucache.index.engines.choose import default_engine, engine_for
 from gpucache.index.fallback import OomFallback
 from gpucache.index.interface import AUTO, DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
-from gpucache.index.kernel_choice import ScanKernelChooser
+from gpucache.index.kernel_choice import STORE_PATHS, ScanKernelChooser, bucket
 from gpucache.index.probes import CpuPaths
 from gpucache.index.refine import FullCopy, RefinePolicy, matmul_is_exact, overfetch, rescore_rows
 from gpucache.index.rows import RowTable
-from gpucache.index.scratch import ScanScratch
+from gpucache.index.scratch import BufferSource, ScanScratch, host_buffer
+
+# A quantized CPU store measures its two scan paths from this size on (``path_chooser``): a
+# scan of fewer rows takes milliseconds either way, and every 4x of growth is measured again.
+PATH_CHOICE_MIN_ROWS = 16_384
 
 
 def check_quantization(quantization: object) -> None:
@@ -70,6 +74,15 @@ def resolve_quantization(quantization: str | None, device: torch.device, dim: in
             and CpuPaths.detect().int8_gemv_for(dim)):
         return "int8"
     return "fp32"
+
+
+def unmeasured_path(queries: int, rows: int) -> str:
+    """A quantized CPU store's path before (or without) a measurement: one query scans the
+    quantized rows (int8's GEMV streams a quarter of fp32's bytes, the reason "auto" takes
+    int8, and was the faster on every CPU measured); a batch scans the exact copy, whose fp32
+    product is never far from the best, where an int8 batch product on a CPU without VNNI was
+    17x slower than it."""
+    return "quantized" if queries <= 1 else "copy"
 
 
 class ExactScanStore:
@@ -146,6 +159,16 @@ class ExactScanStore:
         self.rows = RowTable(initial_rows, self.device)
         self.codec = make_codec(mode, dim, initial_rows, self.device)
         self.copy = FullCopy(dim, initial_rows) if mode != "fp32" else None
+        # a quantized CPU store measures, per query bucket and size class, whether its
+        # quantized rows or its exact copy answer faster (``path_chooser``); a caller who
+        # passes an engine or a refine policy has pinned the path instead
+        self.path_chooser: ScanKernelChooser | None = None
+        if (refine is None and engine is None and self.device.type == "cpu"
+                and mode in ("int8", "bf16") and scan_kernel != "triton"):
+            self.path_chooser = ScanKernelChooser(
+                self.device, min_rows=PATH_CHOICE_MIN_ROWS, options=STORE_PATHS,
+                unmeasured=unmeasured_path,
+            )
         self.refine = refine if refine is not None else RefinePolicy()
         self.kernel_chooser: ScanKernelChooser | None = None
         if engine is None:
@@ -273,10 +296,44 @@ class ExactScanStore:
         if self.refine.scans_copy(self.quantization, self.device.type == "cpu",
                                   self.scan_kernel == "torch", q, self.rows.high):
             return self._scan(queries, k, scope_id, now, exact=True)
+        if self.path_chooser is not None:
+            copy_view, quantized_view = self._view(self.copy.data), self._view(self.codec.data)
+
+            def measured(path: str) -> object:
+                # the measurement may run after this search returned, while the store changes:
+                # it scans these views (their tensors stay alive) into buffers of its own
+                view = copy_view if path == "copy" else quantized_view
+                return self._search_path(path, view, queries, k, scope_id, now, host_buffer)
+
+            if self.path_chooser.choose(q, self.rows.high, measured) == "copy":
+                return self._scan(queries, k, scope_id, now, exact=True)
         wide = min(overfetch(k), self.rows.high)
         _, rows = self._scan(queries, wide, scope_id, now, exact=False)  # (Q, wide) by quantized score
         scores, rows = self.copy.rescore(queries, rows, k)
         return scores.to(self.device), rows.to(self.device)
+
+    @property
+    def scan_paths(self) -> dict[str, str]:
+        """How a quantized CPU store answers each query bucket, as measured so far: bucket
+        ("1", "<=64", ">64") and size class (rows in powers of 4) -> "quantized" (its int8 or
+        bf16 rows, then the exact rescore) or "copy" (the exact fp32 copy). Empty elsewhere."""
+        if self.path_chooser is None:
+            return {}
+        return {f"{b} queries, 4^{c} rows": path for (b, c), path in sorted(self.path_chooser.choices.items())}
+
+    def _search_path(self, path: str, view: RowsView, queries: torch.Tensor, k: int, scope_id: int,
+                     now: float, buffer: BufferSource) -> tuple[torch.Tensor, torch.Tensor]:
+        """One search by ``path`` over ``view`` with no OOM handling (CPU stores only): what
+        the path chooser times."""
+        assert self.copy is not None
+        chunk = max(1, min(view.high, self.scan_budget_bytes // (4 * queries.shape[0])))
+        if path == "copy":
+            job = ScanJob(queries, k, scope_id, now, chunk, self.scan_budget_bytes)
+            return default_engine(self.device, torch.float32).scan(view, job, buffer)
+        wide = min(overfetch(k), view.high)
+        job = ScanJob(queries, wide, scope_id, now, chunk, self.scan_budget_bytes)
+        _, rows = self.engine.scan(view, job, buffer)
+        return self.copy.rescore(queries, rows, k)
 
     def _scan(
         self, queries: torch.Tensor, k: int, scope_id: int, now: float, exact: bool
@@ -313,3 +370,25 @@ class ExactScanStore:
 
     def _view(self, vectors: torch.Tensor) -> RowsView:
         return RowsView(vectors, self.codec.scales, self.rows.scopes, self.rows.expires, self.rows.high)
+
+
+def measure_scan_paths(rows: int = 65_536, dim: int = 384, queries: Sequence[int] = (1, 64),
+                       mode: str = "int8") -> dict[int, tuple[str, dict[str, float]]]:
+    """Measure here, on random unit rows, what a quantized CPU store of ``rows`` chooses for
+    each query count: {Q: (path, {path: seconds})}. What ``gpucache info`` and the bench
+    report; a cache measures its own store the same way as it grows."""
+    gen = torch.Generator().manual_seed(0)
+    store = ExactScanStore(dim, device="cpu", quantization=mode, initial_rows=rows)
+    if store.path_chooser is None:
+        return {}
+    store.path_chooser = ScanKernelChooser(store.device, min_rows=1, options=STORE_PATHS,
+                                           unmeasured=unmeasured_path, start=lambda measure: measure())
+    store.add(torch.nn.functional.normalize(torch.randn(rows, dim, generator=gen), dim=1), 0,
+              [math.inf] * rows)
+    found = {}
+    for q in queries:
+        batch = torch.nn.functional.normalize(torch.randn(q, dim, generator=gen), dim=1)
+        store.search(batch, 1, 0)
+        shape = next(s for s in store.path_chooser.choices if s[0] == bucket(q))
+        found[q] = (store.path_chooser.choices[shape], store.path_chooser.timings.get(shape, {}))
+    return found
