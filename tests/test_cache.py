@@ -3,6 +3,7 @@ through the real model)."""
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -317,6 +318,22 @@ def test_entries_expire_after_ttl(fake_embedder, clock):
     assert cache.get("q?") is None  # semantic tier: masked in the scan
     assert cache.get("long lived").response == "b"
     assert cache.stats().expirations == 1 and len(cache) == 1
+
+
+def test_a_hit_says_how_old_its_answer_is_and_an_unknown_age_is_infinite(fake_embedder, clock, tmp_path):
+    """Callers that accept nothing older than N seconds (HTTP max-age) read ``Hit.age``: the
+    seconds since the response was stored (a new response restarts it); an entry whose store
+    time is unknown (restored from a snapshot) is infinitely old, never fresh by accident."""
+    cache = SemanticCache(fake_embedder, device="cpu", timer=clock, threshold=0.8)
+    cache.put("q", "a")
+    clock.now += 5
+    assert cache.get("q").age == 5 and cache.get("q?").age == 5  # exact and semantic tiers
+    cache.put("q", "a newer answer")
+    clock.now += 1
+    assert cache.get("q").age == 1
+    cache.save(tmp_path / "c.gpucache")
+    restored = SemanticCache.load(tmp_path / "c.gpucache", embedder=fake_embedder, device="cpu", timer=clock)
+    assert restored.get("q").age == math.inf
 
 
 def test_expired_entries_are_not_served_semantically(fake_embedder, clock):

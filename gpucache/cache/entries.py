@@ -12,6 +12,7 @@ Every method is called with the cache's lock held; nothing here computes an embe
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ class Entry:
     prompt: str
     response: str
     row: int
+    # when this response was stored, on the cache's clock; -inf where unknown (restored from a
+    # snapshot or another replica), which reads as too old for any freshness limit
+    stored_at: float = -math.inf
 
 
 class EntryTable:
@@ -95,6 +99,7 @@ class EntryTable:
                 continue
             updated += 1
             entry.response = response
+            entry.stored_at = now
             self.index.set_expiry([entry.row], [expires_at])
             self.touch(entry)
         fresh = fresh[-self.limit :]  # more than fit: the earliest would be evicted at once
@@ -105,7 +110,7 @@ class EntryTable:
             rows = self.index.add(vectors[index], scope_id, [expires_at] * len(fresh))
             for i, row in zip(fresh, rows):
                 prompt, response = items[i]
-                self._insert(Entry(prompt_key(scope, prompt), scope, prompt, response, row))
+                self._insert(Entry(prompt_key(scope, prompt), scope, prompt, response, row, now))
         self.stats.stores += updated + len(fresh)
         return updated + len(fresh)
 

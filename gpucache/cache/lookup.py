@@ -14,6 +14,7 @@ through its load (state.py's ``_finish`` stores what the loader returned).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -42,6 +43,10 @@ class Hit:
     cached_prompt: str
     similarity: float
     exact: bool
+    age: float = math.inf
+    """Seconds since the response was stored, on the cache's clock; inf where unknown (an
+    entry restored from a snapshot or taken from another replica). A caller that accepts
+    nothing older than N seconds (HTTP's ``Cache-Control: max-age=N``) compares it."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,8 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
                 if entry is None:
                     need.setdefault((request.scope, prompt), []).append(i)
                 else:
-                    plan.hits[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)
+                    plan.hits[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True,
+                                            age=now - entry.stored_at)
     if state.shared is not None and need:
         _exact_from_shared(state, plans, need)
     texts = list(dict.fromkeys(prompt for _, prompt in need))
@@ -163,11 +169,11 @@ def _search(
     scores_host, rows_host = scores.cpu().tolist(), rows.cpu().tolist()  # one transfer
     for prompt, cand_scores, cand_rows in zip(prompts, scores_host, rows_host):
         for i in need[(scope, prompt)]:
-            plans[i].hits[prompt] = _verify(state, prompt, cand_scores, cand_rows, requests[i].threshold)
+            plans[i].hits[prompt] = _verify(state, prompt, cand_scores, cand_rows, requests[i].threshold, now)
 
 
 def _verify(
-    state: CacheState, prompt: str, scores: list[float], rows: list[int], threshold: float
+    state: CacheState, prompt: str, scores: list[float], rows: list[int], threshold: float, now: float
 ) -> Hit | None:
     """The best candidate above ``threshold`` that the verifier accepts, or None."""
     for similarity, row in zip(scores, rows):
@@ -177,7 +183,8 @@ def _verify(
         verdict = _judge(state, entry.prompt, prompt, similarity)
         if not verdict.rejected:
             state._table.touch(entry)
-            return Hit(entry.response, entry.prompt, min(similarity, 1.0), exact=False)
+            return Hit(entry.response, entry.prompt, min(similarity, 1.0), exact=False,
+                       age=now - entry.stored_at)
         state._stats.rejections[verdict.rule] += 1
         log.debug("verifier rejected %r for %r: %s", entry.prompt, prompt, verdict)
     return None

@@ -319,7 +319,8 @@ class ExactScanStore:
         bf16 rows, then the exact rescore) or "copy" (the exact fp32 copy). Empty elsewhere."""
         if self.path_chooser is None:
             return {}
-        return {f"{b} queries, 4^{c} rows": path for (b, c), path in sorted(self.path_chooser.choices.items())}
+        choices = sorted(self.path_chooser.choices.items())
+        return {f"{b} queries, 4^{c} rows": path for (b, c), path in choices}
 
     def _search_path(self, path: str, view: RowsView, queries: torch.Tensor, k: int, scope_id: int,
                      now: float, buffer: BufferSource) -> tuple[torch.Tensor, torch.Tensor]:
