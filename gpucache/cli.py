@@ -198,12 +198,27 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"gpucache serve needs the serve extra ({exc.name} is missing): "
               "pip install 'gpucache[serve]'", file=sys.stderr)
         return 2
-    config = ServeConfig(
-        upstream=args.upstream, admin_token=args.admin_token or os.environ.get("GPUCACHE_ADMIN_TOKEN"),
-        snapshot=args.snapshot, lookup_window=args.lookup_window_ms / 1000,
-        lookup_timeout=args.lookup_timeout, upstream_timeout=args.upstream_timeout,
-        namespace_header=args.namespace_header, redis=args.redis,
-    )
+    from gpucache.serve.config import ADMIN_TOKEN_ENV, PASSTHROUGH, ConfigError
+
+    try:
+        admin_token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV)
+        if args.admin_token_file:
+            with open(args.admin_token_file, encoding="utf-8") as f:
+                admin_token = f.read().strip()
+        config = ServeConfig(
+            upstream=args.upstream, admin_token=admin_token, snapshot=args.snapshot,
+            lookup_window=args.lookup_window_ms / 1000, lookup_timeout=args.lookup_timeout,
+            upstream_timeout=args.upstream_timeout, namespace_header=args.namespace_header,
+            credential_headers=tuple(args.credential_header or ()) or ServeConfig.credential_headers,
+            trust_namespace_header=args.trust_namespace_header, require_auth=args.require_auth,
+            secret_file=args.secret_file, create_secret=args.create_secret, ttl=args.ttl,
+            ignore_client_cache_control=args.ignore_client_cache_control,
+            passthrough=tuple(args.passthrough) if args.passthrough is not None else PASSTHROUGH,
+            redis=args.redis,
+        )
+    except (ConfigError, OSError) as exc:
+        print(f"gpucache serve: {exc}", file=sys.stderr)
+        return 2
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.grace)
     return 0
@@ -250,9 +265,31 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8100, help="port to listen on (default 8100)")
     serve.add_argument("--snapshot", default=None, help="cache file: loaded at start, saved at shutdown")
     serve.add_argument("--admin-token", default=None,
-                       help="bearer token of the /admin endpoints (or GPUCACHE_ADMIN_TOKEN); none: off")
+                       help="bearer token of the /admin endpoints; prefer GPUCACHE_ADMIN_TOKEN or "
+                       "--admin-token-file (argv is visible to every local user); none: off")
+    serve.add_argument("--admin-token-file", default=None, help="a file holding the admin token")
     serve.add_argument("--namespace-header", default="x-gpucache-namespace",
-                       help="the header naming a request's tenant")
+                       help="the header that narrows a request to one of its tenant's namespaces")
+    serve.add_argument("--credential-header", action="append", default=None, metavar="NAME",
+                       help="a header whose value names the tenant (repeat; default: authorization, "
+                       "api-key, x-api-key)")
+    serve.add_argument("--trust-namespace-header", action="store_true",
+                       help="the namespace header alone names the tenant: only behind a gateway that "
+                       "sets it and strips clients' copies")
+    serve.add_argument("--require-auth", action="store_true",
+                       help="answer requests without credentials with 401")
+    serve.add_argument("--secret-file", default=None,
+                       help="the tenancy secret (or GPUCACHE_NAMESPACE_SECRET); needed with --snapshot "
+                       "or --redis, the same on every replica")
+    serve.add_argument("--create-secret", action="store_true",
+                       help="create the secret file (0600; beside the snapshot by default) if missing")
+    serve.add_argument("--ttl", type=float, default=None,
+                       help="seconds a stored answer lives (default: until evicted)")
+    serve.add_argument("--ignore-client-cache-control", action="store_true",
+                       help="read no request's Cache-Control")
+    serve.add_argument("--passthrough", action="append", default=None, metavar="'METHOD PATH'",
+                       help="an uncached path under /v1 to forward, '*' for one segment (repeat; "
+                       "default: GET models, GET models/*, POST embeddings, POST moderations)")
     serve.add_argument("--lookup-window-ms", type=float, default=2.0,
                        help="requests within this many ms share one embedder batch (default 2)")
     serve.add_argument("--lookup-timeout", type=float, default=1.0,

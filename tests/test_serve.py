@@ -28,7 +28,8 @@ from gpucache import SemanticCache  # noqa: E402
 from gpucache.serve.app import create_app  # noqa: E402
 from gpucache.serve.config import ServeConfig  # noqa: E402
 
-ADMIN = "admin-secret"
+ADMIN = "admin-secret-for-the-tests"
+SECRET = b"tenancy-secret-for-the-tests"
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def upstream():
 @pytest.fixture(scope="module")
 def proxy(upstream, real_embedder, tmp_path_factory):
     config = ServeConfig(upstream=f"{upstream.url}/v1", admin_token=ADMIN, lookup_window=0.002,
+                         namespace_secret=SECRET,
                          lookup_timeout=30.0, snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"))
     app = create_app(config, cache_factory=lambda: SemanticCache(
         real_embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0))
@@ -295,7 +297,7 @@ def test_health_says_ready_and_whether_the_upstream_answers(proxy):
 def test_admin_endpoints_need_the_token_and_do_their_job(proxy, real_embedder):
     c = client(proxy, "t-admin")
     ask(c, "What is the speed of light?")
-    request = {"kind": "chat", "namespace": "t-admin",
+    request = {"kind": "chat", "namespace": "t-admin", "credentials": {"authorization": "Bearer k"},
                "request": {"model": "smol", "messages": [{"role": "user", "content": "What is the speed of light?"}]}}
     assert httpx.post(f"{proxy.url}/admin/invalidate", json=request).status_code == 401
     auth = {"authorization": f"Bearer {ADMIN}"}
@@ -362,7 +364,7 @@ def test_sigterm_finishes_and_saves_the_snapshot_which_the_next_start_serves(ups
     snapshot, port = tmp_path / "cache.gpucache", free_port()
     command = [sys.executable, "-m", "gpucache", "serve", "--upstream", f"{upstream.url}/v1",
                "--port", str(port), "--snapshot", str(snapshot), "--log-level", "warning"]
-    env = {**os.environ, "GPUCACHE_NAMESPACE_SECRET": "stable"}
+    env = {**os.environ, "GPUCACHE_NAMESPACE_SECRET": "a-stable-secret-of-some-length"}
 
     def start():
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -396,7 +398,7 @@ def test_sigterm_finishes_and_saves_the_snapshot_which_the_next_start_serves(ups
 def test_a_corrupt_snapshot_is_set_aside_and_the_proxy_starts_empty(upstream, real_embedder, tmp_path):
     snapshot = tmp_path / "cache.gpucache"
     snapshot.write_bytes(b"not a snapshot at all")
-    config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(snapshot))
+    config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(snapshot), namespace_secret=SECRET)
     app = create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
     with Served(app) as served:
         assert ask(client(served, "t-corrupt"), "Is the cache empty?")[0]["x-gpucache"] == "miss"

@@ -229,7 +229,9 @@ def test_two_proxies_share_one_redis(server, real_embedder):
 
     def proxy_app(upstream_url):
         return create_app(
-            ServeConfig(upstream=f"{upstream_url}/v1", redis=server.url),
+            # one secret for both: a tenant's entries are filed under the same namespace on each
+            ServeConfig(upstream=f"{upstream_url}/v1", redis=server.url,
+                        namespace_secret=b"one-secret-for-every-replica"),
             cache_factory=lambda: SemanticCache(
                 real_embedder, device="cpu", shared=RedisShare(server.url, prefix="serve")
             ),

@@ -1,7 +1,8 @@
 """The ASGI app of ``gpucache serve``: routes, start and shutdown.
 
     POST /v1/chat/completions, /v1/completions   cached (proxy.py)
-    *    /v1/{anything else}                      forwarded unchanged, never cached
+    *    /v1/{an allow-listed path}               forwarded unchanged, never cached (passthrough.py);
+                                                  any other path: 400 or 404
     GET  /health                                  ready once the model is loaded; upstream reachable?
     GET  /metrics                                 Prometheus text format (metrics.py)
     POST /admin/invalidate, /admin/clear, /admin/snapshot; GET /admin/stats
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -31,9 +31,11 @@ from starlette.responses import JSONResponse, Response
 from gpucache.cache.core import SemanticCache
 from gpucache.cache.snapshot import SnapshotError
 from gpucache.serve.config import ServeConfig
-from gpucache.serve.keying import BadRequest, namespace, request_key
+from gpucache.serve.keying import BadRequest, parse_json, request_key
 from gpucache.serve.metrics import ProxyMetrics
+from gpucache.serve.passthrough import route
 from gpucache.serve.proxy import Proxy, error
+from gpucache.serve.tenancy import Refusal
 from gpucache.serve.upstream import Upstream
 
 log = logging.getLogger("gpucache.serve")
@@ -71,10 +73,13 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
         )
         try:
             return SemanticCache.load(config.snapshot, **given, **extra)
-        except SnapshotError as exc:  # keep serving; keep the file for a person to look at
+        except Exception as exc:  # noqa: BLE001 - any file that does not restore: keep serving,
+            # and keep the file for a person to look at (a checksum-valid file with a bad field
+            # fails past the snapshot's own checks, with whatever error that field raises)
             aside = f"{config.snapshot}.corrupt"
             os.replace(config.snapshot, aside)
-            log.error("gpucache: %s; starting empty, the file is now %s", exc, aside)
+            log.error("gpucache: the snapshot did not restore (%s: %s); starting empty, the file "
+                      "is now %s", type(exc).__name__, exc, aside)
             return base if base is not None else SemanticCache(**extra)
 
     @asynccontextmanager
@@ -108,8 +113,15 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def passthrough(path: str, request: Request) -> Response:
         p = proxy(request)
+        found = route(request.method, request.scope.get("raw_path") or request.url.path.encode(),
+                      config.passthrough)
+        if isinstance(found, Refusal):
+            p.metrics.errors.labels("refused_path").inc()
+            p.metrics.requests.labels("other", "refused").inc()
+            return error(found.status, found.message, "invalid_request_error", found.code, retry=False)
         p.metrics.bypasses.labels("endpoint").inc()
-        return await p.forward(path, request, await request.body(), False, "bypass")
+        p.metrics.requests.labels(found.label, "bypass").inc()
+        return await p.forward(found.path, request, await request.body(), False, "bypass", label=found.label)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -143,24 +155,45 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
             return error(401, "a valid admin token is required", "invalid_request_error", "unauthorized")
         return None
 
-    async def request_scope(request: Request) -> tuple[str, str | None] | JSONResponse:
-        """The scope and text of the completion request an admin call names: its ``kind``
-        ("chat" or "completions"), ``request`` (the body) and ``namespace`` (the tenant's
-        namespace header value; without it, the admin call's own Authorization)."""
+    async def admin_body(request: Request) -> dict[str, Any] | JSONResponse:
+        """An admin call's JSON object, or a 400 that says what is wrong with it."""
         try:
-            doc = json.loads(await request.body() or b"{}")
-            kind = doc.get("kind", "chat")
-            if kind not in ("chat", "completions"):
-                raise BadRequest("'kind' must be 'chat' or 'completions'", "kind")
-            headers = (
-                {config.namespace_header: doc["namespace"]}
-                if doc.get("namespace")
-                else {"authorization": request.headers.get("x-gpucache-tenant-authorization", "")}
-            )
-            tenant = namespace(headers, config.namespace_header, config.namespace_secret)
-            key = request_key(kind, doc.get("request"), tenant)
-        except (ValueError, BadRequest, AttributeError) as exc:
+            doc = parse_json(await request.body() or b"{}")
+        except BadRequest as exc:
             return error(400, str(exc), "invalid_request_error", retry=False)
+        if not isinstance(doc, dict):
+            return error(400, "the body must be a JSON object", "invalid_request_error", retry=False)
+        return doc
+
+    def request_scope(doc: dict[str, Any]) -> tuple[str, str | None] | JSONResponse:
+        """The scope and text of the completion request an admin call names: its ``kind``
+        ("chat" or "completions"), ``request`` (the body), and the tenant as the proxy finds
+        it for a request with these headers: ``credentials`` (header name to value, as the
+        tenant sends them) and ``namespace`` (the namespace header's value)."""
+        kind = doc.get("kind", "chat")
+        credentials = doc.get("credentials") or {}
+        named = doc.get("namespace")
+        if kind not in ("chat", "completions"):
+            return error(400, "'kind' must be 'chat' or 'completions'", "invalid_request_error",
+                         param="kind", retry=False)
+        if not isinstance(credentials, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in credentials.items()
+        ):
+            return error(400, "'credentials' must map header names to strings", "invalid_request_error",
+                         param="credentials", retry=False)
+        if named is not None and not isinstance(named, str):
+            return error(400, "'namespace' must be a string", "invalid_request_error",
+                         param="namespace", retry=False)
+        headers = {k.lower(): v for k, v in credentials.items()}
+        if named:
+            headers[config.tenancy.namespace_header] = named
+        tenant = config.tenancy.tenant(headers)
+        if isinstance(tenant, Refusal):
+            return error(400, tenant.message, "invalid_request_error", tenant.code, retry=False)
+        try:
+            key = request_key(kind, doc.get("request"), tenant)
+        except BadRequest as exc:
+            return error(400, str(exc), "invalid_request_error", param=exc.param, retry=False)
         return key.scope, key.text
 
     @app.post("/admin/invalidate")
@@ -168,7 +201,8 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
         refused = admitted(request)
         if refused is not None:
             return refused
-        found = await request_scope(request)
+        doc = await admin_body(request)
+        found = doc if isinstance(doc, JSONResponse) else request_scope(doc)
         if isinstance(found, JSONResponse):
             return found
         scope, text = found
@@ -182,10 +216,13 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
         refused = admitted(request)
         if refused is not None:
             return refused
-        if json.loads(await request.body() or b"{}").get("all"):
+        doc = await admin_body(request)
+        if isinstance(doc, JSONResponse):
+            return doc
+        if doc.get("all") is True:
             await asyncio.to_thread(proxy(request).cache.clear)
             return JSONResponse({"cleared": "all"})
-        found = await request_scope(request)
+        found = request_scope(doc)
         if isinstance(found, JSONResponse):
             return found
         await asyncio.to_thread(proxy(request).cache.clear, found[0])

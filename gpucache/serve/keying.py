@@ -18,21 +18,19 @@ log-probabilities, a last message that is not the user's, content that is not te
 too short to embed meaningfully (an empty tool-result turn would embed to one fixed vector and
 hit another conversation's entry).
 
-The namespace comes from a header the deployment chooses, or else from a keyed hash of the
-Authorization header (never the key itself, and never the prompt).
+The tenant that opens every scope comes from the request's credentials (tenancy.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 from dataclasses import dataclass
 from typing import Any
 
 TRANSPORT_FIELDS = frozenset({"stream", "stream_options", "user"})
 MIN_TEXT_CHARS = 2  # below this a text has no meaning to compare: "" or "?" embed to noise
-MAX_NAMESPACE_CHARS = 256
+MAX_JSON_DEPTH = 64
 
 
 class BadRequest(ValueError):
@@ -60,19 +58,26 @@ class RequestKey:
         return self.text
 
 
-def namespace(headers: Any, header_name: str, secret: bytes) -> str:
-    """The tenant: the namespace header's value, or a keyed hash of the Authorization header
-    (so tenants with different keys never share entries, and no key is stored), or
-    "anonymous"."""
-    named = headers.get(header_name)
-    if named:
-        if len(named) > MAX_NAMESPACE_CHARS:
-            raise BadRequest(f"the {header_name} header is longer than {MAX_NAMESPACE_CHARS} characters")
-        return f"ns:{named}"
-    auth = headers.get("authorization")
-    if auth:
-        return "key:" + hmac.new(secret, auth.encode(), hashlib.blake2b).hexdigest()[:32]
-    return "anonymous"
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON; ``BadRequest`` where it is not JSON or nests deeper than
+    ``MAX_JSON_DEPTH`` (no OpenAI request does; a deep one would exhaust the recursion of
+    every later step that walks it)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError as exc:
+        raise BadRequest(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    return body
 
 
 def request_key(kind: str, body: Any, tenant: str) -> RequestKey:

@@ -57,7 +57,7 @@ class ProxyMetrics:
         self.errors = Counter(
             "gpucache_errors",
             "Failures by kind (cache, upstream_unavailable, "
-            "upstream_timeout, bad_request, client_disconnect)",
+            "upstream_timeout, bad_request, unauthorized, refused_path, client_disconnect)",
             ["kind"],
             registry=r,
         )

@@ -2,16 +2,20 @@
 
 A request is keyed (keying.py), then answered from the cache or loaded from the upstream
 through ``SemanticCache.aget_or_put`` / ``aget_or_put_streaming``, so concurrent identical
-misses make one upstream call and concurrent lookups share one embedder batch (the cache's
-``lookup_window_seconds``). Only a complete answer (finish_reason "stop", no tool call unless
-allowed, no ``no-store``) is stored; anything else the upstream says reaches the client as it
-said it (``UpstreamAnswer``), and an upstream that cannot be reached is a 502 or 504.
+misses make one upstream call (within one tenant: the tenant opens every scope) and concurrent
+lookups share one embedder batch (the cache's ``lookup_window_seconds``). Only a complete answer
+that its text alone replays (finish_reason "stop", no tool call, refusal or reasoning, no
+``no-store``) is stored; anything else the upstream says reaches the client as it said it
+(``UpstreamAnswer``), and an upstream that cannot be reached is a 502 or 504. A streamed miss
+is relayed event by event as the upstream sent it (tool-call deltas, usage and all), its text
+collected on the side for the cache; an upstream error event or a cut connection ends the
+client's stream with an error event, and nothing is stored.
 
 The cache fails open: if the lookup fails or passes its deadline (``LookupTimeout``), the
 request goes upstream as if the cache were not there, and the failure is counted.
 
-A little over 400 lines: the JSON path, the streamed path and the uncached paths share their
-failure handling, and read best side by side.
+The JSON path, the streamed path and the uncached paths share their failure handling, and read
+best side by side.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -32,8 +38,9 @@ from gpucache.cache.core import SemanticCache
 from gpucache.cache.lookup import Hit
 from gpucache.serve import wire
 from gpucache.serve.config import ServeConfig
-from gpucache.serve.keying import BadRequest, RequestKey, namespace, request_key
+from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
 from gpucache.serve.metrics import ProxyMetrics
+from gpucache.serve.tenancy import Refusal
 from gpucache.serve.upstream import Upstream, UpstreamAnswer, UpstreamUnavailable, returned
 
 log = logging.getLogger("gpucache.serve")
@@ -46,33 +53,58 @@ class TooLarge(ValueError):
 
 
 class Unstored(Exception):
-    """A streamed answer that completed but must not be kept (finish_reason not "stop", a tool
-    call, ``no-store``): its chunks have already reached the client."""
+    """A streamed answer that completed but must not be kept (finish_reason not "stop", more
+    than text, ``no-store``): its events have already reached the client."""
+
+
+class UpstreamErrorEvent(Exception):
+    """The upstream's stream sent an error event: relayed to the client, nothing stored."""
+
+
+# RFC 9111 section 1.2.2: a delta-seconds value past 2^31 is taken as 2^31
+MAX_DELTA_SECONDS = 2**31
 
 
 @dataclass(frozen=True)
 class CacheControl:
-    """The request's Cache-Control, as HTTP caching users expect: ``no-cache`` does not read
-    the cache but stores the answer, ``no-store`` does not store, ``max-age=N`` is the stored
-    answer's lifetime (0 stores nothing)."""
+    """The request's Cache-Control, as HTTP means it (RFC 9111, section 5.2.1), and only ever
+    about this request: ``max-age=N`` accepts a stored answer at most N seconds old (else the
+    upstream answers and the fresh answer is stored); ``no-cache`` (or ``max-age=0``) reads
+    nothing from the cache and stores the fresh answer; ``no-store`` stores nothing. How long
+    an answer is kept is the server's setting (``ServeConfig.ttl``), never a client's: one
+    client must not decide what the tenant's other clients are served."""
 
     no_cache: bool = False
     no_store: bool = False
-    max_age: float | None = None
+    max_age: int | None = None
 
     @classmethod
-    def parse(cls, header: str | None) -> CacheControl:
+    def parse(cls, header: str | None) -> CacheControl | Refusal:
         if not header:
             return cls()
-        tokens = [t.strip().lower() for t in header.split(",")]
+        no_cache = no_store = False
         max_age = None
-        for token in tokens:
-            if token.startswith("max-age="):
-                value = token.split("=", 1)[1]
-                if not value.isdigit():
-                    raise BadRequest(f"Cache-Control max-age must be whole seconds, got {value!r}")
-                max_age = float(value)
-        return cls("no-cache" in tokens, "no-store" in tokens or max_age == 0, max_age if max_age else None)
+        for token in (t.strip().lower() for t in header.split(",")):
+            name, _, value = token.partition("=")
+            if name == "no-cache":
+                no_cache = True
+            elif name == "no-store":
+                no_store = True
+            elif name == "max-age":
+                if not value.isascii() or not value.isdigit():
+                    return Refusal(400, f"Cache-Control max-age must be whole seconds, got {value!r}",
+                                   "invalid_cache_control")
+                max_age = min(int(value), MAX_DELTA_SECONDS)
+        return cls(no_cache or max_age == 0, no_store, max_age)
+
+    @property
+    def reads(self) -> bool:
+        """Whether a stored answer may be served at all."""
+        return not self.no_cache
+
+    def fresh(self, hit: Hit) -> bool:
+        """Whether ``hit`` is young enough for this request."""
+        return self.max_age is None or hit.age <= self.max_age
 
 
 def error(
@@ -99,20 +131,37 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-async def sse_events(response: Any) -> AsyncIterator[dict[str, Any]]:
-    """The JSON events of an upstream's server-sent-event stream, up to ``[DONE]``."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            event = json.loads(data)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            yield event
+async def upstream_events(response: Any) -> AsyncIterator[tuple[dict[str, Any], bytes]]:
+    """The JSON events of an upstream's server-sent-event stream, up to ``[DONE]``, each with
+    the bytes to relay it by (``data: ...`` and a blank line). A cut connection raises
+    ``UpstreamUnavailable``."""
+    try:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                event = json.loads(data)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(event, dict):
+                yield event, f"data: {data}\n\n".encode()
+    except httpx.TransportError as exc:
+        raise UpstreamUnavailable(502, f"the upstream connection failed mid-stream: {exc!r}") from exc
+
+
+def storable(kind: str, response: Any, control: CacheControl) -> str | None:
+    """The text to store of an upstream's whole answer, or None where it must not be stored:
+    an error status, no text, a finish other than "stop", more than text, or ``no-store``."""
+    if response.status_code != 200 or control.no_store:
+        return None
+    try:
+        answer, finish, replayable = wire.answer_of(kind, response.json())
+    except ValueError:
+        return None
+    return answer if answer is not None and finish == "stop" and replayable else None
 
 
 class Proxy:
@@ -127,28 +176,31 @@ class Proxy:
         endpoint = PATHS[kind]
         try:
             raw = await read_body(request, self.config.max_body_bytes)
-            body = json.loads(raw)
-            tenant = namespace(request.headers, self.config.namespace_header, self.config.namespace_secret)
-            key = request_key(kind, body, tenant)
-            control = CacheControl.parse(request.headers.get("cache-control"))
+            body = parse_json(raw)
+            tenant = self.config.tenancy.tenant(request.headers)
+            key = request_key(kind, body, tenant) if isinstance(tenant, str) else None
         except TooLarge as exc:
             self.metrics.errors.labels("bad_request").inc()
             return error(413, str(exc), "invalid_request_error", "request_too_large", retry=False)
         except ClientDisconnect:
             self.metrics.errors.labels("client_disconnect").inc()
             return Response(status_code=499)
-        except (ValueError, BadRequest) as exc:
+        except BadRequest as exc:
             self.metrics.errors.labels("bad_request").inc()
-            param = exc.param if isinstance(exc, BadRequest) else None
-            message = (
-                str(exc) if isinstance(exc, BadRequest) else f"the request body is not valid JSON: {exc}"
-            )
-            return error(400, message, "invalid_request_error", "invalid_request", param, retry=False)
+            return error(400, str(exc), "invalid_request_error", "invalid_request", exc.param, retry=False)
+        control = (CacheControl() if self.config.ignore_client_cache_control
+                   else CacheControl.parse(request.headers.get("cache-control")))
+        for refused in (tenant, control):
+            if isinstance(refused, Refusal):
+                self.metrics.errors.labels("bad_request" if refused.status == 400 else "unauthorized").inc()
+                return error(refused.status, refused.message, "invalid_request_error", refused.code,
+                             retry=False)
+        assert key is not None and isinstance(control, CacheControl)
         if key.bypass is not None:
             self.metrics.bypasses.labels(key.bypass).inc()
             self.metrics.requests.labels(endpoint, "bypass").inc()
             return await self.forward(endpoint, request, raw, key.stream, "bypass")
-        if control.no_cache:
+        if not control.reads:
             return await self.refresh(kind, request, raw, key, control)
         if key.stream:
             return await self.streamed(kind, request, body, raw, key, control)
@@ -165,27 +217,18 @@ class Proxy:
         async def loader(text: str) -> str:
             mine["started"] = True
             begun = time.perf_counter()
-            response = await self.upstream.send("POST", endpoint, request.headers, raw)
+            response = await self.upstream.send("POST", endpoint, request.headers, raw,
+                                                params=request.query_params)
             self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
-            answer = None
-            if response.status_code == 200:
-                try:
-                    answer, finish, tools = wire.answer_of(kind, response.json())
-                except ValueError:
-                    finish, tools = None, False
-            if (
-                answer is None
-                or finish != "stop"
-                or control.no_store
-                or (tools and not self.config.cache_tool_calls)
-            ):
+            answer = storable(kind, response, control)
+            if answer is None:
                 raise UpstreamAnswer(response.status_code, response.headers, response.content)
             mine["response"] = response
             return answer
 
         try:
             answer = await self.cache.aget_or_put(
-                key.semantic_text, loader, scope=key.scope, ttl=control.max_age, on_lookup=on_lookup
+                key.semantic_text, loader, scope=key.scope, ttl=self.config.ttl, on_lookup=on_lookup
             )
         except UpstreamAnswer as passed:
             return self.passed_through(endpoint, passed)
@@ -196,6 +239,8 @@ class Proxy:
                 raise
             return await self.fail_open(endpoint, request, raw, False, exc)
         hit = found[0] if found else None
+        if hit is not None and not control.fresh(hit):
+            return await self.refresh(kind, request, raw, key, control)
         if hit is not None:
             return JSONResponse(
                 wire.completion(kind, body["model"], answer), headers=self.hit_headers(endpoint, hit)
@@ -218,74 +263,70 @@ class Proxy:
         found, on_lookup = self.recorder()
         meta = wire.StreamMeta(kind, body["model"])
         loading: dict[str, bool] = {}
+        relayed: deque[bytes] = deque()  # the upstream's events, as sent, for a miss to relay
 
         async def chunks(text: str) -> AsyncIterator[str]:
+            # one piece per upstream event (its text, or ""), so the events and the pieces the
+            # cache hands back stay in step
             loading["started"] = True
             begun = time.perf_counter()
-            async with self.upstream.stream(endpoint, request.headers, raw) as response:
+            async with self.upstream.stream(endpoint, request.headers, raw,
+                                            params=request.query_params) as response:
                 if response.status_code != 200:
                     raise UpstreamAnswer(response.status_code, response.headers, await response.aread())
-                async for event in sse_events(response):
-                    meta.id = meta.id if "gpucache" not in meta.id else str(event.get("id") or meta.id)
-                    meta.model = str(event.get("model") or meta.model)
-                    delta = wire.delta_of(kind, event, meta)
-                    if delta:
-                        yield delta
+                async for event, line in upstream_events(response):
+                    relayed.append(line)
+                    if "error" in event:
+                        raise UpstreamErrorEvent(str(event.get("error"))[:200])
+                    yield wire.delta_of(kind, event, meta) or ""
             self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
-            if (
-                meta.finish_reason != "stop"
-                or control.no_store
-                or (meta.tool_calls and not self.config.cache_tool_calls)
-            ):
+            if meta.finish_reason != "stop" or control.no_store or meta.unreplayable:
                 raise Unstored(meta.finish_reason)
 
         pieces = self.cache.aget_or_put_streaming(
-            key.semantic_text, chunks, scope=key.scope, ttl=control.max_age, on_lookup=on_lookup
+            key.semantic_text, chunks, scope=key.scope, ttl=self.config.ttl, on_lookup=on_lookup
         )
         first: str | None = None
-        ended = "stop"
+        ended: BaseException | None = None  # how a load ended before its first piece
         try:
-            first = await pieces.__anext__()  # the lookup, then a hit's or the upstream's first chunk
+            first = await pieces.__anext__()  # the lookup, then a hit's or the upstream's first piece
         except StopAsyncIteration:
             pass
-        except Unstored:
+        except Unstored as exc:
             if not loading.get("started"):  # another call's answer was not kept: load our own
                 return await self.forward(endpoint, request, raw, True, "miss")
-            ended = meta.finish_reason or "stop"
+            ended = exc
+        except UpstreamErrorEvent as exc:
+            ended = exc
         except UpstreamAnswer as passed:
             return self.passed_through(endpoint, passed)
         except UpstreamUnavailable as down:
             return self.unavailable(endpoint, down)
         except Exception as exc:
             if loading.get("started"):
-                raise
+                log.exception("gpucache: a streamed load failed before its first event")
+                self.metrics.errors.labels("upstream_unavailable").inc()
+                return error(502, f"the upstream stream failed: {type(exc).__name__}", "api_error",
+                             retry=True)
             return await self.fail_open(endpoint, request, raw, True, exc)
         hit = found[0] if found else None
+        if hit is not None and not control.fresh(hit):
+            await pieces.aclose()
+            return await self.refresh(kind, request, raw, key, control)
         if hit is not None:
             headers = self.hit_headers(endpoint, hit)
         else:
             self.metrics.requests.labels(endpoint, "miss").inc()
             headers = {"x-gpucache": "miss"}
+        if loading.get("started"):
+            source = self.relay_load(first, ended, pieces, relayed)
+        else:
+            source = self.replay(meta, first, pieces, key.include_usage)
 
         async def events() -> AsyncIterator[bytes]:
-            finish = ended
             try:
-                if kind == "chat":
-                    yield wire.chunk(meta, role=True, content="")
-                if first is not None:
-                    yield wire.chunk(meta, content=first)
-                    try:
-                        async for piece in pieces:
-                            yield wire.chunk(meta, content=piece)
-                    except Unstored:
-                        finish = meta.finish_reason or "stop"
-                    except (UpstreamUnavailable, UpstreamAnswer) as exc:
-                        yield wire.sse(wire.error_body(f"the upstream failed mid-stream: {exc}", "api_error"))
-                        return
-                yield wire.chunk(meta, finish=finish)
-                if key.include_usage:
-                    yield wire.chunk(meta, usage=meta.usage or dict(wire.ZERO_USAGE))
-                yield wire.DONE
+                async for data in source:
+                    yield data
             except (asyncio.CancelledError, GeneratorExit):
                 self.metrics.errors.labels("client_disconnect").inc()
                 raise
@@ -293,6 +334,55 @@ class Proxy:
                 await pieces.aclose()  # a client gone mid-stream: the upstream request is closed
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+    async def relay_load(self, first: str | None, ended: BaseException | None,
+                         pieces: AsyncIterator[str], relayed: deque[bytes]) -> AsyncIterator[bytes]:
+        """This call's own load: the upstream's events as it sent them, one per piece; its
+        ``[DONE]`` where it completed; its error event, or one made here for a cut or failed
+        upstream, where it did not."""
+        def drain() -> list[bytes]:
+            out = list(relayed)
+            relayed.clear()
+            return out
+
+        if first is not None and ended is None:
+            for line in drain():
+                yield line
+            try:
+                async for _ in pieces:
+                    for line in drain():
+                        yield line
+            except (Unstored, UpstreamErrorEvent) as exc:
+                ended = exc
+            except (UpstreamUnavailable, UpstreamAnswer) as exc:
+                for line in drain():
+                    yield line
+                yield self.cut(exc)
+                return
+            except Exception as exc:  # a failure past the first event: an error event, never a traceback
+                log.exception("gpucache: a streamed load failed mid-stream")
+                self.metrics.errors.labels("upstream_unavailable").inc()
+                yield wire.sse(wire.error_body(f"the stream failed: {type(exc).__name__}", "api_error"))
+                return
+        for line in drain():
+            yield line
+        if not isinstance(ended, UpstreamErrorEvent):
+            yield wire.DONE
+
+    @staticmethod
+    async def replay(meta: wire.StreamMeta, first: str | None, pieces: AsyncIterator[str],
+                     include_usage: bool) -> AsyncIterator[bytes]:
+        """A stored answer (a hit, or another call's load) as a stream of its text."""
+        if meta.kind == "chat":
+            yield wire.chunk(meta, role=True, content="")
+        if first is not None:
+            yield wire.chunk(meta, content=first)
+            async for piece in pieces:
+                yield wire.chunk(meta, content=piece)
+        yield wire.chunk(meta, finish="stop")
+        if include_usage:
+            yield wire.chunk(meta, usage=dict(wire.ZERO_USAGE))
+        yield wire.DONE
 
     # ------------------------------------------------------------------------- no cache
 
@@ -306,26 +396,23 @@ class Proxy:
         if key.stream:
             return await self.forward(endpoint, request, raw, True, "miss", store=(key, control))
         try:
-            response = await self.upstream.send("POST", endpoint, request.headers, raw)
+            response = await self.upstream.send("POST", endpoint, request.headers, raw,
+                                                params=request.query_params)
         except UpstreamUnavailable as down:
             return self.unavailable(endpoint, down)
-        if response.status_code == 200 and not control.no_store:
-            try:
-                answer, finish, tools = wire.answer_of(kind, response.json())
-            except ValueError:
-                answer, finish, tools = None, None, False
-            if answer is not None and finish == "stop" and (self.config.cache_tool_calls or not tools):
-                await self.store(key, answer, control)
+        answer = storable(kind, response, control)
+        if answer is not None:
+            await self.store(key, answer)
         return Response(
             response.content,
             response.status_code,
             headers={**returned(response.headers), "x-gpucache": "miss"},
         )
 
-    async def store(self, key: RequestKey, answer: str, control: CacheControl) -> None:
+    async def store(self, key: RequestKey, answer: str) -> None:
         try:
             await asyncio.to_thread(
-                self.cache.put, key.semantic_text, answer, scope=key.scope, ttl=control.max_age
+                self.cache.put, key.semantic_text, answer, scope=key.scope, ttl=self.config.ttl
             )
         except Exception:  # the answer is served either way: a failed store is counted, not fatal
             log.exception("gpucache: storing an answer failed")
@@ -341,8 +428,10 @@ class Proxy:
         stream: bool,
         outcome: str,
         store: tuple[RequestKey, CacheControl] | None = None,
+        label: str | None = None,
     ) -> Response:
-        """The request as it came, to the upstream, and its answer as it came back."""
+        """The request as it came, to the upstream, and its answer as it came back. ``label``
+        names the path in metrics (the allow-list's rule; never a client's own path)."""
         headers = {"x-gpucache": outcome}
         if not stream:
             try:
@@ -350,18 +439,18 @@ class Proxy:
                     request.method, path, request.headers, raw, params=request.query_params
                 )
             except UpstreamUnavailable as down:
-                return self.unavailable(path, down)
+                return self.unavailable(label or path, down)
             return Response(
                 response.content, response.status_code, headers={**returned(response.headers), **headers}
             )
         try:
-            response = await self.upstream.open(path, request.headers, raw)
+            response = await self.upstream.open(path, request.headers, raw, params=request.query_params)
         except UpstreamUnavailable as down:
-            return self.unavailable(path, down)
+            return self.unavailable(label or path, down)
         if store is not None and response.status_code == 200:
             relay: AsyncIterator[bytes] = self.relay(response, store)
         else:
-            relay = response.aiter_raw()
+            relay = self.raw_relay(response)
         return StreamingResponse(
             relay,
             status_code=response.status_code,
@@ -369,26 +458,40 @@ class Proxy:
             background=BackgroundTask(response.aclose),
         )
 
+    async def raw_relay(self, response: Any) -> AsyncIterator[bytes]:
+        """An upstream body passed through as bytes; a cut connection ends it with an error
+        event (the body is a completion stream here), never a traceback."""
+        try:
+            async for part in response.aiter_raw():
+                yield part
+        except httpx.TransportError as exc:
+            yield self.cut(exc)
+
+    def cut(self, exc: Exception) -> bytes:
+        """The error event that ends a client's stream whose upstream failed mid-stream."""
+        self.metrics.errors.labels("upstream_unavailable").inc()
+        return wire.sse(wire.error_body(f"the upstream failed mid-stream: {exc}", "api_error"))
+
     async def relay(self, response: Any, store: tuple[RequestKey, CacheControl]) -> AsyncIterator[bytes]:
-        """An upstream stream passed through line by line, its answer stored if it completes."""
+        """An upstream stream passed through event by event, its answer stored if it
+        completes and its text alone replays it."""
         key, control = store
         meta = wire.StreamMeta(key.kind, "")
         parts: list[str] = []
-        async for line in response.aiter_lines():
-            yield (line + "\n").encode()
-            if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
-                try:
-                    delta = wire.delta_of(key.kind, json.loads(line[5:]), meta)
-                except ValueError:
-                    continue
+        try:
+            async for event, line in upstream_events(response):
+                yield line
+                if "error" in event:
+                    return  # relayed; nothing stored
+                delta = wire.delta_of(key.kind, event, meta)
                 if delta:
                     parts.append(delta)
-        if (
-            meta.finish_reason == "stop"
-            and not control.no_store
-            and (self.config.cache_tool_calls or not meta.tool_calls)
-        ):
-            await self.store(key, "".join(parts), control)
+        except UpstreamUnavailable as exc:
+            yield self.cut(exc)
+            return
+        yield wire.DONE
+        if meta.finish_reason == "stop" and not control.no_store and not meta.unreplayable:
+            await self.store(key, "".join(parts))
 
     async def fail_open(
         self, path: str, request: Request, raw: bytes, stream: bool, exc: Exception

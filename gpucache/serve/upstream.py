@@ -88,9 +88,12 @@ class Upstream:
         except httpx.TransportError as exc:
             raise UpstreamUnavailable(502, f"the upstream could not be reached ({exc!r})") from exc
 
-    async def open(self, path: str, headers: Mapping[str, str], body: bytes) -> httpx.Response:
+    async def open(
+        self, path: str, headers: Mapping[str, str], body: bytes, params: Any = None
+    ) -> httpx.Response:
         """A streamed POST whose body is still to be read; the caller closes it."""
-        request = self.client.build_request("POST", self.url(path), headers=forwarded(headers), content=body)
+        request = self.client.build_request("POST", self.url(path), headers=forwarded(headers),
+                                            content=body, params=params)
         try:
             return await self.client.send(request, stream=True)
         except httpx.TimeoutException as exc:
@@ -100,11 +103,11 @@ class Upstream:
 
     @asynccontextmanager
     async def stream(
-        self, path: str, headers: Mapping[str, str], body: bytes
+        self, path: str, headers: Mapping[str, str], body: bytes, params: Any = None
     ) -> AsyncIterator[httpx.Response]:
         """``open`` as a context: leaving it closes the upstream request (a client that
         disconnects cancels the generation)."""
-        response = await self.open(path, headers, body)
+        response = await self.open(path, headers, body, params)
         try:
             yield response
         finally:

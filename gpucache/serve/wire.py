@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
@@ -50,8 +50,7 @@ class StreamMeta:
     created: int = 0
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    tool_calls: bool = False
-    extra_events: list[dict[str, Any]] = field(default_factory=list)
+    unreplayable: bool = False  # a delta carried more than text (``UNREPLAYABLE``)
 
     def __post_init__(self) -> None:
         self.id = self.id or new_id(self.kind)
@@ -110,21 +109,32 @@ def replay(meta: StreamMeta, pieces: Iterable[str], include_usage: bool) -> Iter
     yield DONE
 
 
+# Fields of an answer besides its text. A cached answer is its text alone, so an answer that
+# carries any of these (non-empty) cannot be replayed faithfully from the cache and is never
+# stored: a hit would drop its tool calls, its refusal or its reasoning.
+UNREPLAYABLE = ("tool_calls", "function_call", "refusal", "reasoning_content", "reasoning", "audio")
+
+
+def _carries_more_than_text(part: Any) -> bool:
+    return isinstance(part, dict) and any(part.get(name) for name in UNREPLAYABLE)
+
+
 def answer_of(kind: str, body: Any) -> tuple[str | None, str | None, bool]:
-    """(text, finish_reason, has tool calls) of an upstream's completion object."""
+    """(text, finish_reason, replayable) of an upstream's completion object: ``replayable``
+    is False where the answer carries more than its text (``UNREPLAYABLE``)."""
     try:
         choice = body["choices"][0]
         if kind == "chat":
             message = choice.get("message") or {}
-            return message.get("content"), choice.get("finish_reason"), bool(message.get("tool_calls"))
-        return choice.get("text"), choice.get("finish_reason"), False
+            return message.get("content"), choice.get("finish_reason"), not _carries_more_than_text(message)
+        return choice.get("text"), choice.get("finish_reason"), True
     except (KeyError, IndexError, TypeError, AttributeError):
         return None, None, False
 
 
 def delta_of(kind: str, event: dict[str, Any], meta: StreamMeta) -> str | None:
-    """The content delta of one upstream chunk; records its finish reason, tool calls and
-    usage on ``meta``."""
+    """The content delta of one upstream chunk; records its finish reason, usage and whether
+    it carried more than text on ``meta``."""
     if event.get("usage"):
         meta.usage = event["usage"]
     choices = event.get("choices") or []
@@ -135,9 +145,9 @@ def delta_of(kind: str, event: dict[str, Any], meta: StreamMeta) -> str | None:
         meta.finish_reason = choice["finish_reason"]
     if kind == "chat":
         delta = choice.get("delta") or {}
-        if delta.get("tool_calls"):
-            meta.tool_calls = True
-        content = delta.get("content")
+        if _carries_more_than_text(delta):
+            meta.unreplayable = True
+        content = delta.get("content") if isinstance(delta, dict) else None
     else:
         content = choice.get("text")
     return content if isinstance(content, str) and content else None

@@ -1,0 +1,91 @@
+"""Who a request belongs to: its tenant, from its credentials, never from a header alone.
+
+A tenant's entries are answered to that tenant only, and a hit never reaches the upstream that
+would have checked the key: so the tenant must come from what the upstream authenticates, the
+credentials, and never from a header any client can set. The tenant is a keyed hash of the
+request's credential headers (``authorization``, Azure's ``api-key``, ``x-api-key`` by
+default: every one present, by name and value), so no key is stored and two keys never share
+entries. The namespace header only narrows *within* that tenant (``key:<hash>/ns:<name>``): a
+team can keep its experiments apart, never reach another key's entries.
+
+One deployment differs: a gateway in front of the proxy that authenticates clients itself,
+sets the namespace header and strips any copy a client sent. There
+(``trust_namespace_header``) the header alone names the tenant. ``require_auth`` answers a
+request without credentials with 401 instead of filing it under the shared ``anonymous``.
+
+The hash key (the secret) must be the same after a restart and on every replica, or entries
+kept in a snapshot or shared through Redis are filed under tenants nobody can reach again
+(``ServeConfig`` refuses to start without one where that matters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+NAMESPACE_HEADER = "x-gpucache-namespace"
+ANONYMOUS = "anonymous"
+# a namespace names a folder of entries, not free text: letters, digits and a few separators,
+# so it cannot carry the "/" that joins the parts of a scope, or control characters into logs
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:@+-]{1,128}")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request the tenancy rules refuse: the HTTP status and what to tell the client."""
+
+    status: int
+    message: str
+    code: str
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """How a request's tenant is found (see the module's docstring)."""
+
+    secret: bytes
+    credential_headers: tuple[str, ...] = CREDENTIAL_HEADERS
+    namespace_header: str = NAMESPACE_HEADER
+    trust_namespace_header: bool = False
+    require_auth: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.secret) < 16:
+            raise ValueError("the tenancy secret must be at least 16 bytes")
+        if not self.credential_headers:
+            raise ValueError("at least one credential header is needed")
+        object.__setattr__(self, "credential_headers", tuple(h.lower() for h in self.credential_headers))
+        object.__setattr__(self, "namespace_header", self.namespace_header.lower())
+
+    def tenant(self, headers: Mapping[str, str]) -> str | Refusal:
+        """The request's tenant, or why it is refused (a malformed namespace: 400; no
+        credentials where they are required: 401)."""
+        named = headers.get(self.namespace_header)
+        if named is not None and not NAMESPACE_PATTERN.fullmatch(named):
+            return Refusal(400, f"the {self.namespace_header} header must be 1 to 128 letters, digits "
+                           "or . _ : @ + -", "invalid_namespace")
+        if self.trust_namespace_header and named:
+            return f"ns:{named}"
+        credentials = [(name, headers[name]) for name in self.credential_headers if headers.get(name)]
+        if not credentials:
+            if self.require_auth:
+                return Refusal(401, "credentials are required: send one of "
+                               + ", ".join(self.credential_headers), "missing_credentials")
+            base = ANONYMOUS
+        else:
+            base = "key:" + self.digest(credentials)
+        return f"{base}/ns:{named}" if named else base
+
+    def digest(self, credentials: list[tuple[str, str]]) -> str:
+        """A keyed hash of (header, value) pairs: the same on every replica sharing the secret,
+        useless to anyone without it. Length-prefixed, so no two lists encode alike."""
+        mac = hmac.new(self.secret, digestmod=hashlib.blake2b)
+        for name, value in credentials:
+            for part in (name.encode(), value.encode("utf-8", "surrogatepass")):
+                mac.update(len(part).to_bytes(8, "big"))
+                mac.update(part)
+        return mac.hexdigest()[:32]
