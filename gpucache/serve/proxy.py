@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -535,6 +536,8 @@ class Proxy:
         self.metrics.requests.labels(path, tier).inc()
         self.metrics.hits.labels(tier).inc()
         headers = {"x-gpucache": tier}
+        if math.isfinite(hit.age):  # RFC 9111's Age: how long ago the served answer was stored
+            headers["age"] = str(max(0, int(hit.age)))
         if not hit.exact:
             self.metrics.similarity.observe(hit.similarity)
             headers["x-gpucache-similarity"] = f"{hit.similarity:.4f}"

@@ -7,12 +7,17 @@ Its behaviour is chosen by markers in the prompt, so one server serves every tes
     [500]   answers 500 with an OpenAI error body and Retry-After: 7
     [429]   answers 429 with Retry-After: 3
     [length] finishes with finish_reason "length" (a truncated answer)
-    [tool]  answers with a tool call
+    [tool]  answers with a tool call (streamed: as tool-call deltas, as vLLM sends them)
+    [error-mid] streams two words, then an error event, and ends without [DONE]
+    [cut]   streams two words, then drops the connection
+    [no-finish] streams the answer and [DONE] with no finish_reason
+    [reason] answers with reasoning_content beside the text
     [stall] never answers (until the request is closed, or 60 s)
     [drip]  streams one word, then waits for POST /control/drip before the rest
     [slow]  takes 0.2 s more, so that concurrent requests overlap
 ``token_delay`` is the time each word of an answer takes, so a benchmark sees a model's cost.
-Needs the serve extra (Starlette, uvicorn).
+Any other path is answered 200 and recorded in ``app.state.paths`` (method and raw path), so a
+test can see what reached the model server. Needs the serve extra (Starlette, uvicorn).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ def answer_to(text: str) -> str:
 
 def make_upstream(token_delay: float = 0.0) -> Starlette:
     calls: list[tuple[str, str]] = []
+    paths: list[tuple[str, str]] = []  # (method, raw path) of requests to any other path
+    queries: list[str] = []  # the query string of each completion request
     closed = threading.Event()  # a streamed generation was cut off by its client
     drip = asyncio.Event()
 
@@ -51,6 +58,7 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         body = await request.json()
         text = text_of(kind, body)
         calls.append((kind, text))
+        queries.append(request.url.query)
         if "[500]" in text:
             return JSONResponse(
                 {
@@ -81,7 +89,7 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
             await asyncio.sleep(token_delay * len(answer.split()))  # stall: the model's generation time
         if body.get("stream"):
             return StreamingResponse(
-                stream(kind, model, answer, finish, body, "[drip]" in text), media_type="text/event-stream"
+                stream(kind, model, answer, finish, body, text), media_type="text/event-stream"
             )
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
         if kind == "chat":
@@ -94,6 +102,8 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
                         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
                     ],
                 }
+            if "[reason]" in text:
+                message["reasoning_content"] = "Thinking it over first."
             choice["message"] = message
         else:
             choice["text"] = answer
@@ -109,9 +119,24 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
             }
         )
 
-    async def stream(kind, model, answer, finish, body, dripping):
+    def event(obj: str, model: str, choices: list[Any], **extra: Any) -> str:
+        doc = {"id": "up-stream", "object": obj, "created": 1, "model": model, "choices": choices, **extra}
+        return "data: " + json.dumps(doc) + "\n\n"
+
+    async def stream(kind, model, answer, finish, body, text):
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         try:
+            if kind == "chat" and finish == "tool_calls":
+                call = {"index": 0, "id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""}}
+                opening = {"role": "assistant", "content": None, "tool_calls": [call]}
+                yield event(obj, model, [{"index": 0, "delta": opening, "finish_reason": None}])
+                for part in ('{"city": ', '"Lima"}'):
+                    delta = {"tool_calls": [{"index": 0, "function": {"arguments": part}}]}
+                    yield event(obj, model, [{"index": 0, "delta": delta, "finish_reason": None}])
+                yield event(obj, model, [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}])
+                yield "data: [DONE]\n\n"
+                return
             words = answer.split(" ")
             for i, word in enumerate(words):
                 piece = word if i == 0 else " " + word
@@ -120,44 +145,28 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
                     if kind == "chat"
                     else {"index": 0, "text": piece, "finish_reason": None}
                 )
-                yield (
-                    "data: "
-                    + json.dumps(
-                        {"id": "up-stream", "object": obj, "created": 1, "model": model, "choices": [choice]}
-                    )
-                    + "\n\n"
-                )
-                if dripping and i == 0:
+                yield event(obj, model, [choice])
+                if i == 1 and "[error-mid]" in text:
+                    yield "data: " + json.dumps({"error": {"message": "the model ran out of memory",
+                                                           "type": "server_error", "param": None,
+                                                           "code": None}}) + "\n\n"
+                    return
+                if i == 1 and "[cut]" in text:
+                    raise ConnectionAbortedError("the stand-in drops the connection")
+                if "[drip]" in text and i == 0:
                     await drip.wait()
                 if token_delay:
                     await asyncio.sleep(token_delay)  # stall: one word's generation time
-            last = (
-                {"index": 0, "delta": {}, "finish_reason": finish}
-                if kind == "chat"
-                else {"index": 0, "text": "", "finish_reason": finish}
-            )
-            yield (
-                "data: "
-                + json.dumps(
-                    {"id": "up-stream", "object": obj, "created": 1, "model": model, "choices": [last]}
+            if "[no-finish]" not in text:
+                last = (
+                    {"index": 0, "delta": {}, "finish_reason": finish}
+                    if kind == "chat"
+                    else {"index": 0, "text": "", "finish_reason": finish}
                 )
-                + "\n\n"
-            )
+                yield event(obj, model, [last])
             if (body.get("stream_options") or {}).get("include_usage"):
-                yield (
-                    "data: "
-                    + json.dumps(
-                        {
-                            "id": "up-stream",
-                            "object": obj,
-                            "created": 1,
-                            "model": model,
-                            "choices": [],
-                            "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
-                        }
-                    )
-                    + "\n\n"
-                )
+                yield event(obj, model, [], usage={"prompt_tokens": 5, "completion_tokens": 7,
+                                                   "total_tokens": 12})
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             closed.set()
@@ -184,6 +193,11 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         drip.set()
         return JSONResponse({"ok": True})
 
+    async def anything(request: Request) -> Response:
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        paths.append((request.method, raw.decode("latin-1")))
+        return JSONResponse({"reached": raw.decode("latin-1")})
+
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", complete, methods=["POST"]),
@@ -191,8 +205,11 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/control/drip", release, methods=["POST"]),
+            Route("/{path:path}", anything, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
         ]
     )
+    app.state.paths = paths
+    app.state.queries = queries
     app.state.calls = calls
     app.state.closed = closed
     return app

@@ -1,0 +1,311 @@
+"""``gpucache serve`` in front of clients it must not trust, end to end: a real uvicorn server
+driven by the official ``openai`` client (and raw sockets where a client would tidy the path),
+in front of the stand-in upstream, which records every path it is sent.
+
+Tenancy: a header never reaches another key's entries. The passthrough: nothing outside the
+allow-list reaches the model server. Streams: a miss is relayed as the upstream sent it (tool
+calls included), an error or a cut ends it as an error, and none of these is stored. Cache
+controls act on the caller's own answers only, and ``max-age`` is an age limit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from serving import Served, make_upstream  # noqa: E402
+
+from gpucache import SemanticCache  # noqa: E402
+from gpucache.cache.snapshot import Snapshot, write_snapshot  # noqa: E402
+from gpucache.serve.app import create_app  # noqa: E402
+from gpucache.serve.config import ServeConfig  # noqa: E402
+
+SECRET = b"tenancy-secret-for-safety-tests"
+ADMIN = "admin-token-for-safety-tests"
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with Served(make_upstream()) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def clock():
+    return Clock()
+
+
+def proxy_app(upstream, real_embedder, clock=None, **settings):
+    config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, admin_token=ADMIN,
+                         lookup_timeout=30.0, **settings)
+    extra = {"timer": clock} if clock is not None else {}
+    return create_app(config, cache_factory=lambda: SemanticCache(
+        real_embedder, device="cpu", lookup_timeout_seconds=30.0, **extra))
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream, real_embedder, clock):
+    with Served(proxy_app(upstream, real_embedder, clock)) as served:
+        yield served
+
+
+def client(proxy, api_key="k", namespace=None):
+    headers = {"x-gpucache-namespace": namespace} if namespace else {}
+    return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=api_key, max_retries=0, default_headers=headers)
+
+
+def tier(proxy, headers, text) -> str:
+    """The cache's answer for a request with exactly ``headers`` (no client adds its own)."""
+    body = {"model": "smol", "messages": [{"role": "user", "content": text}]}
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.headers["x-gpucache"]
+
+
+def ask(c, text, **kwargs):
+    raw = c.chat.completions.with_raw_response.create(
+        model="smol", messages=[{"role": "user", "content": text}], **kwargs)
+    return raw.headers, raw.parse()
+
+
+def calls(upstream, text):
+    return sum(1 for _, t in upstream.app.state.calls if t == text)
+
+
+def entries(proxy) -> int:
+    return httpx.get(f"{proxy.url}/admin/stats", headers={"authorization": f"Bearer {ADMIN}"}).json()["entries"]
+
+
+# ------------------------------------------------------------------------- tenancy
+
+
+def test_a_namespace_header_never_reaches_another_keys_entries(proxy):
+    question = "What is team A's launch date?"
+    alice = {"authorization": "Bearer key-alice", "x-gpucache-namespace": "team-a"}
+    tier(proxy, alice, question)
+    assert tier(proxy, alice, question) == "exact"
+    assert tier(proxy, {**alice, "authorization": "Bearer key-mallory"}, question) == "miss"  # another key
+    assert tier(proxy, {"x-gpucache-namespace": "team-a"}, question) == "miss"  # the header alone
+    assert tier(proxy, {"authorization": "Bearer key-alice"}, question) == "miss"  # another namespace
+
+
+@pytest.mark.parametrize("header", ["api-key", "x-api-key"])
+def test_tenants_that_authenticate_with_api_key_headers_are_kept_apart(proxy, header):
+    question = f"What is in my private notes ({header})?"
+    tier(proxy, {header: "key-one"}, question)
+    assert tier(proxy, {header: "key-one"}, question) == "exact"
+    assert tier(proxy, {header: "key-two"}, question) == "miss"
+    assert tier(proxy, {}, question) == "miss"  # anonymous is a tenant of its own
+
+
+def test_require_auth_and_a_trusted_gateway_header(upstream, real_embedder):
+    with Served(proxy_app(upstream, real_embedder, require_auth=True)) as strict:
+        bare = httpx.post(f"{strict.url}/v1/chat/completions",
+                          json={"model": "smol", "messages": [{"role": "user", "content": "hello there"}]})
+        assert bare.status_code == 401 and bare.json()["error"]["code"] == "missing_credentials"
+        assert ask(client(strict, "key-x"), "hello there")[0]["x-gpucache"] == "miss"
+    with Served(proxy_app(upstream, real_embedder, trust_namespace_header=True)) as gateway:
+        ask(client(gateway, "key-one", "tenant-7"), "What is tenant 7's plan?")
+        # behind a gateway the header is the tenant, whatever key the gateway forwards
+        assert ask(client(gateway, "key-two", "tenant-7"), "What is tenant 7's plan?")[0]["x-gpucache"] == "exact"
+        assert ask(client(gateway, "key-one", "tenant-8"), "What is tenant 7's plan?")[0]["x-gpucache"] == "miss"
+
+
+# ------------------------------------------------------------------------- the passthrough
+
+
+def raw_request(url: str, method: str, target: str) -> int:
+    """The status of ``method target`` sent as written: a client library would tidy the path."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        reply = b""
+        while b"\r\n" not in reply:
+            part = sock.recv(4096)
+            if not part:
+                break
+            reply += part
+    return int(reply.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize(("method", "target"), [
+    ("GET", "/v1/../metrics"), ("GET", "/v1/%2e%2e/metrics"), ("POST", "/v1/..%2Fapi/delete"),
+    ("DELETE", "/v1/%2E%2E/api/delete"), ("GET", "/v1/models/..%2f..%2fhealth"), ("GET", "/v1/tokenize"),
+    ("POST", "/v1/files"), ("DELETE", "/v1/models/smol"),
+])
+def test_no_path_outside_the_allow_list_reaches_the_model_server(proxy, upstream, method, target):
+    before = list(upstream.app.state.paths)
+    status = raw_request(proxy.url, method, target)
+    assert status in (400, 404)
+    assert upstream.app.state.paths == before
+    assert 'endpoint="other",outcome="refused"' in httpx.get(f"{proxy.url}/metrics").text
+    assert ".." not in httpx.get(f"{proxy.url}/metrics").text
+
+
+def test_the_stand_in_records_every_path_that_reaches_it(upstream):
+    """The check above can fail: a path sent straight to the model server is recorded."""
+    assert raw_request(upstream.url, "DELETE", "/api/delete") == 200
+    assert upstream.app.state.paths[-1] == ("DELETE", "/api/delete")
+
+
+def test_the_query_string_reaches_the_upstream_on_the_cached_path(proxy, upstream):
+    c = client(proxy, "key-azure")
+    c.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Which region am I in?"}],
+                              extra_query={"api-version": "2024-06-01"})
+    assert upstream.app.state.queries[-1] == "api-version=2024-06-01"
+    assert [m.id for m in c.models.list()] == ["smol"]  # the allow-list's own paths still pass
+
+
+# ------------------------------------------------------------------------- streams
+
+
+def test_a_streamed_tool_call_reaches_the_client_whole_and_is_never_stored(proxy, upstream):
+    c = client(proxy, "key-agent")
+    text = "[tool] What's the weather in Lima?"
+    for attempt in (1, 2):
+        stream = c.chat.completions.create(model="smol", stream=True, tools=[WEATHER_TOOL],
+                                           messages=[{"role": "user", "content": text}])
+        name, arguments, finish = "", "", None
+        for chunk in stream:
+            for choice in chunk.choices:
+                for call in choice.delta.tool_calls or []:
+                    name += call.function.name or ""
+                    arguments += call.function.arguments or ""
+                finish = choice.finish_reason or finish
+        assert (name, json.loads(arguments), finish) == ("get_weather", {"city": "Lima"}, "tool_calls")
+        assert calls(upstream, text) == attempt  # a repeat goes upstream again: nothing was stored
+
+
+def test_an_error_mid_stream_reaches_the_client_as_an_error(proxy, upstream):
+    c = client(proxy, "key-errors")
+    text = "[error-mid] Tell me a long story"
+    stored = entries(proxy)
+    for attempt in (1, 2):
+        stream = c.chat.completions.create(model="smol", stream=True,
+                                           messages=[{"role": "user", "content": text}])
+        with pytest.raises(openai.APIError, match="ran out of memory"):
+            for _ in stream:
+                pass
+        assert calls(upstream, text) == attempt and entries(proxy) == stored
+
+
+def test_a_cut_upstream_connection_ends_the_stream_with_an_error_event(proxy, upstream):
+    c = client(proxy, "key-cut")
+    text = "[cut] Tell me another long story"
+    stored = entries(proxy)
+    stream = c.chat.completions.create(model="smol", stream=True, messages=[{"role": "user", "content": text}])
+    with pytest.raises(openai.APIError, match="mid-stream"):
+        for _ in stream:
+            pass
+    assert entries(proxy) == stored
+    assert ask(c, "Is the proxy still well after a cut?")[0]["x-gpucache"] == "miss"
+
+
+def test_a_missing_finish_reason_is_never_reported_as_stop(proxy, upstream):
+    c = client(proxy, "key-nofinish")
+    text = "[no-finish] Count to three"
+    stored = entries(proxy)
+    finishes = [choice.finish_reason for chunk in c.chat.completions.create(
+        model="smol", stream=True, messages=[{"role": "user", "content": text}]) for choice in chunk.choices]
+    assert "stop" not in finishes and entries(proxy) == stored
+
+
+def test_usage_and_the_upstreams_own_chunks_are_relayed_on_a_miss(proxy):
+    c = client(proxy, "key-usage")
+    chunks = list(c.chat.completions.create(model="smol", stream=True, stream_options={"include_usage": True},
+                                            messages=[{"role": "user", "content": "Name a large river"}]))
+    assert chunks[-1].usage.total_tokens == 12 and {ch.id for ch in chunks} == {"up-stream"}
+
+
+# ------------------------------------------------------------------------- cache controls
+
+
+def test_max_age_is_an_age_limit_and_a_stale_answer_is_refreshed(proxy, upstream, clock):
+    c = client(proxy, "key-fresh")
+    text = "What is the exchange rate today?"
+    ask(c, text)
+    clock.now += 100
+    headers, _ = ask(c, text, extra_headers={"cache-control": "max-age=3600"})
+    assert headers["x-gpucache"] == "exact" and headers["age"] == "100"
+    headers, _ = ask(c, text, extra_headers={"cache-control": "max-age=60"})  # too old for this caller
+    assert headers["x-gpucache"] == "miss" and calls(upstream, text) == 2
+    headers, _ = ask(c, text, extra_headers={"cache-control": "max-age=60"})  # refreshed, stored
+    assert headers["x-gpucache"] == "exact" and headers["age"] == "0"
+
+
+def test_no_cache_refreshes_only_the_callers_own_entry(proxy, clock):
+    text = "What is on the lunch menu?"
+    owner, other = client(proxy, "key-owner"), client(proxy, "key-other")
+    ask(owner, text)
+    clock.now += 50
+    assert ask(other, text, extra_headers={"cache-control": "no-cache"})[0]["x-gpucache"] == "miss"
+    headers, _ = ask(owner, text)
+    assert headers["x-gpucache"] == "exact" and headers["age"] == "50"  # the owner's entry, untouched
+
+
+def test_a_client_cannot_set_a_lifetime_and_a_huge_max_age_is_not_an_error(proxy):
+    c = client(proxy, "key-huge")
+    headers, _ = ask(c, "How tall is Aconcagua?", extra_headers={"cache-control": "max-age=10000000000000000"})
+    assert headers["x-gpucache"] == "miss"
+    assert ask(c, "How tall is Aconcagua?")[0]["x-gpucache"] == "exact"
+    bad = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"cache-control": "max-age=soon"},
+                     json={"model": "smol", "messages": [{"role": "user", "content": "hello there"}]})
+    assert bad.status_code == 400 and bad.headers["x-should-retry"] == "false"
+
+
+def test_a_deployment_can_ignore_every_clients_cache_control(upstream, real_embedder):
+    with Served(proxy_app(upstream, real_embedder, ignore_client_cache_control=True)) as served:
+        c = client(served, "key-ignored")
+        ask(c, "What is the boiling point of water?")
+        headers, _ = ask(c, "What is the boiling point of water?", extra_headers={"cache-control": "no-cache"})
+        assert headers["x-gpucache"] == "exact"
+
+
+# ------------------------------------------------------------------------- bad input
+
+
+def test_deep_nesting_and_malformed_admin_bodies_are_400s(proxy):
+    deep = '{"model": "smol", "messages": [{"role": "user", "content": "hi there"}], "x": ' + "[" * 5000 + "]" * 5000 + "}"
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=deep.encode(),
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.headers["x-should-retry"] == "false"
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    for body in (b"{bad", b"[1, 2]", b'{"kind": 5}', b'{"credentials": "k"}', b'{"namespace": ["a"]}'):
+        for path in ("/admin/clear", "/admin/invalidate"):
+            got = httpx.post(f"{proxy.url}{path}", content=body, headers=auth)
+            assert got.status_code == 400 and "error" in got.json(), (path, body)
+
+
+def test_a_snapshot_with_a_bad_field_is_set_aside_and_the_proxy_starts_empty(upstream, real_embedder, tmp_path):
+    import torch
+
+    path = tmp_path / "cache.gpucache"
+    # checksum-valid, every structural check passes; a setting no cache accepts
+    write_snapshot(Snapshot(model=real_embedder.name, dim=real_embedder.dim, settings={"threshold": "high"},
+                            entries=[], vectors=torch.zeros((0, real_embedder.dim)), stats={},
+                            admission=None), path)
+    config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
+    app = create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
+    with Served(app) as served:
+        assert ask(client(served, "key-snap"), "Did the proxy start?")[0]["x-gpucache"] == "miss"
+    assert (tmp_path / "cache.gpucache.corrupt").exists()
+    assert math.isfinite(len(SemanticCache.load(str(path), embedder=real_embedder, device="cpu")))

@@ -1,0 +1,126 @@
+"""Tenancy: the tenant comes from the credentials, never from a header alone; the namespace
+header narrows within a tenant; the secret that keys the hash is stable where entries outlive
+the process."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from gpucache.serve.config import ConfigError, ServeConfig, read_secret_file
+from gpucache.serve.tenancy import ANONYMOUS, Refusal, Tenancy
+
+SECRET = b"a-secret-of-sixteen-or-more"
+TEAM_A = {"x-gpucache-namespace": "team-a"}
+
+
+def tenant(headers, **settings):
+    return Tenancy(SECRET, **settings).tenant(headers)
+
+
+def test_the_credentials_name_the_tenant_and_the_header_only_narrows_within_it():
+    alice = tenant({"authorization": "Bearer alice"})
+    bob = tenant({"authorization": "Bearer bob"})
+    assert alice.startswith("key:") and bob.startswith("key:") and alice != bob
+    assert "alice" not in alice  # the key itself is never part of a scope
+    # the namespace header alone, or beside another key, never reaches alice's team-a
+    alice_a = tenant({"authorization": "Bearer alice", **TEAM_A})
+    assert alice_a == f"{alice}/ns:team-a"
+    assert tenant(TEAM_A) == f"{ANONYMOUS}/ns:team-a" != alice_a
+    assert tenant({"authorization": "Bearer bob", **TEAM_A}) == f"{bob}/ns:team-a" != alice_a
+    assert tenant({}) == ANONYMOUS
+
+
+@pytest.mark.parametrize("header", ["api-key", "x-api-key", "authorization"])
+def test_every_credential_header_names_its_own_tenants(header):
+    one, two = tenant({header: "key-one"}), tenant({header: "key-two"})
+    assert one.startswith("key:") and one != two and one != ANONYMOUS
+    # the header's name is part of the hash: the same value under another header is another tenant
+    other = next(h for h in ("api-key", "x-api-key", "authorization") if h != header)
+    assert tenant({other: "key-one"}) != one
+
+
+def test_several_credentials_are_hashed_together_and_unambiguously():
+    both = tenant({"authorization": "a", "api-key": "b"})
+    assert both != tenant({"authorization": "a"}) and both != tenant({"api-key": "b"})
+    # length-prefixed: moving a character between values changes the tenant
+    assert tenant({"authorization": "ab", "api-key": ""}) != tenant({"authorization": "a", "api-key": "b"})
+
+
+def test_a_configured_header_list_is_the_only_one_read():
+    custom = {"credential_headers": ("x-team-key",)}
+    assert tenant({"authorization": "Bearer alice"}, **custom) == ANONYMOUS
+    assert tenant({"x-team-key": "k"}, **custom).startswith("key:")
+
+
+def test_the_hash_depends_on_the_secret_and_on_nothing_per_process():
+    headers = {"authorization": "Bearer alice"}
+    assert Tenancy(SECRET).tenant(headers) == Tenancy(SECRET).tenant(headers)
+    assert Tenancy(b"another-secret-of-16+").tenant(headers) != Tenancy(SECRET).tenant(headers)
+
+
+def test_behind_a_trusted_gateway_the_header_alone_names_the_tenant():
+    assert tenant(TEAM_A, trust_namespace_header=True) == "ns:team-a"
+    assert tenant({"authorization": "Bearer x", **TEAM_A}, trust_namespace_header=True) == "ns:team-a"
+    # without the header, the credentials still decide
+    assert tenant({"authorization": "Bearer x"}, trust_namespace_header=True).startswith("key:")
+
+
+def test_require_auth_refuses_a_request_without_credentials():
+    refused = tenant(TEAM_A, require_auth=True)
+    assert isinstance(refused, Refusal) and refused.status == 401
+    assert tenant({"x-api-key": "k"}, require_auth=True).startswith("key:")
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../x", "x" * 129, "a b", "tab\t", "é"])
+def test_a_malformed_namespace_is_a_400(name):
+    refused = tenant({"x-gpucache-namespace": name, "authorization": "k"})
+    assert isinstance(refused, Refusal) and refused.status == 400
+
+
+def test_a_short_secret_is_refused():
+    with pytest.raises(ValueError, match="16 bytes"):
+        Tenancy(b"short")
+
+
+# ------------------------------------------------------------------------- the secret
+
+
+def test_a_snapshot_or_redis_without_a_stable_secret_refuses_to_start(monkeypatch):
+    monkeypatch.delenv("GPUCACHE_NAMESPACE_SECRET", raising=False)
+    for extra in ({"snapshot": "c.gpucache"}, {"redis": "redis://127.0.0.1:1"}):
+        with pytest.raises(ConfigError, match="stable secret"):
+            ServeConfig(upstream="http://127.0.0.1:1/v1", **extra)
+    # alone, a random secret per process is fine: nothing outlives the process
+    assert len(ServeConfig(upstream="http://127.0.0.1:1/v1").namespace_secret) == 32
+
+
+def test_the_secret_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "from-the-environment-1")
+    config = ServeConfig(upstream="http://127.0.0.1:1/v1", snapshot="c.gpucache")
+    assert config.namespace_secret == b"from-the-environment-1"
+    monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "short")
+    with pytest.raises(ConfigError, match="16 bytes"):
+        ServeConfig(upstream="http://127.0.0.1:1/v1")
+
+
+def test_a_secret_file_is_created_0600_beside_the_snapshot_and_read_back(monkeypatch, tmp_path):
+    monkeypatch.delenv("GPUCACHE_NAMESPACE_SECRET", raising=False)
+    snapshot = str(tmp_path / "c.gpucache")
+    first = ServeConfig(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, create_secret=True)
+    path = tmp_path / "c.gpucache.secret"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    again = ServeConfig(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, secret_file=str(path))
+    assert first.namespace_secret == again.namespace_secret and len(first.namespace_secret) >= 32
+
+
+def test_a_secret_file_others_can_read_or_a_missing_one_is_refused(tmp_path):
+    path = tmp_path / "secret"
+    path.write_text("x" * 40)
+    os.chmod(path, 0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        read_secret_file(str(path))
+    with pytest.raises(ConfigError, match="cannot be read"):
+        read_secret_file(str(tmp_path / "missing"))
