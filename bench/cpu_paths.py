@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import shlex
 import sys
@@ -92,10 +93,14 @@ def main() -> None:
         del stores, auto, data
     lines = [
         "# CPU storage paths: quantization=\"auto\" against each explicit mode", "",
-        f"Reproduce: `python3 bench/cpu_paths.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`", "",
+        "Reproduce: `" + (f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} "
+                          if os.environ.get("ONEDNN_MAX_CPU_ISA") else "")
+        + f"python3 bench/cpu_paths.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`", "",
         f"Commit {gpucache_commit()}; Python {platform.python_version()}, torch {torch.__version__}; "
         f"CPU {cpu_vendor() or 'unknown'} with {' '.join(cpu_features()) or 'no AVX2'}, "
-        f"{torch.get_num_threads()} threads; D = {DIM}, k = 4, best of {args.rounds} runs, ms per search.",
+        f"{torch.get_num_threads()} threads; D = {DIM}, k = 4, best of {args.rounds} runs, ms per search."
+        + (f" oneDNN capped at ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}."
+           if os.environ.get("ONEDNN_MAX_CPU_ISA") else ""),
         "",
         "\"int8 rows\": an int8 store that answers every batch from its int8 rows (the path \"auto\" "
         "took before it measured). \"auto\": the default store, after it measured the shape. "
