@@ -2,8 +2,8 @@
 
 Why: whether int8 rows beat fp32 rows depends on the CPU and on the batch. One query streams
 every row once, and int8 rows are a quarter of the bytes; a batch is a matrix product, and an
-int8 product is fast only where the CPU has VNNI (on an AVX2 EPYC without it, 17x slower than
-fp32 at 64 queries). "auto" stores int8 on a CPU and measures, per query bucket and size
+int8 product is fast only where the CPU has VNNI (on an AVX2 EPYC without it, an order of
+magnitude slower than fp32). "auto" stores int8 on a CPU and measures, per query bucket and size
 class, whether a batch is answered faster from the int8 rows or from the exact fp32 copy the
 int8 store keeps anyway (``ExactScanStore.path_chooser``). This script checks that choice
 against every explicit mode, all in one process, on the same rows and queries:
