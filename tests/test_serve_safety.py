@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import threading
 
 import pytest
 
@@ -114,6 +115,27 @@ def test_tenants_that_authenticate_with_api_key_headers_are_kept_apart(proxy, he
     assert tier(proxy, {header: "key-one"}, question) == "exact"
     assert tier(proxy, {header: "key-two"}, question) == "miss"
     assert tier(proxy, {}, question) == "miss"  # anonymous is a tenant of its own
+
+
+def test_a_miss_in_flight_is_joined_only_within_its_tenant(proxy, upstream):
+    """While tenant A's load of a prompt is held at its first word, tenant B asking the same
+    goes upstream itself: it never waits for, nor is served, A's answer."""
+    text = "[drip] Whose story is this, exactly?"
+    held = client(proxy, "key-tenant-a").chat.completions.create(
+        model="smol", stream=True, messages=[{"role": "user", "content": text}])
+    events = iter(held)
+    next(events)  # A's load is in flight, held by the upstream after its first word
+    answered: dict[str, str] = {}
+    other = threading.Thread(target=lambda: answered.update(
+        tier=tier(proxy, {"authorization": "Bearer key-tenant-b"}, text)))
+    other.start()
+    arrived = upstream.app.state.arrived
+    with arrived:
+        assert arrived.wait_for(lambda: calls(upstream, text) == 2, timeout=60)  # B's own call
+    httpx.post(f"{upstream.url}/control/drip")
+    assert "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+    other.join(60)
+    assert answered["tier"] == "miss"
 
 
 def test_require_auth_and_a_trusted_gateway_header(upstream, real_embedder):

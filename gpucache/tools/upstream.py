@@ -43,6 +43,7 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
     calls: list[tuple[str, str]] = []
     paths: list[tuple[str, str]] = []  # (method, raw path) of requests to any other path
     queries: list[str] = []  # the query string of each completion request
+    arrived = threading.Condition()  # notified at each completion request, for tests to wait on
     closed = threading.Event()  # a streamed generation was cut off by its client
     drip = asyncio.Event()
 
@@ -59,6 +60,8 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         text = text_of(kind, body)
         calls.append((kind, text))
         queries.append(request.url.query)
+        with arrived:
+            arrived.notify_all()
         if "[500]" in text:
             return JSONResponse(
                 {
@@ -210,6 +213,7 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
     )
     app.state.paths = paths
     app.state.queries = queries
+    app.state.arrived = arrived
     app.state.calls = calls
     app.state.closed = closed
     return app
