@@ -16,7 +16,7 @@ from gpucache.keys import DEFAULT_SCOPE, prompt_key
 
 if TYPE_CHECKING:
     from gpucache.cache.batching import LookupTimeout
-    from gpucache.cache.core import Hit, LoadAbandoned, SemanticCache
+    from gpucache.cache.core import Hit, LoadAbandoned, SemanticCache, Unstored
     from gpucache.cache.settings import CacheSettings
     from gpucache.cache.snapshot import SnapshotError
     from gpucache.cache.stats import CacheStats
@@ -52,6 +52,7 @@ _LAZY = {
     "StoreEverything": "gpucache.policy.content",
     "ThresholdOnly": "gpucache.guard.verifier",
     "TransformerEmbedder": "gpucache.embedding.embedder",
+    "Unstored": "gpucache.cache.core",
     "Verdict": "gpucache.guard.verifier",
     "resolve_device": "gpucache.devices",
 }
@@ -78,6 +79,7 @@ __all__ = [
     "StoreEverything",
     "ThresholdOnly",
     "TransformerEmbedder",
+    "Unstored",
     "Verdict",
     "prompt_key",
     "quiet_blas_pool",

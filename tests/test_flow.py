@@ -152,3 +152,101 @@ def test_a_loaded_answer_lives_the_ttl_its_call_gave(fake_embedder):
     assert cache.get("short lived") is None and cache.get("long lived").response == "b"
     with pytest.raises(ValueError, match="ttl"):
         cache.get_or_put("q", lambda p: "x", ttl=-1)
+
+
+# --------------------------------------------------------------------- serve, do not keep
+
+
+def test_an_unstored_answer_reaches_its_caller_and_nothing_is_kept(cache):
+    from gpucache import Unstored
+
+    refused = Unstored({"status": 500})
+    assert cache.get_or_put("is the model up", lambda p: refused) is refused
+    answers = cache.get_or_put_all(["kept one", "not kept"],
+                                   lambda ps: ["an answer" if p == "kept one" else Unstored("error") for p in ps])
+    assert answers == ["an answer", Unstored("error")]
+    assert cache.get("kept one").response == "an answer"
+    assert cache.get("is the model up") is None and cache.get("not kept") is None
+    assert len(cache._flights) == 0  # every claim released
+
+
+def test_a_stream_that_ends_unstored_is_served_whole_and_kept_from_everyone(cache):
+    from gpucache import Unstored
+
+    def truncated(prompt):
+        yield "once upon "
+        yield "a time"
+        yield Unstored()  # the loader's last item: not passed on
+
+    assert list(cache.get_or_put_streaming("tell me a story", truncated)) == ["once upon ", "a time"]
+    assert cache.get("tell me a story") is None and len(cache._flights) == 0
+
+    async def consume():
+        async def agen(prompt):
+            yield "half a"
+            yield Unstored("finish_reason length")
+
+        return [piece async for piece in cache.aget_or_put_streaming("tell me another", agen)]
+
+    assert asyncio.run(consume()) == ["half a"] and cache.get("tell me another") is None
+
+
+def test_waiters_on_an_unstored_load_load_their_own_and_never_see_it(cache):
+    """An answer that is not kept is never handed to another caller, JSON or stream: the
+    waiters run their own load, as after a load that was abandoned."""
+    from gpucache import Unstored
+
+    async def main() -> None:
+        started, release = asyncio.Event(), asyncio.Event()
+        calls: list[str] = []
+
+        async def loader(prompt: str):
+            calls.append(prompt)
+            if len(calls) == 1:
+                started.set()
+                await release.wait()
+                return Unstored("the leader's private error")
+            return "the waiter's own answer"
+
+        leader = asyncio.create_task(cache.aget_or_put("a flaky question", loader))
+        await started.wait()
+        waiter = asyncio.create_task(cache.aget_or_put("a flaky question", loader))
+        assert await asyncio.to_thread(cache._flights.wait_for_joins, 1, 30)  # the waiter joined
+        release.set()
+        assert await leader == Unstored("the leader's private error")
+        assert await waiter == "the waiter's own answer" and len(calls) == 2
+        assert cache.get("a flaky question").response == "the waiter's own answer"
+
+    asyncio.run(main())
+
+
+def test_a_stream_closed_inside_a_cancelled_task_releases_its_claim_at_once(cache):
+    """A client that goes away mid-stream is cancelled inside the server's task group (anyio),
+    where every await of the clean-up may be cancelled again: the claim is released before
+    any of them, so the next caller of the prompt loads instead of waiting forever."""
+    anyio = pytest.importorskip("anyio")
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def endless(prompt: str):
+            yield "the first words"
+            await asyncio.Event().wait()  # a generation that never ends by itself
+            yield "never"
+
+        async def consume() -> None:
+            pieces = cache.aget_or_put_streaming("an endless question", endless)
+            try:
+                async for _ in pieces:
+                    started.set()
+            finally:
+                await pieces.aclose()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(consume)
+            await started.wait()
+            group.cancel_scope.cancel()
+        assert len(cache._flights) == 0
+        assert await cache.aget_or_put("an endless question", lambda p: asyncio.sleep(0, "loaded")) == "loaded"
+
+    asyncio.run(main())

@@ -11,7 +11,6 @@ controls act on the caller's own answers only, and ``max-age`` is an age limit.
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 
@@ -25,7 +24,7 @@ pytest.importorskip("uvicorn")
 from serving import Served, make_upstream  # noqa: E402
 
 from gpucache import SemanticCache  # noqa: E402
-from gpucache.cache.snapshot import Snapshot, write_snapshot  # noqa: E402
+from gpucache.cache.snapshot import write_snapshot  # noqa: E402
 from gpucache.serve.app import create_app  # noqa: E402
 from gpucache.serve.config import ServeConfig  # noqa: E402
 
@@ -136,6 +135,27 @@ def test_a_miss_in_flight_is_joined_only_within_its_tenant(proxy, upstream):
     assert "".join(e.choices[0].delta.content or "" for e in events if e.choices)
     other.join(60)
     assert answered["tier"] == "miss"
+
+
+def test_waiters_behind_an_answer_that_is_not_kept_load_their_own(real_embedder):
+    """A leader's answer that is not stored (here cut short: finish_reason "length") is served
+    to the leader alone; a request that joined its load goes upstream itself, JSON as streams."""
+    with Served(make_upstream()) as up, Served(proxy_app(up, real_embedder)) as served:
+        text = "[drip][length] Summarise today's news"
+        tiers: dict[str, str] = {}
+        ask_as = lambda name: threading.Thread(  # noqa: E731
+            target=lambda: tiers.update({name: tier(served, {"authorization": "Bearer k"}, text)}))
+        leader, waiter = ask_as("leader"), ask_as("waiter")
+        leader.start()
+        arrived = up.app.state.arrived
+        with arrived:
+            assert arrived.wait_for(lambda: calls(up, text) == 1, timeout=60)
+        waiter.start()
+        assert served.app.state.proxy.cache._flights.wait_for_joins(1, timeout=60)
+        httpx.post(f"{up.url}/control/drip")
+        leader.join(60)
+        waiter.join(60)
+        assert tiers == {"leader": "miss", "waiter": "miss"} and calls(up, text) == 2
 
 
 def test_require_auth_and_a_trusted_gateway_header(upstream, real_embedder):
@@ -318,16 +338,40 @@ def test_deep_nesting_and_malformed_admin_bodies_are_400s(proxy):
 
 
 def test_a_snapshot_with_a_bad_field_is_set_aside_and_the_proxy_starts_empty(upstream, real_embedder, tmp_path):
-    import torch
+    from dataclasses import replace
+
+    from gpucache.cache.snapshot import read_snapshot
 
     path = tmp_path / "cache.gpucache"
-    # checksum-valid, every structural check passes; a setting no cache accepts
-    write_snapshot(Snapshot(model=real_embedder.name, dim=real_embedder.dim, settings={"threshold": "high"},
-                            entries=[], vectors=torch.zeros((0, real_embedder.dim)), stats={},
-                            admission=None), path)
     config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
+    SemanticCache(real_embedder, device="cpu").save(path)
+    # checksum-valid and signed, every check of the file passes; a counter that is not a number
+    # fails later, in the restore, with an error of its own rather than a SnapshotError
+    write_snapshot(replace(read_snapshot(path), stats={"misses": "many"}), path, config.snapshot_key)
     app = create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
     with Served(app) as served:
         assert ask(client(served, "key-snap"), "Did the proxy start?")[0]["x-gpucache"] == "miss"
+    assert read_snapshot(tmp_path / "cache.gpucache.corrupt").stats == {"misses": "many"}
+    assert len(SemanticCache.load(str(path), embedder=real_embedder, device="cpu")) == 1
+
+
+def test_a_snapshot_not_signed_with_the_servers_key_is_never_loaded(upstream, real_embedder, tmp_path):
+    """A well-formed file planted by someone without the secret (an answer filed under a
+    tenant's scope) is set aside; the server's own file, signed, is served after a restart."""
+    path = tmp_path / "cache.gpucache"
+    config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
+    alice = {"authorization": "Bearer key-alice"}
+    tenant = config.tenancy.tenant(alice)
+    planted = SemanticCache(real_embedder, device="cpu")
+    from gpucache.serve.keying import request_key
+
+    key = request_key("chat", {"model": "smol", "messages": [{"role": "user", "content": "What is my PIN?"}]},
+                      tenant)
+    planted.put("What is my PIN?", "It is 0000.", scope=key.scope)
+    planted.save(path)  # checksum-valid, unsigned
+    app = lambda: create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))  # noqa: E731
+    with Served(app()) as served:
+        assert tier(served, alice, "What is my PIN?") == "miss"
     assert (tmp_path / "cache.gpucache.corrupt").exists()
-    assert math.isfinite(len(SemanticCache.load(str(path), embedder=real_embedder, device="cpu")))
+    with Served(app()) as served:  # its own snapshot, saved and signed at the last shutdown
+        assert tier(served, alice, "What is my PIN?") == "exact"

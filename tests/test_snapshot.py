@@ -172,3 +172,20 @@ def test_a_process_killed_mid_save_leaves_the_previous_snapshot_intact(tmp_path)
     loaded = SemanticCache.load(path, embedder=FakeEmbedder(), device="cpu")
     assert len(loaded) >= 3000
     assert loaded.get("prompt 1234").response == "x" * 2000
+
+
+def test_a_signed_snapshot_loads_only_with_its_key(fake_embedder, tmp_path):
+    """With a key, save signs the file and load refuses any file not signed with that key:
+    an unsigned one, one signed with another key, one whose contents changed."""
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.put("signed prompt", "signed answer")
+    signed, unsigned = tmp_path / "signed.gpucache", tmp_path / "unsigned.gpucache"
+    cache.save(signed, key=b"the-right-key")
+    cache.save(unsigned)
+    loaded = SemanticCache.load(signed, embedder=fake_embedder, device="cpu", key=b"the-right-key")
+    assert loaded.get("signed prompt").response == "signed answer"
+    for path, key in ((unsigned, b"the-right-key"), (signed, b"another-key")):
+        with pytest.raises(SnapshotError, match="not signed"):
+            SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=key)
+    # without a key the signature is not asked for: a library user's own files load as before
+    assert len(SemanticCache.load(unsigned, embedder=fake_embedder, device="cpu")) == 1

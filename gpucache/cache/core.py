@@ -29,7 +29,7 @@ from typing import Any
 
 from gpucache.cache import flow
 from gpucache.cache.batching import LookupTimeout
-from gpucache.cache.flight import LoadAbandoned
+from gpucache.cache.flight import LoadAbandoned, Unstored
 from gpucache.cache.lookup import Hit, Plan
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import SnapshotError, read_snapshot
@@ -45,7 +45,7 @@ from gpucache.devices import DeviceLike
 from gpucache.embedding.embedder import DEFAULT_MODEL_NAME, Embedder, TransformerEmbedder
 from gpucache.policy.admission import AdmissionPolicy
 
-__all__ = ["Hit", "LoadAbandoned", "LookupTimeout", "SemanticCache"]
+__all__ = ["Hit", "LoadAbandoned", "LookupTimeout", "SemanticCache", "Unstored"]
 
 Loader = Callable[[str], str]
 BatchLoader = Callable[[list[str]], Sequence[str]]
@@ -151,6 +151,10 @@ class SemanticCache(CacheState):
         ``ttl`` seconds (the cache's default where None). ``on_lookup(hit)``,
         where given, is called once the lookup is done, before any load: with the ``Hit`` that
         answers, or None for a miss (a server says which in its response headers).
+
+        A loader may return ``Unstored(value)`` instead of a str: an answer to serve this caller
+        but not to keep (an error, a truncated answer). It comes back as it is, nothing is
+        stored, and the calls waiting on this load run their own.
         """
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         _check_callable(loader, "loader(prompt) -> str")
@@ -186,6 +190,8 @@ class SemanticCache(CacheState):
         checked when this is called; the lookup and the load start at the first ``next()``, so
         an iterator that is never started holds nothing and blocks no one. ``ttl`` and
         ``on_lookup`` as in ``get_or_put``; ``on_lookup`` is called before the first chunk.
+        A loader that yields ``Unstored()`` (as its last item; it is not passed on) has its
+        chunks served and nothing stored, as ``get_or_put``'s loader that returns it.
         """
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         _check_callable(loader, "loader(prompt) -> iterable of str chunks")
@@ -237,16 +243,19 @@ class SemanticCache(CacheState):
         path: str | os.PathLike[str],
         embedder: Embedder | None = None,
         device: DeviceLike = "auto",
+        *,
+        key: bytes | None = None,
         **overrides: Any,
     ) -> SemanticCache:
         """A cache from a snapshot written by ``save``, on ``device`` (any device: vectors are
         stored on the CPU). ``overrides`` replace saved settings or add collaborators
         (``verifier=``, ``cache_policy=``, ``timer=``...). Entries already expired are dropped.
 
-        Raises ``SnapshotError`` for a missing, corrupt, truncated or other-version file, and
-        for one written with another model or dimension than ``embedder``'s.
+        Raises ``SnapshotError`` for a missing, corrupt, truncated or other-version file, for
+        one written with another model or dimension than ``embedder``'s, and, with ``key``,
+        for one not signed with that key (``save(path, key=...)``).
         """
-        snapshot = read_snapshot(path)
+        snapshot = read_snapshot(path, key)
         if embedder is None:
             if snapshot.model != DEFAULT_MODEL_NAME:
                 raise SnapshotError(
@@ -288,7 +297,9 @@ def _ordered_hits(plan: Plan) -> list[Hit | None]:
     return [plan.hits[p] for p in plan.prompts]
 
 
-def _one(response: object) -> str:
+def _one(response: object) -> str | Unstored:
+    if isinstance(response, Unstored):
+        return response
     return check_response(response, "loader's response")
 
 
@@ -304,4 +315,5 @@ def _check_batch(responses: object, expected: int) -> list[str]:
     responses = list(responses)
     if len(responses) != expected:
         raise ValueError(f"loader returned {len(responses)} responses for {expected} prompts")
-    return [check_response(r, f"loader's response [{i}]") for i, r in enumerate(responses)]
+    return [r if isinstance(r, Unstored) else check_response(r, f"loader's response [{i}]")
+            for i, r in enumerate(responses)]

@@ -10,6 +10,9 @@ their results, as httpx's auth flows and psycopg 3's protocol do:
     Work(fn, *args)    other cache work that may take the cache's lock (storing a load)
     Load(prompts)      the caller's loader, on the misses this call claimed
     LoadStream()       the caller's streaming loader: its chunks pass through to the consumer
+
+A loader that returns ``Unstored`` (a streaming loader: yields it last) has its answer served to
+its caller and kept from everyone else: nothing is stored and its waiters load their own.
     Wait(future)       the answer another call is loading
 
 A driver runs the operations and knows nothing of the logic. The sync drivers call them in
@@ -33,7 +36,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpucache.cache.flight import LoadAbandoned
+from gpucache.cache.flight import LoadAbandoned, Unstored
 from gpucache.cache.lookup import LookupRequest, Plan
 from gpucache.cache.validation import check_response
 
@@ -262,12 +265,16 @@ def run_stream(
             continue
         source: Any = None
         parts: list[str] = []
+        unstored: Unstored | None = None
         try:
             source = _iterate(chunks())
             for chunk in source:
+                if isinstance(chunk, Unstored):  # serve, do not keep (the loader's last item)
+                    unstored = chunk
+                    continue
                 parts.append(check_response(chunk, "stream chunk"))
                 yield chunk
-            step.done("".join(parts))
+            step.done(_streamed("".join(parts), unstored))
         except BaseException as exc:
             step.failed(exc)
             if hasattr(source, "close"):
@@ -282,36 +289,64 @@ async def arun_stream(
     """``run_stream`` for an async consumer: ``chunks()`` may return an async iterable, an
     awaitable of one, or a plain iterable."""
     step = _Stepper(flow, on_find)
-    while step.next():
+    going = step.next()
+    while going:
         if not isinstance(step.op, LoadStream):
             try:
                 step.done(await _acall(step.op))
             except BaseException as exc:
                 step.failed(exc)
+            going = step.next()
             continue
         source: Any = None
         iterator: AsyncGenerator[str, None] | None = None
         parts: list[str] = []
+        unstored: Unstored | None = None
         try:
             source = chunks()
             if inspect.isawaitable(source):
                 source = await source
             iterator = _aiterate(source)
             async for chunk in iterator:
+                if isinstance(chunk, Unstored):  # serve, do not keep (the loader's last item)
+                    unstored = chunk
+                    continue
                 parts.append(check_response(chunk, "stream chunk"))
                 yield chunk
-            step.done("".join(parts))
+            step.done(_streamed("".join(parts), unstored))
         except BaseException as exc:
             step.failed(exc)
-            if iterator is not None:
-                await iterator.aclose()
-            if hasattr(source, "aclose"):
-                await source.aclose()
-            elif hasattr(source, "close"):
-                source.close()
+            # The flow sees the error before anything here awaits: it releases this call's
+            # claims on the spot. A consumer that went away closes this generator inside a
+            # cancelled task, where every await may be cancelled again; a claim released only
+            # after one would be left held, and the next caller of the prompt would wait on it.
+            try:
+                going = step.next()
+            finally:
+                await _close(iterator, source)
+            continue
+        going = step.next()
     if isinstance(step.result, Replay):
         for chunk in cache._replay(step.result.answer):
             yield chunk
+
+
+async def _close(iterator: AsyncGenerator[str, None] | None, source: Any) -> None:
+    """Close a streaming loader's iterator and source, whichever kind they are."""
+    if iterator is not None:
+        await iterator.aclose()
+    if hasattr(source, "aclose"):
+        await source.aclose()
+    elif hasattr(source, "close"):
+        source.close()
+
+
+def _streamed(text: str, unstored: Unstored | None) -> str | Unstored:
+    """A streamed load's result for the flow: its text, or, where the loader said not to keep
+    it, ``Unstored`` holding the text (``Unstored.value`` where the loader gave one)."""
+    if unstored is None:
+        return text
+    return unstored if unstored.value is not None else Unstored(text)
 
 
 async def _aiterate(source: Any) -> AsyncGenerator[str, None]:

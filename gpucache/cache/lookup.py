@@ -43,7 +43,7 @@ class Hit:
     cached_prompt: str
     similarity: float
     exact: bool
-    age: float = math.inf
+    age: float = field(default=math.inf, compare=False)
     """Seconds since the response was stored, on the cache's clock; inf where unknown (an
     entry restored from a snapshot or taken from another replica). A caller that accepts
     nothing older than N seconds (HTTP's ``Cache-Control: max-age=N``) compares it."""

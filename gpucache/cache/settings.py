@@ -53,7 +53,8 @@ class CacheSettings:
         "auto",
         'device storage: `"auto"` (`"int8"` on a CPU without `max_device_bytes`, else `"fp32"`), '
         '`None`/`"fp32"`, `"fp16"`, `"bf16"`, `"int8"` (quantized modes rescored in fp32); '
-        "`cache.quantization` says which is in use",
+        "`cache.quantization` says which is in use; a quantized CPU store measures whether batches "
+        "scan its quantized rows or its fp32 copy (`cache.scan_paths`)",
     )
     max_device_bytes: int | None = _setting(
         None, "most device memory the store may take; the cache evicts to stay within it"

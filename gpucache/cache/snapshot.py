@@ -6,7 +6,10 @@ JSON document holding everything else: format version, model name and dimension,
 entries (scope, prompt, response, expiry), counters and the admission sketch. The safetensors
 header's metadata carries the format name, the version and a blake2b checksum of both tensors,
 so a truncated or altered file is refused with a clear ``SnapshotError`` instead of loading half
-a cache. safetensors parses only a JSON header and raw arrays: loading an untrusted file can
+a cache. A checksum proves nothing about who wrote the file: where a ``key`` is given, the header
+also carries an HMAC of the checksum under it, and a file without the right one is refused, so a
+snapshot planted by someone without the key (answers filed under any tenant) never loads.
+safetensors parses only a JSON header and raw arrays: loading an untrusted file can
 not run code, which ``pickle`` and ``torch.load`` can.
 
 Atomic: the bytes go to a temporary file in the destination folder, are fsynced, and replace
@@ -17,6 +20,7 @@ leaves the previous snapshot intact; readers see the old file or the new one, ne
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import struct
@@ -66,8 +70,13 @@ def _encode_float(x: float) -> float | str:
     return "inf" if x == float("inf") else x
 
 
-def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> None:
-    """Write ``snapshot`` to ``path`` atomically (temp file, fsync, rename)."""
+def _mac(key: bytes, checksum: str) -> str:
+    return hmac.new(key, f"{FORMAT}/{VERSION}/{checksum}".encode(), hashlib.sha256).hexdigest()
+
+
+def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str], key: bytes | None = None) -> None:
+    """Write ``snapshot`` to ``path`` atomically (temp file, fsync, rename); signed with
+    ``key`` where one is given."""
     from safetensors.torch import save
 
     doc = {
@@ -94,6 +103,8 @@ def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> None:
         "version": str(VERSION),
         "checksum": _checksum(vectors.numpy().tobytes(), state),
     }
+    if key is not None:
+        metadata["mac"] = _mac(key, metadata["checksum"])
     data = save({"vectors": vectors, "state": state_tensor}, metadata=metadata)
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
@@ -123,8 +134,9 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
-    """Read and check a snapshot; any defect raises ``SnapshotError`` naming it."""
+def read_snapshot(path: str | os.PathLike[str], key: bytes | None = None) -> Snapshot:
+    """Read and check a snapshot; any defect raises ``SnapshotError`` naming it. ``key``: the
+    file must carry its HMAC under this key (``write_snapshot``'s), or it is refused."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -149,6 +161,8 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     state = state_tensor.numpy().tobytes()
     if metadata.get("checksum") != _checksum(vectors.numpy().tobytes(), state):
         raise SnapshotError(f"{path} is corrupt: checksum mismatch")
+    if key is not None and not hmac.compare_digest(metadata.get("mac", ""), _mac(key, metadata["checksum"])):
+        raise SnapshotError(f"{path} is not signed with this key: refused")
     try:
         doc = json.loads(state.decode("utf-8", "surrogatepass"))
         entries = [

@@ -27,7 +27,7 @@ import torch
 
 from gpucache.cache.batching import LookupCoalescer
 from gpucache.cache.entries import Entry, EntryTable
-from gpucache.cache.flight import LoadAbandoned, SingleFlight
+from gpucache.cache.flight import LoadAbandoned, SingleFlight, Unstored
 from gpucache.cache.lookup import LookupRequest, Plan, lookup_batch
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import Snapshot, SnapshotEntry, write_snapshot
@@ -194,9 +194,10 @@ class CacheState:
 
     # ----------------------------------------------------------------------------- snapshots
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+    def save(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> None:
         """Write the cache to one file, atomically (see ``gpucache.cache.snapshot``): entries,
-        vectors, settings, counters and the admission sketch. Expired entries are left out."""
+        vectors, settings, counters and the admission sketch. Expired entries are left out.
+        ``key``: sign the file, so that ``load`` with the same key refuses any other."""
         with self._lock:
             self._table.purge_expired(self._now())
             entries = list(self._table)  # least recently used first
@@ -215,7 +216,7 @@ class CacheState:
                 stats=self._stats.to_json(),
                 admission=self.admission.state() if self.admission is not None else None,
             )
-        write_snapshot(snapshot, path)  # file I/O with no lock held
+        write_snapshot(snapshot, path, key)  # file I/O with no lock held
 
     def _restore(self, snapshot: Snapshot) -> None:
         with self._lock:
@@ -314,23 +315,28 @@ class CacheState:
         if claims and self.shared is not None:
             self.shared.release(plan.scope, claims)
 
-    def _finish(self, plan: Plan, responses: list[str], ttl: float | None = None) -> None:
+    def _finish(self, plan: Plan, responses: list[str | Unstored], ttl: float | None = None) -> None:
         """Store what the loader returned (policy and admission permitting) and hand every
         response to the calls waiting on it."""
         loaded = plan.to_load
         plan.answers.update(zip(loaded, responses))
         position = {p: i for i, p in enumerate(plan.unique)}
+        unstored = [key for key, r in zip(plan.mine, responses) if isinstance(r, Unstored)]
         with self._lock:
             keep = [
                 (p, r) for p, r in zip(loaded, responses)
-                if self._allowed(p, r, plan.scope) and self._admitted(p, plan.scope)
+                if not isinstance(r, Unstored)
+                and self._allowed(p, r, plan.scope) and self._admitted(p, plan.scope)
             ]
             if keep:
                 rows = torch.tensor([position[p] for p, _ in keep], device=plan.vectors.device)
                 now = self._now()
                 expires_at = _expiry(now, self.ttl if ttl is None else ttl)
                 self._table.store(plan.scope, keep, plan.vectors[rows], expires_at, now)
-            self._flights.resolve(dict(zip(plan.mine, responses)))
+            self._flights.resolve({key: r for key, r in zip(plan.mine, responses)
+                                   if not isinstance(r, Unstored)})
+        if unstored:  # never handed to another caller: its waiters load their own
+            self._flights.fail(unstored, LoadAbandoned())
         if keep and self.shared is not None:
             self.shared.stored(plan.scope, keep, plan.vectors[rows], expires_at)
         self._release_shared(plan)  # after the records: a waiting replica finds them

@@ -72,7 +72,7 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
             }
         )
         try:
-            return SemanticCache.load(config.snapshot, **given, **extra)
+            return SemanticCache.load(config.snapshot, key=config.snapshot_key, **given, **extra)
         except Exception as exc:  # noqa: BLE001 - any file that does not restore: keep serving,
             # and keep the file for a person to look at (a checksum-valid file with a bad field
             # fails past the snapshot's own checks, with whatever error that field raises)
@@ -92,7 +92,7 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
             yield
         finally:
             if config.snapshot:
-                await asyncio.to_thread(cache.save, config.snapshot)
+                await asyncio.to_thread(cache.save, config.snapshot, key=config.snapshot_key)
                 log.info("gpucache: saved the cache to %s", config.snapshot)
             cache.close()
             await upstream.close()
@@ -119,9 +119,7 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
             p.metrics.errors.labels("refused_path").inc()
             p.metrics.requests.labels("other", "refused").inc()
             return error(found.status, found.message, "invalid_request_error", found.code, retry=False)
-        p.metrics.bypasses.labels("endpoint").inc()
-        p.metrics.requests.labels(found.label, "bypass").inc()
-        return await p.forward(found.path, request, await request.body(), False, "bypass", label=found.label)
+        return await p.passthrough(found.path, found.label, request)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -236,7 +234,7 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
         if not config.snapshot:
             return error(409, "no snapshot path: start with --snapshot PATH", "invalid_request_error")
         try:
-            await asyncio.to_thread(proxy(request).cache.save, config.snapshot)
+            await asyncio.to_thread(proxy(request).cache.save, config.snapshot, key=config.snapshot_key)
         except (OSError, SnapshotError) as exc:
             return error(500, f"the snapshot could not be saved: {exc}", "api_error")
         return JSONResponse({"saved": config.snapshot})

@@ -10,6 +10,8 @@ config refuses to start without a stable one, and says how to give it.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 import stat
@@ -141,6 +143,13 @@ class ServeConfig:
                 "(add --create-secret to create it), the same on every replica"
             )
         return secrets.token_bytes(32)
+
+    @cached_property
+    def snapshot_key(self) -> bytes:
+        """The key snapshots are signed with and checked against: derived from the tenancy
+        secret (so a file planted by anyone without it is refused), never the secret itself."""
+        assert self.namespace_secret is not None
+        return hmac.new(self.namespace_secret, b"gpucache snapshot", hashlib.sha256).digest()
 
     @cached_property
     def tenancy(self) -> Tenancy:

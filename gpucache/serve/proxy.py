@@ -1,21 +1,22 @@
-"""The caching path of ``/v1/chat/completions`` and ``/v1/completions``.
+"""The caching path of ``/v1/chat/completions`` and ``/v1/completions``: an exchange run to one
+outcome (exchange.py), then answered and counted, each in one place.
 
-A request is keyed (keying.py), then answered from the cache or loaded from the upstream
-through ``SemanticCache.aget_or_put`` / ``aget_or_put_streaming``, so concurrent identical
-misses make one upstream call (within one tenant: the tenant opens every scope) and concurrent
-lookups share one embedder batch (the cache's ``lookup_window_seconds``). Only a complete answer
-that its text alone replays (finish_reason "stop", no tool call, refusal or reasoning, no
-``no-store``) is stored; anything else the upstream says reaches the client as it said it
-(``UpstreamAnswer``), and an upstream that cannot be reached is a 502 or 504. A streamed miss
-is relayed event by event as the upstream sent it (tool-call deltas, usage and all), its text
-collected on the side for the cache; an upstream error event or a cut connection ends the
-client's stream with an error event, and nothing is stored.
+    receive(kind, request)  -> Exchange | Refused      the body read, keyed, the tenant found
+    run(exchange)           -> Outcome                 the cache, the upstream, or both
+    respond(outcome)        -> Response                the only place an outcome becomes HTTP
+    record(outcome)                                    the only place metrics are counted
 
-The cache fails open: if the lookup fails or passes its deadline (``LookupTimeout``), the
-request goes upstream as if the cache were not there, and the failure is counted.
+The cache is asked through ``SemanticCache.aget_or_put`` / ``aget_or_put_streaming``, so
+concurrent identical misses make one upstream call (within one tenant: the tenant opens every
+scope) and concurrent lookups share one embedder batch. A loader returns what the upstream
+said; ``may_store`` decides whether it is kept, and an answer that is not kept goes back to
+its caller as ``Unstored`` (the cache's "serve but do not store"), never to a waiter, who loads
+its own. A streamed miss is relayed event by event as the upstream sent it (tool-call deltas,
+usage and all), its text collected on the side for the cache; an upstream error event or a cut
+connection ends the client's stream with an error event, and nothing is stored.
 
-The JSON path, the streamed path and the uncached paths share their failure handling, and read
-best side by side.
+The cache fails open: if the lookup fails or passes its deadline, the request goes upstream as
+if the cache were not there, and the failure is counted.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -35,77 +36,35 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gpucache.cache.core import SemanticCache
-from gpucache.cache.lookup import Hit
+from gpucache.cache.core import SemanticCache, Unstored
+from gpucache.cache.lookup import Hit as CacheHit
 from gpucache.serve import wire
 from gpucache.serve.config import ServeConfig
+from gpucache.serve.exchange import (
+    PATHS,
+    Bypassed,
+    CacheControl,
+    Exchange,
+    FailedOpen,
+    Hit,
+    Joined,
+    Loaded,
+    Outcome,
+    PassedThrough,
+    Refused,
+    Unavailable,
+    may_store,
+)
 from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.tenancy import Refusal
-from gpucache.serve.upstream import Upstream, UpstreamAnswer, UpstreamUnavailable, returned
+from gpucache.serve.upstream import Upstream, UpstreamUnavailable, returned
 
 log = logging.getLogger("gpucache.serve")
-
-PATHS = {"chat": "chat/completions", "completions": "completions"}
 
 
 class TooLarge(ValueError):
     pass
-
-
-class Unstored(Exception):
-    """A streamed answer that completed but must not be kept (finish_reason not "stop", more
-    than text, ``no-store``): its events have already reached the client."""
-
-
-class UpstreamErrorEvent(Exception):
-    """The upstream's stream sent an error event: relayed to the client, nothing stored."""
-
-
-# RFC 9111 section 1.2.2: a delta-seconds value past 2^31 is taken as 2^31
-MAX_DELTA_SECONDS = 2**31
-
-
-@dataclass(frozen=True)
-class CacheControl:
-    """The request's Cache-Control, as HTTP means it (RFC 9111, section 5.2.1), and only ever
-    about this request: ``max-age=N`` accepts a stored answer at most N seconds old (else the
-    upstream answers and the fresh answer is stored); ``no-cache`` (or ``max-age=0``) reads
-    nothing from the cache and stores the fresh answer; ``no-store`` stores nothing. How long
-    an answer is kept is the server's setting (``ServeConfig.ttl``), never a client's: one
-    client must not decide what the tenant's other clients are served."""
-
-    no_cache: bool = False
-    no_store: bool = False
-    max_age: int | None = None
-
-    @classmethod
-    def parse(cls, header: str | None) -> CacheControl | Refusal:
-        if not header:
-            return cls()
-        no_cache = no_store = False
-        max_age = None
-        for token in (t.strip().lower() for t in header.split(",")):
-            name, _, value = token.partition("=")
-            if name == "no-cache":
-                no_cache = True
-            elif name == "no-store":
-                no_store = True
-            elif name == "max-age":
-                if not value.isascii() or not value.isdigit():
-                    return Refusal(400, f"Cache-Control max-age must be whole seconds, got {value!r}",
-                                   "invalid_cache_control")
-                max_age = min(int(value), MAX_DELTA_SECONDS)
-        return cls(no_cache or max_age == 0, no_store, max_age)
-
-    @property
-    def reads(self) -> bool:
-        """Whether a stored answer may be served at all."""
-        return not self.no_cache
-
-    def fresh(self, hit: Hit) -> bool:
-        """Whether ``hit`` is young enough for this request."""
-        return self.max_age is None or hit.age <= self.max_age
 
 
 def error(
@@ -154,15 +113,31 @@ async def upstream_events(response: Any) -> AsyncIterator[tuple[dict[str, Any], 
 
 
 def storable(kind: str, response: Any, control: CacheControl) -> str | None:
-    """The text to store of an upstream's whole answer, or None where it must not be stored:
-    an error status, no text, a finish other than "stop", more than text, or ``no-store``."""
-    if response.status_code != 200 or control.no_store:
+    """The text to keep of an upstream's whole answer, or None (``may_store``)."""
+    if response.status_code != 200:
         return None
     try:
-        answer, finish, replayable = wire.answer_of(kind, response.json())
+        text, finish, replayable = wire.answer_of(kind, response.json())
     except ValueError:
         return None
-    return answer if answer is not None and finish == "stop" and replayable else None
+    return text if may_store(response.status_code, text, finish, replayable, control) else None
+
+
+@dataclass
+class Relay:
+    """A streamed load's side of the exchange: the upstream's events waiting to be relayed
+    (one per piece the cache hands back), what the stream said of itself, and how it ended."""
+
+    meta: wire.StreamMeta
+    events: deque[bytes] = field(default_factory=deque)
+    started: bool = False  # this call ran the upstream request (it did not join or hit)
+    error_event: bool = False  # the upstream ended the stream with an error event
+    refused: PassedThrough | None = None  # the upstream answered with an error status
+
+    def drain(self) -> list[bytes]:
+        out = list(self.events)
+        self.events.clear()
+        return out
 
 
 class Proxy:
@@ -171,208 +146,299 @@ class Proxy:
     ) -> None:
         self.config, self.cache, self.upstream, self.metrics = config, cache, upstream, metrics
 
-    # ------------------------------------------------------------------------- entry
-
     async def completion(self, kind: str, request: Request) -> Response:
+        exchange = await self.receive(kind, request)
         endpoint = PATHS[kind]
+        outcome = exchange if isinstance(exchange, Refused) else await self.run(exchange)
+        self.record(endpoint, outcome)
+        return self.respond(exchange, outcome)
+
+    # ------------------------------------------------------------------------- receive
+
+    async def receive(self, kind: str, request: Request) -> Exchange | Refused:
+        """The request read and keyed, or why it is refused."""
         try:
             raw = await read_body(request, self.config.max_body_bytes)
             body = parse_json(raw)
             tenant = self.config.tenancy.tenant(request.headers)
             key = request_key(kind, body, tenant) if isinstance(tenant, str) else None
         except TooLarge as exc:
-            self.metrics.errors.labels("bad_request").inc()
-            return error(413, str(exc), "invalid_request_error", "request_too_large", retry=False)
+            return Refused(413, str(exc), "request_too_large")
         except ClientDisconnect:
-            self.metrics.errors.labels("client_disconnect").inc()
-            return Response(status_code=499)
+            return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
         except BadRequest as exc:
-            self.metrics.errors.labels("bad_request").inc()
-            return error(400, str(exc), "invalid_request_error", "invalid_request", exc.param, retry=False)
-        control = (CacheControl() if self.config.ignore_client_cache_control
-                   else CacheControl.parse(request.headers.get("cache-control")))
-        for refused in (tenant, control):
-            if isinstance(refused, Refusal):
-                self.metrics.errors.labels("bad_request" if refused.status == 400 else "unauthorized").inc()
-                return error(refused.status, refused.message, "invalid_request_error", refused.code,
-                             retry=False)
+            return Refused(400, str(exc), "invalid_request", exc.param)
+        control = (
+            CacheControl()
+            if self.config.ignore_client_cache_control
+            else CacheControl.parse(request.headers.get("cache-control"))
+        )
+        for refusal in (tenant, control):
+            if isinstance(refusal, Refusal):
+                return Refused(
+                    refusal.status,
+                    refusal.message,
+                    refusal.code,
+                    kind="unauthorized" if refusal.status == 401 else "bad_request",
+                )
         assert key is not None and isinstance(control, CacheControl)
-        if key.bypass is not None:
-            self.metrics.bypasses.labels(key.bypass).inc()
-            self.metrics.requests.labels(endpoint, "bypass").inc()
-            return await self.forward(endpoint, request, raw, key.stream, "bypass")
-        if not control.reads:
-            return await self.refresh(kind, request, raw, key, control)
-        if key.stream:
-            return await self.streamed(kind, request, body, raw, key, control)
-        return await self.whole(kind, request, body, raw, key, control)
+        return Exchange(kind, request.method, request.headers, request.query_params, raw, body, key, control)
 
-    # ------------------------------------------------------------------------- JSON
+    # ------------------------------------------------------------------------- run
 
-    async def whole(self, kind: str, request: Request, body: dict[str, Any], raw: bytes,
-                    key: RequestKey, control: CacheControl) -> Response:
-        endpoint = PATHS[kind]
+    async def run(self, ex: Exchange) -> Outcome:
+        if ex.key.bypass is not None:
+            forwarded = await self.forward_exchange(ex, "bypass")
+            return forwarded if isinstance(forwarded, Unavailable) else Bypassed(ex.key.bypass, forwarded)
+        if not ex.control.reads:
+            return await self.refresh(ex)
+        if ex.key.stream:
+            return await self.run_stream(ex)
+        return await self.run_json(ex)
+
+    async def run_json(self, ex: Exchange) -> Outcome:
         found, on_lookup = self.recorder()
         mine: dict[str, Any] = {}  # set when this call loaded: the upstream's own response
 
-        async def loader(text: str) -> str:
+        async def loader(text: str) -> str | Unstored:
             mine["started"] = True
             begun = time.perf_counter()
-            response = await self.upstream.send("POST", endpoint, request.headers, raw,
-                                                params=request.query_params)
+            response = await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
             self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
-            answer = storable(kind, response, control)
-            if answer is None:
-                raise UpstreamAnswer(response.status_code, response.headers, response.content)
             mine["response"] = response
-            return answer
+            answer = storable(ex.kind, response, ex.control)
+            return answer if answer is not None else Unstored(response)
 
         try:
-            answer = await self.cache.aget_or_put(
-                key.semantic_text, loader, scope=key.scope, ttl=self.config.ttl, on_lookup=on_lookup
+            result = await self.cache.aget_or_put(
+                ex.key.semantic_text, loader, scope=ex.key.scope, ttl=self.config.ttl, on_lookup=on_lookup
             )
-        except UpstreamAnswer as passed:
-            return self.passed_through(endpoint, passed)
         except UpstreamUnavailable as down:
-            return self.unavailable(endpoint, down)
-        except Exception as exc:  # the cache failed: go upstream without it, unless that has begun
+            return Unavailable(down.status, str(down))
+        except Exception as exc:
+            if "response" in mine:  # the upstream answered; keeping it failed: serve it, count it
+                log.exception("gpucache: storing an answer failed")
+                self.metrics.errors.labels("cache").inc()
+                return self.loaded(mine["response"])
             if mine.get("started"):
-                raise
-            return await self.fail_open(endpoint, request, raw, False, exc)
+                log.exception("gpucache: a load failed")
+                return Unavailable(502, f"the upstream request failed: {type(exc).__name__}")
+            return await self.fail_open(ex, exc)
         hit = found[0] if found else None
-        if hit is not None and not control.fresh(hit):
-            return await self.refresh(kind, request, raw, key, control)
+        if isinstance(result, Unstored):
+            response = result.value
+            return PassedThrough(response.status_code, response.headers, response.content)
         if hit is not None:
-            return JSONResponse(
-                wire.completion(kind, body["model"], answer), headers=self.hit_headers(endpoint, hit)
-            )
-        self.metrics.requests.labels(endpoint, "miss").inc()
+            if not ex.control.fresh(hit):
+                return await self.refresh(ex)
+            return Hit(hit, result)
         if "response" in mine:
-            response = mine["response"]
-            return Response(
-                response.content,
-                response.status_code,
-                headers={**returned(response.headers), "x-gpucache": "miss"},
-            )
-        return JSONResponse(wire.completion(kind, body["model"], answer), headers={"x-gpucache": "miss"})
+            return self.loaded(mine["response"])
+        return Joined(result)
 
-    # ------------------------------------------------------------------------- streams
-
-    async def streamed(self, kind: str, request: Request, body: dict[str, Any], raw: bytes,
-                       key: RequestKey, control: CacheControl) -> Response:
-        endpoint = PATHS[kind]
+    async def run_stream(self, ex: Exchange) -> Outcome:
         found, on_lookup = self.recorder()
-        meta = wire.StreamMeta(kind, body["model"])
-        loading: dict[str, bool] = {}
-        relayed: deque[bytes] = deque()  # the upstream's events, as sent, for a miss to relay
+        relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
 
-        async def chunks(text: str) -> AsyncIterator[str]:
+        async def chunks(text: str) -> AsyncIterator[str | Unstored]:
             # one piece per upstream event (its text, or ""), so the events and the pieces the
             # cache hands back stay in step
-            loading["started"] = True
+            relay.started = True
             begun = time.perf_counter()
-            async with self.upstream.stream(endpoint, request.headers, raw,
-                                            params=request.query_params) as response:
+            async with self.upstream.stream(ex.endpoint, ex.headers, ex.raw, params=ex.query) as response:
                 if response.status_code != 200:
-                    raise UpstreamAnswer(response.status_code, response.headers, await response.aread())
+                    relay.refused = PassedThrough(
+                        response.status_code, response.headers, await response.aread()
+                    )
+                    yield Unstored()
+                    return
                 async for event, line in upstream_events(response):
-                    relayed.append(line)
+                    relay.events.append(line)
                     if "error" in event:
-                        raise UpstreamErrorEvent(str(event.get("error"))[:200])
-                    yield wire.delta_of(kind, event, meta) or ""
+                        relay.error_event = True
+                        yield ""
+                        yield Unstored()
+                        return
+                    yield wire.delta_of(ex.kind, event, relay.meta) or ""
             self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
-            if meta.finish_reason != "stop" or control.no_store or meta.unreplayable:
-                raise Unstored(meta.finish_reason)
+            if not may_store(200, "", relay.meta.finish_reason, not relay.meta.unreplayable, ex.control):
+                yield Unstored()
 
         pieces = self.cache.aget_or_put_streaming(
-            key.semantic_text, chunks, scope=key.scope, ttl=self.config.ttl, on_lookup=on_lookup
+            ex.key.semantic_text, chunks, scope=ex.key.scope, ttl=self.config.ttl, on_lookup=on_lookup
         )
         first: str | None = None
-        ended: BaseException | None = None  # how a load ended before its first piece
         try:
             first = await pieces.__anext__()  # the lookup, then a hit's or the upstream's first piece
         except StopAsyncIteration:
             pass
-        except Unstored as exc:
-            if not loading.get("started"):  # another call's answer was not kept: load our own
-                return await self.forward(endpoint, request, raw, True, "miss")
-            ended = exc
-        except UpstreamErrorEvent as exc:
-            ended = exc
-        except UpstreamAnswer as passed:
-            return self.passed_through(endpoint, passed)
         except UpstreamUnavailable as down:
-            return self.unavailable(endpoint, down)
+            return Unavailable(down.status, str(down))
         except Exception as exc:
-            if loading.get("started"):
+            if relay.started:
                 log.exception("gpucache: a streamed load failed before its first event")
-                self.metrics.errors.labels("upstream_unavailable").inc()
-                return error(502, f"the upstream stream failed: {type(exc).__name__}", "api_error",
-                             retry=True)
-            return await self.fail_open(endpoint, request, raw, True, exc)
-        hit = found[0] if found else None
-        if hit is not None and not control.fresh(hit):
+                return Unavailable(502, f"the upstream stream failed: {type(exc).__name__}")
+            return await self.fail_open(ex, exc)
+        if relay.refused is not None:
             await pieces.aclose()
-            return await self.refresh(kind, request, raw, key, control)
+            return relay.refused
+        hit = found[0] if found else None
+        if hit is not None and not ex.control.fresh(hit):
+            await pieces.aclose()
+            return await self.refresh(ex)
+        if relay.started:
+            return Loaded(stream=self.closing(self.relayed(first, pieces, relay), pieces))
+        replay = self.closing(self.replay(relay.meta, first, pieces, ex.key.include_usage), pieces)
         if hit is not None:
-            headers = self.hit_headers(endpoint, hit)
-        else:
-            self.metrics.requests.labels(endpoint, "miss").inc()
-            headers = {"x-gpucache": "miss"}
-        if loading.get("started"):
-            source = self.relay_load(first, ended, pieces, relayed)
-        else:
-            source = self.replay(meta, first, pieces, key.include_usage)
+            return Hit(hit, "", stream=replay)
+        return Joined("", stream=replay)
 
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                async for data in source:
-                    yield data
-            except (asyncio.CancelledError, GeneratorExit):
-                self.metrics.errors.labels("client_disconnect").inc()
-                raise
-            finally:
-                await pieces.aclose()  # a client gone mid-stream: the upstream request is closed
+    async def refresh(self, ex: Exchange) -> Outcome:
+        """The upstream answers, and a complete answer is stored for later requests: for
+        ``no-cache``, ``max-age=0`` and a hit older than the request's ``max-age``."""
+        if ex.key.stream:
+            return await self.forward_stream(ex, store=True)
+        try:
+            response = await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
+        except UpstreamUnavailable as down:
+            return Unavailable(down.status, str(down))
+        answer = storable(ex.kind, response, ex.control)
+        if answer is not None:
+            await self.store(ex.key, answer)
+        return self.loaded(response)
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    async def fail_open(self, ex: Exchange, exc: Exception) -> Outcome:
+        log.warning("gpucache: the cache failed (%r); this request goes upstream without it", exc)
+        self.metrics.errors.labels("cache").inc()
+        forwarded = await self.forward_exchange(ex, "miss")
+        return forwarded if isinstance(forwarded, Unavailable) else FailedOpen(exc, forwarded)
 
-    async def relay_load(self, first: str | None, ended: BaseException | None,
-                         pieces: AsyncIterator[str], relayed: deque[bytes]) -> AsyncIterator[bytes]:
-        """This call's own load: the upstream's events as it sent them, one per piece; its
-        ``[DONE]`` where it completed; its error event, or one made here for a cut or failed
-        upstream, where it did not."""
-        def drain() -> list[bytes]:
-            out = list(relayed)
-            relayed.clear()
-            return out
+    # ------------------------------------------------------------------------- respond
 
-        if first is not None and ended is None:
-            for line in drain():
-                yield line
+    def respond(self, ex: Exchange | Refused | None, outcome: Outcome) -> Response:
+        """The HTTP answer of an outcome: the only place one is built."""
+        if isinstance(outcome, Refused):
+            if outcome.status == 499:
+                return Response(status_code=499)
+            return error(
+                outcome.status,
+                outcome.message,
+                "invalid_request_error",
+                outcome.code,
+                outcome.param,
+                retry=False,
+            )
+        if isinstance(outcome, Unavailable):
+            code = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable"
+            return error(outcome.status, outcome.message, "api_error", code, retry=True)
+        if isinstance(outcome, (Bypassed, FailedOpen)):
+            return outcome.response  # type: ignore[no-any-return]
+        if isinstance(outcome, PassedThrough):
+            return Response(
+                outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
+            )
+        assert isinstance(ex, Exchange)
+        if isinstance(outcome, Hit):
+            headers = self.hit_headers(outcome.hit)
+            if outcome.stream is not None:
+                return StreamingResponse(outcome.stream, media_type="text/event-stream", headers=headers)
+            return JSONResponse(wire.completion(ex.kind, ex.body["model"], outcome.answer), headers=headers)
+        if isinstance(outcome, Joined):
+            if outcome.stream is not None:
+                return StreamingResponse(
+                    outcome.stream, media_type="text/event-stream", headers={"x-gpucache": "miss"}
+                )
+            return JSONResponse(
+                wire.completion(ex.kind, ex.body["model"], outcome.answer), headers={"x-gpucache": "miss"}
+            )
+        assert isinstance(outcome, Loaded)
+        if outcome.stream is not None:
+            return StreamingResponse(
+                outcome.stream,
+                status_code=outcome.status,
+                media_type="text/event-stream",
+                headers={**returned(outcome.headers or {}), "x-gpucache": "miss"},
+            )
+        return Response(
+            outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
+        )
+
+    def record(self, endpoint: str, outcome: Outcome) -> None:
+        """The metrics of an outcome: the only place requests, hits and errors are counted."""
+        m = self.metrics
+        if isinstance(outcome, Refused):
+            m.errors.labels(outcome.kind).inc()
+            return
+        if isinstance(outcome, Hit):
+            tier = "exact" if outcome.hit.exact else "semantic"
+            m.requests.labels(endpoint, tier).inc()
+            m.hits.labels(tier).inc()
+            if not outcome.hit.exact:
+                m.similarity.observe(outcome.hit.similarity)
+            return
+        if isinstance(outcome, Bypassed):
+            m.bypasses.labels(outcome.reason).inc()
+            m.requests.labels(endpoint, "bypass").inc()
+            return
+        if isinstance(outcome, Unavailable):
+            m.errors.labels("upstream_timeout" if outcome.status == 504 else "upstream_unavailable").inc()
+            m.requests.labels(endpoint, "error").inc()
+            return
+        m.requests.labels(endpoint, "miss").inc()  # Loaded, Joined, PassedThrough, FailedOpen
+
+    def hit_headers(self, hit: CacheHit) -> dict[str, str]:
+        headers = {"x-gpucache": "exact" if hit.exact else "semantic"}
+        if math.isfinite(hit.age):  # RFC 9111's Age: how long ago the served answer was stored
+            headers["age"] = str(max(0, int(hit.age)))
+        if not hit.exact:
+            headers["x-gpucache-similarity"] = f"{hit.similarity:.4f}"
+        return headers
+
+    # ------------------------------------------------------------------------- streams
+
+    async def closing(self, source: AsyncIterator[bytes], pieces: Any) -> AsyncIterator[bytes]:
+        """``source`` to the client; a client gone mid-stream closes the cache's stream, and
+        so the upstream request."""
+        try:
+            async for data in source:
+                yield data
+        except (asyncio.CancelledError, GeneratorExit):
+            self.metrics.errors.labels("client_disconnect").inc()
+            raise
+        finally:
+            await pieces.aclose()
+
+    async def relayed(
+        self, first: str | None, pieces: AsyncIterator[str], relay: Relay
+    ) -> AsyncIterator[bytes]:
+        """This call's own load: the upstream's events as it sent them, one per piece; then its
+        ``[DONE]``, unless an error event ended it; a cut or failed upstream ends it with an
+        error event made here."""
+        for line in relay.drain():
+            yield line
+        if first is not None:
             try:
                 async for _ in pieces:
-                    for line in drain():
+                    for line in relay.drain():
                         yield line
-            except (Unstored, UpstreamErrorEvent) as exc:
-                ended = exc
-            except (UpstreamUnavailable, UpstreamAnswer) as exc:
-                for line in drain():
+            except UpstreamUnavailable as exc:
+                for line in relay.drain():
                     yield line
                 yield self.cut(exc)
                 return
-            except Exception as exc:  # a failure past the first event: an error event, never a traceback
+            except Exception as exc:  # past the first event: an error event, never a traceback
                 log.exception("gpucache: a streamed load failed mid-stream")
-                self.metrics.errors.labels("upstream_unavailable").inc()
-                yield wire.sse(wire.error_body(f"the stream failed: {type(exc).__name__}", "api_error"))
+                yield self.cut(exc)
                 return
-        for line in drain():
+        for line in relay.drain():
             yield line
-        if not isinstance(ended, UpstreamErrorEvent):
+        if not relay.error_event:
             yield wire.DONE
 
     @staticmethod
-    async def replay(meta: wire.StreamMeta, first: str | None, pieces: AsyncIterator[str],
-                     include_usage: bool) -> AsyncIterator[bytes]:
+    async def replay(
+        meta: wire.StreamMeta, first: str | None, pieces: AsyncIterator[str], include_usage: bool
+    ) -> AsyncIterator[bytes]:
         """A stored answer (a hit, or another call's load) as a stream of its text."""
         if meta.kind == "chat":
             yield wire.chunk(meta, role=True, content="")
@@ -385,30 +451,15 @@ class Proxy:
             yield wire.chunk(meta, usage=dict(wire.ZERO_USAGE))
         yield wire.DONE
 
-    # ------------------------------------------------------------------------- no cache
+    def cut(self, exc: Exception) -> bytes:
+        """The error event that ends a client's stream whose upstream failed mid-stream."""
+        self.metrics.errors.labels("upstream_unavailable").inc()
+        return wire.sse(wire.error_body(f"the upstream failed mid-stream: {exc}", "api_error"))
 
-    async def refresh(
-        self, kind: str, request: Request, raw: bytes, key: RequestKey, control: CacheControl
-    ) -> Response:
-        """``Cache-Control: no-cache``: the upstream answers, and a complete answer is stored
-        (unless ``no-store``) for later requests."""
-        endpoint = PATHS[kind]
-        self.metrics.requests.labels(endpoint, "miss").inc()
-        if key.stream:
-            return await self.forward(endpoint, request, raw, True, "miss", store=(key, control))
-        try:
-            response = await self.upstream.send("POST", endpoint, request.headers, raw,
-                                                params=request.query_params)
-        except UpstreamUnavailable as down:
-            return self.unavailable(endpoint, down)
-        answer = storable(kind, response, control)
-        if answer is not None:
-            await self.store(key, answer)
-        return Response(
-            response.content,
-            response.status_code,
-            headers={**returned(response.headers), "x-gpucache": "miss"},
-        )
+    # ------------------------------------------------------------------------- plain
+
+    def loaded(self, response: httpx.Response) -> Loaded:
+        return Loaded(response.status_code, response.headers, response.content)
 
     async def store(self, key: RequestKey, answer: str) -> None:
         try:
@@ -419,45 +470,56 @@ class Proxy:
             log.exception("gpucache: storing an answer failed")
             self.metrics.errors.labels("cache").inc()
 
-    # ------------------------------------------------------------------------- plain
-
     async def forward(
-        self,
-        path: str,
-        request: Request,
-        raw: bytes,
-        stream: bool,
-        outcome: str,
-        store: tuple[RequestKey, CacheControl] | None = None,
-        label: str | None = None,
-    ) -> Response:
-        """The request as it came, to the upstream, and its answer as it came back. ``label``
-        names the path in metrics (the allow-list's rule; never a client's own path)."""
-        headers = {"x-gpucache": outcome}
-        if not stream:
-            try:
-                response = await self.upstream.send(
-                    request.method, path, request.headers, raw, params=request.query_params
-                )
-            except UpstreamUnavailable as down:
-                return self.unavailable(label or path, down)
-            return Response(
-                response.content, response.status_code, headers={**returned(response.headers), **headers}
-            )
+        self, path: str, method: str, headers: Any, query: Any, body: bytes, stream: bool, outcome: str
+    ) -> Response | Unavailable:
+        """The request as it came, to the upstream, and its answer as it came back."""
+        marker = {"x-gpucache": outcome}
         try:
-            response = await self.upstream.open(path, request.headers, raw, params=request.query_params)
+            if not stream:
+                response = await self.upstream.send(method, path, headers, body, params=query)
+                return Response(
+                    response.content, response.status_code, headers={**returned(response.headers), **marker}
+                )
+            response = await self.upstream.open(path, headers, body, params=query)
         except UpstreamUnavailable as down:
-            return self.unavailable(label or path, down)
-        if store is not None and response.status_code == 200:
-            relay: AsyncIterator[bytes] = self.relay(response, store)
-        else:
-            relay = self.raw_relay(response)
+            return Unavailable(down.status, str(down))
         return StreamingResponse(
-            relay,
+            self.raw_relay(response),
             status_code=response.status_code,
-            headers={**returned(response.headers), **headers},
+            headers={**returned(response.headers), **marker},
             background=BackgroundTask(response.aclose),
         )
+
+    async def forward_exchange(self, ex: Exchange, outcome: str) -> Response | Unavailable:
+        return await self.forward(
+            ex.endpoint, ex.method, ex.headers, ex.query, ex.raw, ex.key.stream, outcome
+        )
+
+    async def passthrough(self, path: str, label: str, request: Request) -> Response:
+        """An allow-listed path (passthrough.py), forwarded unchanged and never cached;
+        ``label`` names it in metrics (the rule, never a client's own path)."""
+        forwarded = await self.forward(
+            path, request.method, request.headers, request.query_params, await request.body(), False, "bypass"
+        )
+        outcome: Outcome = (
+            forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)
+        )
+        self.record(label, outcome)
+        return self.respond(None, outcome)
+
+    async def forward_stream(self, ex: Exchange, store: bool) -> Outcome:
+        """A streamed request to the upstream, relayed event by event and its answer stored
+        where ``may_store`` allows (the refresh of a stream)."""
+        try:
+            response = await self.upstream.open(ex.endpoint, ex.headers, ex.raw, params=ex.query)
+        except UpstreamUnavailable as down:
+            return Unavailable(down.status, str(down))
+        if response.status_code != 200:
+            content = await response.aread()
+            await response.aclose()
+            return PassedThrough(response.status_code, response.headers, content)
+        return Loaded(200, response.headers, stream=self.relay_and_store(response, ex, store))
 
     async def raw_relay(self, response: Any) -> AsyncIterator[bytes]:
         """An upstream body passed through as bytes; a cut connection ends it with an error
@@ -468,77 +530,34 @@ class Proxy:
         except httpx.TransportError as exc:
             yield self.cut(exc)
 
-    def cut(self, exc: Exception) -> bytes:
-        """The error event that ends a client's stream whose upstream failed mid-stream."""
-        self.metrics.errors.labels("upstream_unavailable").inc()
-        return wire.sse(wire.error_body(f"the upstream failed mid-stream: {exc}", "api_error"))
-
-    async def relay(self, response: Any, store: tuple[RequestKey, CacheControl]) -> AsyncIterator[bytes]:
-        """An upstream stream passed through event by event, its answer stored if it
-        completes and its text alone replays it."""
-        key, control = store
-        meta = wire.StreamMeta(key.kind, "")
+    async def relay_and_store(self, response: Any, ex: Exchange, store: bool) -> AsyncIterator[bytes]:
+        meta = wire.StreamMeta(ex.kind, "")
         parts: list[str] = []
         try:
             async for event, line in upstream_events(response):
                 yield line
                 if "error" in event:
                     return  # relayed; nothing stored
-                delta = wire.delta_of(key.kind, event, meta)
+                delta = wire.delta_of(ex.kind, event, meta)
                 if delta:
                     parts.append(delta)
         except UpstreamUnavailable as exc:
             yield self.cut(exc)
             return
+        finally:
+            await response.aclose()
         yield wire.DONE
-        if meta.finish_reason == "stop" and not control.no_store and not meta.unreplayable:
-            await self.store(key, "".join(parts))
+        if store and may_store(200, "", meta.finish_reason, not meta.unreplayable, ex.control):
+            await self.store(ex.key, "".join(parts))
 
-    async def fail_open(
-        self, path: str, request: Request, raw: bytes, stream: bool, exc: Exception
-    ) -> Response:
-        log.warning("gpucache: the cache failed (%r); this request goes upstream without it", exc)
-        self.metrics.errors.labels("cache").inc()
-        self.metrics.requests.labels(path, "miss").inc()
-        return await self.forward(path, request, raw, stream, "miss")
-
-    def passed_through(self, path: str, passed: UpstreamAnswer) -> Response:
-        """An upstream answer the cache does not keep, as the upstream sent it."""
-        self.metrics.requests.labels(path, "miss").inc()
-        headers = {**returned(passed.headers), "x-gpucache": "miss"}
-        return Response(passed.body, passed.status, headers=headers)
-
-    def unavailable(self, path: str, down: UpstreamUnavailable) -> JSONResponse:
-        self.metrics.errors.labels("upstream_timeout" if down.status == 504 else "upstream_unavailable").inc()
-        self.metrics.requests.labels(path, "error").inc()
-        return error(
-            down.status,
-            str(down),
-            "api_error",
-            "upstream_timeout" if down.status == 504 else "upstream_unavailable",
-            retry=True,
-        )
-
-    def recorder(self) -> tuple[list[Hit | None], Callable[[Hit | None], None]]:
+    def recorder(self) -> tuple[list[CacheHit | None], Callable[[CacheHit | None], None]]:
         """A list for the lookup's hit (or None), and the cache's ``on_lookup`` that fills it
         and times the lookup from now."""
-        found: list[Hit | None] = []
+        found: list[CacheHit | None] = []
         started = time.perf_counter()
 
-        def on_lookup(hit: Hit | None) -> None:
+        def on_lookup(hit: CacheHit | None) -> None:
             found.append(hit)
             self.metrics.lookup_seconds.observe(time.perf_counter() - started)
 
         return found, on_lookup
-
-    def hit_headers(self, path: str, hit: Hit) -> dict[str, str]:
-        tier = "exact" if hit.exact else "semantic"
-        self.metrics.requests.labels(path, tier).inc()
-        self.metrics.hits.labels(tier).inc()
-        headers = {"x-gpucache": tier}
-        if math.isfinite(hit.age):  # RFC 9111's Age: how long ago the served answer was stored
-            headers["age"] = str(max(0, int(hit.age)))
-        if not hit.exact:
-            self.metrics.similarity.observe(hit.similarity)
-            headers["x-gpucache-similarity"] = f"{hit.similarity:.4f}"
-        return headers

@@ -1,8 +1,8 @@
 """The upstream model server, through one pooled ``httpx.AsyncClient``.
 
 Errors are sorted here so the proxy can answer each the way OpenAI clients expect: an upstream
-that cannot be reached is a 502, one that takes too long a 504 (``UpstreamUnavailable``), and an
-upstream's own error status is passed through unchanged (``UpstreamAnswer``).
+that cannot be reached is a 502, one that takes too long a 504 (``UpstreamUnavailable``); an
+upstream's own error status is an answer like any other, passed through unchanged.
 """
 
 from __future__ import annotations
@@ -40,15 +40,6 @@ class UpstreamUnavailable(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-class UpstreamAnswer(Exception):
-    """An upstream answer the cache must not keep (an error status, a truncated or tool-call
-    answer): passed to the client as the upstream sent it."""
-
-    def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
-        super().__init__(f"upstream answered {status}")
-        self.status, self.headers, self.body = status, dict(headers), body
 
 
 def forwarded(headers: Mapping[str, str]) -> dict[str, str]:

@@ -13,7 +13,8 @@ Its behaviour is chosen by markers in the prompt, so one server serves every tes
     [no-finish] streams the answer and [DONE] with no finish_reason
     [reason] answers with reasoning_content beside the text
     [stall] never answers (until the request is closed, or 60 s)
-    [drip]  streams one word, then waits for POST /control/drip before the rest
+    [drip]  streams one word, then waits for POST /control/drip before the rest (not
+            streamed: waits for it before answering)
     [slow]  takes 0.2 s more, so that concurrent requests overlap
 ``token_delay`` is the time each word of an answer takes, so a benchmark sees a model's cost.
 Any other path is answered 200 and recorded in ``app.state.paths`` (method and raw path), so a
@@ -83,6 +84,8 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
             )
         if "[stall]" in text:
             await asyncio.sleep(60)  # stall: only the client giving up ends this
+        if "[drip]" in text and not body.get("stream"):
+            await drip.wait()  # held until POST /control/drip, so that requests overlap
         if "[slow]" in text:
             await asyncio.sleep(0.2)  # stall: a model's generation time, so requests overlap
         finish = "length" if "[length]" in text else ("tool_calls" if "[tool]" in text else "stop")

@@ -1,0 +1,165 @@
+"""One request through the proxy as values: the ``Exchange`` it is, and the ``Outcome`` it ends
+in. The proxy (proxy.py) runs an exchange to one outcome; one function maps an outcome to
+HTTP, one records its metrics, and ``may_store`` alone decides what the cache keeps. vLLM's
+OpenAI server is the model: a request object, a function that serves it, typed results.
+
+Outcomes:
+    Hit          answered from the cache (a stored answer, JSON or replayed as a stream)
+    Loaded       this call's own upstream answer, stored where ``may_store`` allowed it
+    Joined       another request's load of the same prompt, in the same tenant
+    PassedThrough an upstream answer served as it came and not kept (an error status, say)
+    Bypassed     forwarded without the cache (a request it cannot stand for, a passthrough path)
+    FailedOpen   the cache failed; the request went upstream without it
+    Unavailable  the upstream could not be reached (502) or did not answer in time (504)
+    Refused      the request itself was refused (400, 401, 413, 499)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from gpucache.cache.lookup import Hit as CacheHit
+from gpucache.serve.keying import RequestKey
+from gpucache.serve.tenancy import Refusal
+
+# RFC 9111 section 1.2.2: a delta-seconds value past 2^31 is taken as 2^31
+MAX_DELTA_SECONDS = 2**31
+PATHS = {"chat": "chat/completions", "completions": "completions"}
+
+
+@dataclass(frozen=True)
+class CacheControl:
+    """The request's Cache-Control, as HTTP means it (RFC 9111, section 5.2.1), and only ever
+    about this request: ``max-age=N`` accepts a stored answer at most N seconds old (else the
+    upstream answers and the fresh answer is stored); ``no-cache`` (or ``max-age=0``) reads
+    nothing from the cache and stores the fresh answer; ``no-store`` stores nothing. How long
+    an answer is kept is the server's setting (``ServeConfig.ttl``), never a client's: one
+    client must not decide what the tenant's other clients are served."""
+
+    no_cache: bool = False
+    no_store: bool = False
+    max_age: int | None = None
+
+    @classmethod
+    def parse(cls, header: str | None) -> CacheControl | Refusal:
+        if not header:
+            return cls()
+        no_cache = no_store = False
+        max_age = None
+        for token in (t.strip().lower() for t in header.split(",")):
+            name, _, value = token.partition("=")
+            if name == "no-cache":
+                no_cache = True
+            elif name == "no-store":
+                no_store = True
+            elif name == "max-age":
+                if not value.isascii() or not value.isdigit():
+                    return Refusal(
+                        400,
+                        f"Cache-Control max-age must be whole seconds, got {value!r}",
+                        "invalid_cache_control",
+                    )
+                max_age = min(int(value), MAX_DELTA_SECONDS)
+        return cls(no_cache or max_age == 0, no_store, max_age)
+
+    @property
+    def reads(self) -> bool:
+        """Whether a stored answer may be served at all."""
+        return not self.no_cache
+
+    def fresh(self, hit: CacheHit) -> bool:
+        """Whether ``hit`` is young enough for this request."""
+        return self.max_age is None or hit.age <= self.max_age
+
+
+def may_store(status: int, text: Any, finish: str | None, replayable: bool, control: CacheControl) -> bool:
+    """Whether an upstream's answer is kept: a 200 with text, finished ("stop", not cut short
+    or turned into a tool call), whose text alone replays it (no tool calls, refusal or
+    reasoning beside it: a hit serves the text only), and a request that allows storing."""
+    return (
+        status == 200 and isinstance(text, str) and finish == "stop" and replayable and not control.no_store
+    )
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One cached-endpoint request, read and keyed: everything the proxy needs to run it."""
+
+    kind: str  # "chat" or "completions"
+    method: str
+    headers: Any  # the client's request headers (a case-insensitive mapping)
+    query: Any  # the client's query parameters, forwarded on every path
+    raw: bytes  # the body as the client sent it, forwarded as it is
+    body: dict[str, Any]
+    key: RequestKey
+    control: CacheControl
+
+    @property
+    def endpoint(self) -> str:
+        return PATHS[self.kind]
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+@dataclass(frozen=True)
+class Hit:
+    hit: CacheHit
+    answer: str
+    stream: AsyncIterator[bytes] | None = None  # the replay, for a streamed request
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """This call's upstream answer: the upstream's own response (JSON), or its events as it
+    sent them (a stream)."""
+
+    status: int = 200
+    headers: Any = None
+    content: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+
+
+@dataclass(frozen=True)
+class Joined:
+    answer: str
+    stream: AsyncIterator[bytes] | None = None
+
+
+@dataclass(frozen=True)
+class PassedThrough:
+    status: int
+    headers: Any
+    content: bytes
+
+
+@dataclass(frozen=True)
+class Bypassed:
+    reason: str
+    response: Any  # the forwarded answer, an HTTP response already
+
+
+@dataclass(frozen=True)
+class FailedOpen:
+    error: BaseException
+    response: Any  # the forwarded answer, an HTTP response already
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    status: int  # 502 or 504
+    message: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    status: int
+    message: str
+    code: str
+    param: str | None = None
+    kind: str = "bad_request"  # the errors metric's label
+
+
+Outcome = Hit | Loaded | Joined | PassedThrough | Bypassed | FailedOpen | Unavailable | Refused
