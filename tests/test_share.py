@@ -396,3 +396,65 @@ def test_single_flight_holds_across_processes(server, replicas):
     assert other.returncode == 0, err[-2000:]
     assert out.strip().splitlines()[-1] == "from the other process"
     assert answer == {"here": "from the other process"} and int(r.get("test:loads")) == 1
+
+
+# --------------------------------------------------------------------- isolated failures
+
+
+def test_a_lifetime_redis_could_not_store_is_refused_at_the_put(replicas):
+    a = replicas()
+    with pytest.raises(ValueError, match="ten years"):
+        a.put("How long do you keep this?", "forever", ttl=1e16)
+    assert len(a) == 0 and a.shared.stats.pending == 0
+
+
+def test_a_poison_event_holds_back_nothing_after_it(server, replicas):
+    """A prompt with a lone surrogate (valid in JSON, legal in a str) replicates like any
+    other; an expiry Redis would refuse is stopped before the queue; and an event Redis
+    refuses to write is dropped alone: the entries stored after each reach the other replica."""
+    a, b = replicas(), replicas()
+    a.put("Lone surrogate \udc80 in a prompt", "still an answer")
+    assert b.shared.wait_applied(1, timeout=10)
+    assert b.get("Lone surrogate \udc80 in a prompt").response == "still an answer"
+    # an expiry past Redis's range, slipped in below the put's own check: never queued
+    a.shared.stored("default", [("A far-future prompt", "kept here")], a.embedder.encode(["x"]), 1e17)
+    assert a.shared.stats.poisoned == 1 and a.shared.stats.pending == 0
+    # a record key that is not a hash (another program's key in the prefix): HSET fails there
+    redis.Redis.from_url(server.url).set(a.shared._record_key("default", "A refused prompt"), "a string")
+    a.put("A refused prompt", "never shared")
+    for i in range(3):
+        a.put(f"after the poison {i}", f"answer {i}")
+    assert b.shared.wait_applied(4, timeout=10)
+    assert [b.get(f"after the poison {i}").response for i in range(3)] == ["answer 0", "answer 1", "answer 2"]
+    assert a.shared.stats.poisoned == 2 and a.shared.stats.pending == 0
+    assert b.get("A refused prompt") is None and b.get("A far-future prompt") is None
+
+
+def plant(server, prefix, key, mapping, event=None):
+    client = redis.Redis.from_url(server.url)
+    if mapping:
+        client.hset(f"{prefix}:e:{key}", mapping=mapping)
+    if event is not None:
+        client.xadd(f"{prefix}:log", event)
+
+
+def test_a_malformed_record_is_skipped_and_counted_by_the_tail_and_the_bootstrap(server, replicas):
+    a, b = replicas(), replicas()
+    good = {"model": a.embedder.name, "dim": str(a.embedder.dim), "scope": "default",
+            "expires_at": "inf", "origin": "elsewhere", "at": "0"}
+    vector = a.embedder.encode(["planted"])[0].numpy().astype("<f4").tobytes()
+    bad_records = {
+        "short": {**good, "prompt": "short vector", "response": "x", "vector": vector[:8]},
+        "utf8": {**good, "prompt": b"\xff\xfe not utf-8", "response": "x", "vector": vector},
+        "missing": {**good, "prompt": "no response field", "vector": vector},
+    }
+    for name, mapping in bad_records.items():
+        plant(server, "t", name, mapping, {"op": "put", "origin": "elsewhere", "scope": "default",
+                                           "record": f"t:e:{name}"})
+    plant(server, "t", "x", {}, {"op": "put", "origin": "elsewhere"})  # an event with no record field
+    a.put("A good entry after the bad ones", "served")
+    assert b.shared.wait_for(lambda s: s.malformed >= 4 and s.applied >= 1, timeout=10)
+    assert b.get("A good entry after the bad ones").response == "served"
+    late = replicas()  # a bootstrap reads the same records: it skips the bad ones too
+    assert late.shared.wait_for(lambda s: s.malformed >= 3 and s.applied >= 1, timeout=10)
+    assert late.get("A good entry after the bad ones").response == "served" and len(late) == 1

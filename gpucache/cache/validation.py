@@ -52,6 +52,12 @@ def check_threshold(threshold: object) -> float:
     return float(threshold)
 
 
+# The longest lifetime an entry may be given: ten years. Nobody means more, and past about
+# 1e16 seconds an expiry no longer fits Redis's millisecond timestamps (PEXPIREAT fails), so
+# one such entry would stop replication for every entry after it.
+MAX_TTL_SECONDS = 10 * 365 * 86400
+
+
 def check_ttl(ttl: object, what: str = "ttl") -> float | None:
     """Seconds an entry lives; None means until evicted."""
     if ttl is None:
@@ -60,6 +66,9 @@ def check_ttl(ttl: object, what: str = "ttl") -> float | None:
         raise TypeError(f"{what} must be a positive number of seconds or None, got {ttl!r}")
     if not (float(ttl) > 0.0 and math.isfinite(float(ttl))):
         raise ValueError(f"{what} must be a positive finite number of seconds or None, got {ttl!r}")
+    if float(ttl) > MAX_TTL_SECONDS:
+        raise ValueError(f"{what} must be at most {MAX_TTL_SECONDS} seconds (ten years; None: until "
+                         f"evicted), got {ttl!r}")
     return float(ttl)
 
 

@@ -18,13 +18,11 @@ import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from gpucache.cache.validation import MAX_TTL_SECONDS
 from gpucache.serve.tenancy import CREDENTIAL_HEADERS, NAMESPACE_HEADER, Tenancy
 
 SECRET_ENV = "GPUCACHE_NAMESPACE_SECRET"
 ADMIN_TOKEN_ENV = "GPUCACHE_ADMIN_TOKEN"
-# The longest storage lifetime accepted: ten years. Past it Redis's PEXPIREAT overflows (at
-# 1e16 s) long before anything useful happens, and nobody means it.
-MAX_TTL_SECONDS = 10 * 365 * 86400
 # The paths under /v1 forwarded unchanged, as "METHOD path" with "*" for one path segment:
 # the OpenAI endpoints a chat client calls besides completions. Nothing else reaches the
 # model server through the proxy (vLLM's and Ollama's own endpoints included).

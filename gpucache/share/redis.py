@@ -34,7 +34,6 @@ sees; sharing it would take a sketch of counters in Redis merged on each sightin
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import math
@@ -48,6 +47,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from gpucache.cache.validation import MAX_TTL_SECONDS
+from gpucache.keys import prompt_key
 
 if TYPE_CHECKING:
     import redis
@@ -90,7 +92,9 @@ class ShareStats:
     dropped: int = 0  # events dropped unwritten: more than pending_max waited at once
     waiting: int = 0  # calls waiting now for an entry another replica is loading
     bootstraps: int = 0
-    refused: int = 0
+    refused: int = 0  # records of another model
+    malformed: int = 0  # records or events that could not be read: skipped, counted, logged
+    poisoned: int = 0  # events Redis refused to write (not a connection failure): dropped
     errors: int = 0
     pending: int = 0
     connected: bool = False
@@ -142,6 +146,10 @@ class RedisShare:
         )
         self.stats = ShareStats()
         self._errors: tuple[type[BaseException], ...] = (redis_module.RedisError, OSError)
+        # Redis or the way to it failing: the event waits and is written later. Anything else
+        # (Redis refusing a command, a value that cannot be encoded) fails again on every try.
+        self._transient: tuple[type[BaseException], ...] = (
+            redis_module.ConnectionError, redis_module.TimeoutError, OSError)
         self._pending: deque[dict[str, Any]] = deque(maxlen=pending_max)
         self._wake = threading.Condition()
         self._applied = threading.Condition()
@@ -207,6 +215,12 @@ class RedisShare:
         self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor, expires_at: float
     ) -> None:
         """The cache stored these (prompt, response) pairs with their (M, D) vectors."""
+        if math.isfinite(expires_at) and expires_at > time.time() + MAX_TTL_SECONDS + 86400:
+            # Redis would refuse its expiry: checked here, before it could fail a batch
+            self.stats.poisoned += len(items)
+            log.error("gpucache: %d entries expire past what Redis accepts (%r): kept in this "
+                      "replica only", len(items), expires_at)
+            return
         rows = vectors.detach().to("cpu", torch.float32).numpy()
         for (prompt, response), vector in zip(items, rows):
             self._enqueue(
@@ -300,9 +314,20 @@ class RedisShare:
                 batch = list(itertools.islice(self._pending, WRITE_BATCH))
             try:
                 self._write(batch)
-            except Exception as exc:  # Redis away (or a bug): keep the events, retry with backoff
+            except self._transient as exc:  # Redis away: keep the events, retry with backoff
                 backoff = self._failed(exc, "writing shared events", backoff)
                 continue
+            except Exception as exc:  # one event Redis refuses must not hold back the others
+                log.warning("gpucache: a batch of %d shared events failed (%r); writing them one "
+                            "by one", len(batch), exc)
+                written, dropped = self._write_each(batch)
+                self._count_written(-dropped)
+                if written < len(batch):  # Redis went away meanwhile: the rest wait
+                    batch = batch[:written]
+                    backoff = self._failed(ConnectionError("Redis went away"), "writing shared events",
+                                           backoff)
+                    if not batch:
+                        continue
             backoff = 0.05
             with self._wake:
                 for event in batch:  # the oldest may have been dropped meanwhile (pending_max)
@@ -314,6 +339,28 @@ class RedisShare:
                 self.stats.written += len(batch)
                 self._applied.notify_all()
 
+    def _write_each(self, batch: list[dict[str, Any]]) -> tuple[int, int]:
+        """The batch one event at a time: an event Redis refuses is dropped (counted, logged),
+        the others are written. Returns how many events were dealt with before Redis itself
+        failed (all of them, when it did not), and how many of those were dropped."""
+        dropped = 0
+        for done, event in enumerate(batch):
+            try:
+                self._write([event])
+            except self._transient:
+                return done, dropped
+            except Exception as exc:
+                dropped += 1
+                self.stats.poisoned += 1
+                log.error("gpucache: dropped a shared %s event that cannot be written (%r); it "
+                          "stays in this replica only", event["op"], exc)
+        return len(batch), dropped
+
+    def _count_written(self, n: int) -> None:
+        with self._applied:
+            self.stats.written += n
+            self._applied.notify_all()
+
     def _write(self, batch: list[dict[str, Any]]) -> None:
         """Events in order, each record written or deleted with its announcement, in one
         transaction (one round trip for the batch)."""
@@ -323,7 +370,7 @@ class RedisShare:
             fields: dict[str, Any] = {
                 "op": event["op"],
                 "origin": self.origin,
-                "scope": event["scope"],
+                "scope": _utf8(event["scope"]),
                 "at": repr(time.time()),
             }
             if event["op"] == "put":
@@ -331,9 +378,9 @@ class RedisShare:
                 pipe.hset(
                     record,
                     mapping={
-                        "scope": event["scope"],
-                        "prompt": event["prompt"],
-                        "response": event["response"],
+                        "scope": _utf8(event["scope"]),
+                        "prompt": _utf8(event["prompt"]),
+                        "response": _utf8(event["response"]),
                         "expires_at": repr(event["expires_at"]),
                         "model": cache.embedder.name,
                         "dim": str(cache.embedder.dim),
@@ -350,7 +397,7 @@ class RedisShare:
                 continue  # not an event other replicas need
             elif event["op"] == "del":
                 pipe.delete(self._record_key(event["scope"], event["prompt"]))
-                fields["prompt"] = event["prompt"]
+                fields["prompt"] = _utf8(event["prompt"])
             else:
                 for key in self._records_of(None if event["all"] else event["scope"]):
                     pipe.delete(key)
@@ -368,7 +415,7 @@ class RedisShare:
         for key in keys:
             pipe.hget(key, "scope")
         scopes = pipe.execute()
-        return [k for k, s in zip(keys, scopes) if s is not None and s.decode() == scope]
+        return [k for k, s in zip(keys, scopes) if s is not None and s == _utf8(scope)]
 
     # ----------------------------------------------------------------------------- reads
 
@@ -404,7 +451,12 @@ class RedisShare:
                 )
                 for _, events in replies or []:
                     for event_id, fields in events:
-                        self._apply_event(fields)
+                        try:
+                            self._apply_event(fields)
+                        except self._transient:
+                            raise  # Redis away: this event is read again once it is back
+                        except Exception as exc:  # one bad event must not stop the tail
+                            self._malformed("event", event_id, exc)
                         self._last_id = event_id.decode()
                 self.stats.connected = True
                 backoff = 0.05
@@ -463,9 +515,11 @@ class RedisShare:
                 self._apply_record(record)
                 return
         elif op == "del":
-            cache._apply_shared_removal(f["scope"].decode(), f["prompt"].decode())
+            cache._apply_shared_removal(_text(f["scope"]), _text(f["prompt"]))
         elif op == "clear":
-            cache._apply_shared_clear(None if f.get("all") == b"1" else f["scope"].decode())
+            cache._apply_shared_clear(None if f.get("all") == b"1" else _text(f["scope"]))
+        else:
+            raise ValueError(f"unknown op {op!r}")
         self._count_applied()
 
     def _apply_record(self, record: dict[Any, Any]) -> None:
@@ -482,11 +536,17 @@ class RedisShare:
             self._applied.notify_all()
 
     def _entries_of(self, records: list[dict[Any, Any]]) -> list[SharedEntry]:
-        """Records as entries; another model's are refused, loudly."""
+        """Records as entries; another model's are refused, loudly, and one that cannot be
+        read (a field missing, bad UTF-8, a vector of the wrong length) is skipped and
+        counted: it must not stop the others, in the tail or in a bootstrap."""
         cache = self._owner
         entries = []
         for record in records:
-            model, dim = record.get(b"model", b"").decode(), int(record.get(b"dim", b"0"))
+            try:
+                model, dim = record.get(b"model", b"").decode(), int(record.get(b"dim", b"0"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                self._malformed("record", record.get(b"prompt", b"?")[:40], exc)
+                continue
             if (model, dim) != (cache.embedder.name, cache.embedder.dim):
                 self.stats.refused += 1
                 log.error(
@@ -496,18 +556,33 @@ class RedisShare:
                     cache.embedder.name,
                 )
                 continue
-            vector = torch.from_numpy(np.frombuffer(record[b"vector"], dtype="<f4").copy())
-            entries.append(
-                SharedEntry(
-                    record[b"scope"].decode(),
-                    record[b"prompt"].decode(),
-                    record[b"response"].decode(),
+            try:
+                vector_bytes = record[b"vector"]
+                if len(vector_bytes) != 4 * dim:
+                    raise ValueError(f"a vector of {len(vector_bytes)} bytes for dimension {dim}")
+                vector = torch.from_numpy(np.frombuffer(vector_bytes, dtype="<f4").copy())
+                if not bool(torch.isfinite(vector).all()):
+                    raise ValueError("a vector that is not finite")
+                entry = SharedEntry(
+                    _text(record[b"scope"]),
+                    _text(record[b"prompt"]),
+                    _text(record[b"response"]),
                     float(record[b"expires_at"]),
                     vector,
                     float(record.get(b"at", b"nan")),
                 )
-            )
+            except (KeyError, ValueError, UnicodeDecodeError) as exc:
+                self._malformed("record", record.get(b"prompt", b"?")[:40], exc)
+                continue
+            entries.append(entry)
         return entries
+
+    def _malformed(self, what: str, which: Any, exc: BaseException) -> None:
+        """A record or event that cannot be read: counted, logged, passed over."""
+        self.stats.malformed += 1
+        log.error("gpucache: skipped a shared %s that cannot be read (%r): %r", what, which, exc)
+        with self._applied:
+            self._applied.notify_all()
 
     def _count_applied(self) -> None:
         with self._applied:
@@ -537,12 +612,20 @@ class RedisShare:
         return f"{self.prefix}:{name}"
 
     def _claim_key(self, scope: str, prompt: str) -> str:
-        digest = hashlib.blake2b(f"{scope}\0{prompt}".encode(), digest_size=16).hexdigest()
-        return self._key(f"claim:{digest}")
+        return self._key(f"claim:{prompt_key(scope, prompt).hex()}")
 
     def _record_key(self, scope: str, prompt: str) -> str:
-        digest = hashlib.blake2b(f"{scope}\0{prompt}".encode(), digest_size=16).hexdigest()
-        return self._key(f"e:{digest}")
+        return self._key(f"e:{prompt_key(scope, prompt).hex()}")
+
+
+def _utf8(text: str) -> bytes:
+    """A text as Redis stores it: UTF-8, a lone surrogate (legal in a Python str, valid in
+    JSON, refused by a strict encoder) kept rather than failing the write."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogatepass")
 
 
 def _id_after(a: str, b: str) -> bool:

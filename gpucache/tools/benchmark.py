@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from gpucache.devices import cpu_features
 from gpucache.index.blas_pool import blas_pool_quiet
 from gpucache.index.interface import QUANTIZATIONS
 from gpucache.index.kernel_choice import bucket, size_class
@@ -537,6 +538,7 @@ def versions() -> dict[str, str]:
            "transformers": transformers.__version__, "cuda": str(torch.version.cuda),
            "machine": platform.machine(), "processor": platform.processor() or "unknown",
            "cpu_threads": str(torch.get_num_threads()),
+           "cpu_features": " ".join(cpu_features()) or "no AVX2",
            "blas_pool": "quiet" if blas_pool_quiet() else "spinning",
            "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT", "unset"),
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset")}
@@ -638,8 +640,9 @@ def render(reports: list[BenchReport], command: str) -> str:
         lines += [
             f"## {r.device}", "",
             f"Commit {v['commit']}; Python {v['python']}, torch {v['torch']} (CUDA {v['cuda']}), "
-            f"transformers {v['transformers']}, faiss {v['faiss']}; {v['machine']}, "
-            f"{v['cpu_threads']} torch threads"
+            f"transformers {v['transformers']}, faiss {v['faiss']}; {v['machine']}"
+            + (f" ({v['cpu_features']})" if "cpu_features" in v else "")
+            + f", {v['cpu_threads']} torch threads"
             + (f", numpy's BLAS pool {v['blas_pool']} when idle" if "blas_pool" in v else "")
             + (f"; FAISS's OpenMP pool set to {v['faiss_threads']} threads"
                if "faiss_threads" in v else "")
