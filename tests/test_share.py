@@ -458,3 +458,41 @@ def test_a_malformed_record_is_skipped_and_counted_by_the_tail_and_the_bootstrap
     late = replicas()  # a bootstrap reads the same records: it skips the bad ones too
     assert late.shared.wait_for(lambda s: s.malformed >= 3 and s.applied >= 1, timeout=10)
     assert late.get("A good entry after the bad ones").response == "served" and len(late) == 1
+
+
+def test_waiting_on_another_replicas_loads_leaves_this_replicas_lookups_free(replicas):
+    """Eight async misses waiting for loads another replica holds park no worker thread:
+    meanwhile this replica's own lookups answer (as hits, not as timeouts)."""
+    import asyncio
+    import threading
+
+    a, b = replicas(), replicas()
+    b.put("A question b has stored", "b's own answer")
+    entered, release = threading.Semaphore(0), threading.Event()
+
+    def held_model(prompt):
+        entered.release()
+        assert release.wait(60)
+        return f"a's answer to {prompt}"
+
+    prompts = [f"A slow question number {i}" for i in range(8)]
+    loads = [threading.Thread(target=a.get_or_put, args=(p, held_model)) for p in prompts]
+    for thread in loads:
+        thread.start()
+    for _ in prompts:
+        assert entered.acquire(timeout=30)  # a holds all eight claims, loading
+
+    async def main():
+        never = lambda p: asyncio.sleep(0, "b must not load this")  # noqa: E731
+        waits = [asyncio.create_task(b.aget_or_put(p, never)) for p in prompts]
+        assert await asyncio.to_thread(b.shared.wait_for, lambda s: s.waiting == 8, 30)
+        hits = await asyncio.wait_for(  # a bound, not a measurement: stalled lookups fail here
+            asyncio.gather(*(b.aget("A question b has stored") for _ in range(16))), 20)
+        assert all(h is not None and h.response == "b's own answer" for h in hits)
+        assert b.shared.stats.waiting == 8  # the eight waits were still pending all along
+        release.set()
+        return await asyncio.gather(*waits)
+
+    assert asyncio.run(main()) == [f"a's answer to {p}" for p in prompts]
+    for thread in loads:
+        thread.join(30)

@@ -14,6 +14,7 @@ their results, as httpx's auth flows and psycopg 3's protocol do:
 A loader that returns ``Unstored`` (a streaming loader: yields it last) has its answer served to
 its caller and kept from everyone else: nothing is stored and its waiters load their own.
     Wait(future)       the answer another call is loading
+    WaitShared(...)    the entries another replica is loading (replicas sharing through Redis)
 
 A driver runs the operations and knows nothing of the logic. The sync drivers call them in
 place. The async drivers run ``Work`` in a worker thread, hand ``Find`` to the cache's lookup
@@ -82,13 +83,24 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class WaitShared:
+    """The entries another replica is loading for these prompts: what arrived, once all have
+    or the other replica gave up or ``claim_wait`` passed. Async drivers poll on the event
+    loop, so any number of such waits hold no worker thread that lookups need."""
+
+    cache: CacheState
+    scope: str
+    prompts: list[str]
+
+
+@dataclass(frozen=True)
 class Replay:
     """What a stream returns when it did not load: an answer to replay in chunks."""
 
     answer: str
 
 
-Op = Find | Work | Load | LoadStream | Wait
+Op = Find | Work | Load | LoadStream | Wait | WaitShared
 Flow = Generator[Op, Any, Any]
 
 
@@ -101,13 +113,21 @@ def _abandoned(exc: BaseException) -> BaseException:
     return exc
 
 
+def _shared_claims(cache: CacheState, plan: Plan) -> Generator[Op, Any, None]:
+    """Claim this call's misses across replicas; wait for those another replica is loading."""
+    others = yield Work(cache._claim_shared, (plan,))
+    if others:
+        found = yield WaitShared(cache, plan.scope, others)
+        yield Work(cache._adopt_shared, (plan, found))
+
+
 def get_or_load(cache: CacheState, prompts: list[str], scope: str, ttl: float | None = None) -> Flow:
     """Answers for ``prompts`` in input order, loading the misses this call claims (and storing
     them for ``ttl`` seconds, or the cache's default where None)."""
     plan: Plan = yield Find(cache, LookupRequest(tuple(prompts), scope, cache.threshold, claim=True))
     while True:
         if plan.mine and cache.shared is not None:
-            yield Work(cache._claim_shared, (plan,))  # another replica may be loading some
+            yield from _shared_claims(cache, plan)  # another replica may be loading some
         if plan.mine:
             try:
                 responses = yield Load(plan.to_load)  # the caller's code: no lock held
@@ -141,7 +161,7 @@ def stream(cache: CacheState, prompt: str, scope: str, ttl: float | None = None)
             continue
         return Replay(answer)
     if plan.mine and cache.shared is not None:
-        yield Work(cache._claim_shared, (plan,))  # another replica may be loading it
+        yield from _shared_claims(cache, plan)  # another replica may be loading it
     if not plan.mine:
         return Replay(plan.answers[prompt])
     try:
@@ -202,6 +222,9 @@ def _call(op: Op, load: Callable[[list[str]], list[str]] | None = None) -> Any:
         return op.fn(*op.args)
     if isinstance(op, Wait):
         return op.future.result()
+    if isinstance(op, WaitShared):
+        assert op.cache.shared is not None
+        return op.cache.shared.wait_loaded(op.scope, op.prompts)
     if isinstance(op, Load) and load is not None:
         return load(op.prompts)
     raise RuntimeError(f"gpucache bug: {op!r} has no driver here")
@@ -214,6 +237,9 @@ async def _acall(op: Op, load: Callable[[list[str]], Awaitable[list[str]]] | Non
         return await asyncio.to_thread(op.fn, *op.args)
     if isinstance(op, Wait):
         return await wait(op.future)
+    if isinstance(op, WaitShared):
+        assert op.cache.shared is not None
+        return await op.cache.shared.await_loaded(op.scope, op.prompts)
     if isinstance(op, Load) and load is not None:
         return await load(op.prompts)
     raise RuntimeError(f"gpucache bug: {op!r} has no driver here")

@@ -288,18 +288,20 @@ class CacheState:
             self._flights.fail(mine, LoadAbandoned())
         self._release_shared(plan)
 
-    def _claim_shared(self, plan: Plan) -> None:
-        """Between this call's local claims and its load: the claims across replicas. A miss
-        another replica is loading is waited for (within the share's ``claim_wait``) and
-        answered from its entry; the rest this call loads, holding their shared claims until it
-        stores or gives up. Runs in a worker thread on async paths: it may wait."""
+    def _claim_shared(self, plan: Plan) -> list[str]:
+        """Between this call's local claims and its load: the claims across replicas (one
+        round trip). Returns the misses another replica is loading, for the flow to wait on
+        (``WaitShared``: on the event loop on async paths, never in a worker thread); the rest
+        this call loads, holding their shared claims until it stores or gives up."""
         if self.shared is None or not plan.mine:
-            return
+            return []
         prompts = [plan.keys[k] for k in plan.mine]
         plan.shared_claims, others = self.shared.claim(plan.scope, prompts)
-        if not others:
-            return
-        found = self.shared.wait_loaded(plan.scope, others)
+        return others
+
+    def _adopt_shared(self, plan: Plan, found: list[SharedEntry]) -> None:
+        """The entries another replica loaded for this call's misses: applied here, answered,
+        and handed to this replica's waiters; what did not arrive, this call loads."""
         if not found:
             return  # the other replica gave up or took too long: this call loads them
         self._apply_shared(found)

@@ -41,7 +41,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -255,24 +256,52 @@ class RedisShare:
 
     def wait_loaded(self, scope: str, prompts: list[str]) -> list[SharedEntry]:
         """The entries another replica is loading, once all have arrived, or what arrived by
-        then when its claims are gone (it gave up) or ``claim_wait`` has passed."""
+        then when its claims are gone (it gave up) or ``claim_wait`` has passed. Blocks the
+        calling thread (sync paths; async paths use ``await_loaded``)."""
         deadline = time.monotonic() + self.claim_wait
+        with self._waiting():
+            while True:
+                found, settled = self.look_loaded(scope, prompts)
+                if settled or time.monotonic() >= deadline:
+                    return found
+                self._stop.wait(CLAIM_POLL)
+
+    async def await_loaded(self, scope: str, prompts: list[str]) -> list[SharedEntry]:
+        """``wait_loaded`` for the event loop: it waits between looks with ``asyncio.sleep``
+        and holds a worker thread only for each look's round trip, so any number of waits
+        leave the threads that lookups run in free."""
+        import asyncio
+
+        deadline = time.monotonic() + self.claim_wait
+        with self._waiting():
+            while True:
+                found, settled = await asyncio.to_thread(self.look_loaded, scope, prompts)
+                if settled or time.monotonic() >= deadline:
+                    return found
+                await asyncio.sleep(CLAIM_POLL)  # a poll's period: Redis has no cheaper signal here
+
+    def look_loaded(self, scope: str, prompts: list[str]) -> tuple[list[SharedEntry], bool]:
+        """One look (one or two round trips): the entries that have arrived, and whether the
+        wait is over (all arrived, the claims are gone, or Redis is away)."""
         pairs = [(scope, p) for p in prompts]
+        found = self.fetch(pairs)
+        if len(found) == len(pairs):
+            return found, True
+        try:
+            held = self.redis.exists(*(self._claim_key(scope, p) for p in prompts))
+        except Exception:
+            return found, True
+        if held == 0:  # released: stored meanwhile (read once more), or given up
+            return self.fetch(pairs), True
+        return found, False
+
+    @contextmanager
+    def _waiting(self) -> Iterator[None]:
         with self._applied:
             self.stats.waiting += 1
             self._applied.notify_all()
         try:
-            while True:
-                found = self.fetch(pairs)
-                if len(found) == len(pairs) or time.monotonic() >= deadline:
-                    return found
-                try:
-                    held = self.redis.exists(*(self._claim_key(scope, p) for p in prompts))
-                except Exception:
-                    return found
-                if held == 0:  # released: stored meanwhile (read once more), or given up
-                    return self.fetch(pairs)
-                self._stop.wait(CLAIM_POLL)
+            yield
         finally:
             with self._applied:
                 self.stats.waiting -= 1
