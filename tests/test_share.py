@@ -496,3 +496,36 @@ def test_waiting_on_another_replicas_loads_leaves_this_replicas_lookups_free(rep
     assert asyncio.run(main()) == [f"a's answer to {p}" for p in prompts]
     for thread in loads:
         thread.join(30)
+
+
+# --------------------------------------------------------------------- signed records
+
+
+def test_with_a_secret_only_signed_records_and_events_are_applied(server, replicas):
+    """Replicas sharing a secret replicate as before; a record or event planted by anyone
+    without it (unsigned, or signed with another secret) is refused and counted: no answer
+    lands in a tenant's scope, no entry is cleared."""
+    secret = b"one-secret-for-every-replica"
+    a, b = replicas(secret=secret), replicas(secret=secret)
+    a.put("What is the wifi password?", "the real one", scope="tenant")
+    assert b.shared.wait_applied(1, timeout=10)
+    assert b.get("What is the wifi password?", scope="tenant").response == "the real one"
+    vector = a.embedder.encode(["planted"])[0].numpy().astype("<f4").tobytes()
+    planted = {"model": a.embedder.name, "dim": str(a.embedder.dim), "scope": "tenant",
+               "prompt": "What is the admin password?", "response": "hunter2", "expires_at": "inf",
+               "vector": vector, "origin": "attacker", "at": "0"}
+    plant(server, "t", "planted", planted, {"op": "put", "origin": "attacker", "scope": "tenant",
+                                            "record": "t:e:planted"})
+    forger = RedisShare(server.url, prefix="t", secret=b"a-secret-nobody-shares")
+    forged = forger._signed({**planted, "prompt": "What is the root password?"})
+    plant(server, "t", "forged", forged, forger._signed({"op": "put", "origin": "attacker", "scope": "tenant",
+                                                          "record": "t:e:forged"}))
+    plant(server, "t", "x", {}, {"op": "clear", "origin": "attacker", "scope": "tenant", "all": "1"})
+    a.put("An entry after the planted ones", "served", scope="tenant")
+    assert b.shared.wait_for(lambda s: s.unsigned >= 3 and s.applied >= 2, timeout=10)  # three events
+    assert b.get("What is the admin password?", scope="tenant") is None
+    assert b.get("What is the root password?", scope="tenant") is None
+    assert b.get("What is the wifi password?", scope="tenant").response == "the real one"  # not cleared
+    late = replicas(secret=secret)  # a bootstrap refuses the planted records too
+    assert late.shared.wait_for(lambda s: s.unsigned >= 2 and s.applied >= 2, timeout=10), late.shared.stats
+    assert len(late) == 2 and late.get("What is the admin password?", scope="tenant") is None

@@ -57,7 +57,7 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
         if config.redis and cache_factory is None:
             from gpucache.share.redis import RedisShare
 
-            extra["shared"] = RedisShare(config.redis)
+            extra["shared"] = RedisShare(config.redis, secret=config.replication_key)
         if not (config.snapshot and os.path.exists(config.snapshot)):
             return cache_factory() if cache_factory is not None else SemanticCache(**extra)
         base = cache_factory() if cache_factory is not None else None

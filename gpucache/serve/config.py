@@ -150,6 +150,13 @@ class ServeConfig:
         return hmac.new(self.namespace_secret, b"gpucache snapshot", hashlib.sha256).digest()
 
     @cached_property
+    def replication_key(self) -> bytes:
+        """The key replicas sign their shared records with: derived from the tenancy secret,
+        which every replica shares, never the secret itself."""
+        assert self.namespace_secret is not None
+        return hmac.new(self.namespace_secret, b"gpucache replication", hashlib.sha256).digest()
+
+    @cached_property
     def tenancy(self) -> Tenancy:
         assert self.namespace_secret is not None
         return Tenancy(self.namespace_secret, self.credential_headers, self.namespace_header,

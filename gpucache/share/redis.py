@@ -25,6 +25,12 @@ time: shared caches use the default ``timer`` (``time.time``).
 One module of over 400 lines: the writer, the tailer and the claims share the key layout, the
 record format, the model check and the counters; apart, they would pass all of these around.
 
+Authenticated records: with a ``secret`` (the same on every replica), every record and event
+carries an HMAC of its fields, and a replica refuses (and counts) any that lacks the right one,
+so anyone who can write to Redis but does not hold the secret cannot plant an answer in any
+tenant's scope, nor invalidate one. ``gpucache serve --redis`` signs with a key derived from its
+tenancy secret.
+
 Single-flight holds across replicas: a replica about to load a miss first claims it in Redis
 (SET NX PX, a random token, released by compare-and-delete after the entry is written); a
 replica that finds the claim taken waits, within ``claim_wait``, for the entry, then loads it
@@ -34,6 +40,8 @@ sees; sharing it would take a sketch of counters in Redis merged on each sightin
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import logging
 import math
@@ -96,6 +104,7 @@ class ShareStats:
     refused: int = 0  # records of another model
     malformed: int = 0  # records or events that could not be read: skipped, counted, logged
     poisoned: int = 0  # events Redis refused to write (not a connection failure): dropped
+    unsigned: int = 0  # records or events refused for a missing or wrong signature
     errors: int = 0
     pending: int = 0
     connected: bool = False
@@ -116,6 +125,8 @@ class RedisShare:
         claim_ttl: seconds a replica-wide claim lives at most (a replica that died holding one
             blocks no one for longer).
         client: a redis-py client to use instead of one made from ``url`` (tests).
+        secret: sign every record and event written, and refuse any read without the right
+            signature (``ShareStats.unsigned``); the same on every replica. None: unsigned.
         on_apply: called with the entries applied here from other replicas and the wall-clock
             time each was written at (metrics, benchmarks).
     """
@@ -132,9 +143,13 @@ class RedisShare:
         claim_ttl: float = 120.0,
         client: redis.Redis | None = None,
         on_apply: Callable[[list[SharedEntry], list[float]], None] | None = None,
+        secret: bytes | None = None,
     ) -> None:
         import redis as redis_module
 
+        if secret is not None and len(secret) < 16:
+            raise ValueError("the replication secret must be at least 16 bytes")
+        self.secret = secret
         self.on_apply = on_apply
         self.claim_wait, self.claim_ttl = claim_wait, claim_ttl
         if maxlen < 1 or deadline <= 0 or pending_max < 1:
@@ -406,7 +421,7 @@ class RedisShare:
                 record = self._record_key(event["scope"], event["prompt"])
                 pipe.hset(
                     record,
-                    mapping={
+                    mapping=self._signed({
                         "scope": _utf8(event["scope"]),
                         "prompt": _utf8(event["prompt"]),
                         "response": _utf8(event["response"]),
@@ -416,7 +431,7 @@ class RedisShare:
                         "vector": event["vector"],
                         "origin": self.origin,
                         "at": fields["at"],
-                    },
+                    }),
                 )
                 if math.isfinite(event["expires_at"]):
                     pipe.pexpireat(record, int(event["expires_at"] * 1000))
@@ -431,7 +446,7 @@ class RedisShare:
                 for key in self._records_of(None if event["all"] else event["scope"]):
                     pipe.delete(key)
                 fields["all"] = "1" if event["all"] else "0"
-            pipe.xadd(self._key("log"), fields, maxlen=self.maxlen, approximate=True)
+            pipe.xadd(self._key("log"), self._signed(fields), maxlen=self.maxlen, approximate=True)
         pipe.execute()
         self.stats.connected = True
 
@@ -534,6 +549,10 @@ class RedisShare:
         f = {k.decode(): v for k, v in fields.items()}
         if f.get("origin", b"").decode() == self.origin:
             return
+        if f.get("op") == b"join":  # a replica joined: nothing to apply (and nothing to check)
+            return
+        if not self._verified(fields, "event"):
+            return
         cache = self._owner
         op = f["op"].decode()
         if op == "join":  # a replica joined: nothing to apply
@@ -571,6 +590,8 @@ class RedisShare:
         cache = self._owner
         entries = []
         for record in records:
+            if not self._verified(record, "record"):
+                continue
             try:
                 model, dim = record.get(b"model", b"").decode(), int(record.get(b"dim", b"0"))
             except (ValueError, UnicodeDecodeError) as exc:
@@ -605,6 +626,39 @@ class RedisShare:
                 continue
             entries.append(entry)
         return entries
+
+    def _signed(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """``fields`` with their signature added, where this share has a secret."""
+        if self.secret is None:
+            return fields
+        return {**fields, "mac": self._mac({k.encode(): _as_bytes(v) for k, v in fields.items()})}
+
+    def _mac(self, fields: dict[bytes, bytes]) -> str:
+        """An HMAC over every field but the signature, sorted and length-prefixed: no two
+        mappings sign alike, whatever their values hold."""
+        assert self.secret is not None
+        mac = hmac.new(self.secret, digestmod=hashlib.sha256)
+        for name in sorted(fields):
+            if name == b"mac":
+                continue
+            for part in (name, fields[name]):
+                mac.update(len(part).to_bytes(8, "big"))
+                mac.update(part)
+        return mac.hexdigest()
+
+    def _verified(self, fields: dict[Any, Any], what: str) -> bool:
+        """Whether a record or event read back carries this share's signature (always, with
+        no secret); refused ones are counted and logged."""
+        if self.secret is None:
+            return True
+        given = fields.get(b"mac")
+        if isinstance(given, bytes) and hmac.compare_digest(given, self._mac(fields).encode()):
+            return True
+        self.stats.unsigned += 1
+        log.error("gpucache: refused a shared %s without a valid signature (prefix %r)", what, self.prefix)
+        with self._applied:
+            self._applied.notify_all()
+        return False
 
     def _malformed(self, what: str, which: Any, exc: BaseException) -> None:
         """A record or event that cannot be read: counted, logged, passed over."""
@@ -651,6 +705,13 @@ def _utf8(text: str) -> bytes:
     """A text as Redis stores it: UTF-8, a lone surrogate (legal in a Python str, valid in
     JSON, refused by a strict encoder) kept rather than failing the write."""
     return text.encode("utf-8", "surrogatepass")
+
+
+def _as_bytes(value: Any) -> bytes:
+    """A field value as Redis will hold it (what redis-py sends for a str, bytes or number)."""
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode()
 
 
 def _text(data: bytes) -> str:
