@@ -72,8 +72,9 @@ class SemanticCache(CacheState):
             miss only; None stores every miss.
         engine: the index's scan engine (``gpucache.index.engines``); None chooses one for the
             device and storage dtype.
-        shared: a ``RedisShare`` (``gpucache.share.redis``): this cache's entries are shared with
-            the other replicas on the same Redis or Valkey; None keeps them to this process.
+        shared: a ``Replication`` (``gpucache.cache.replication``), such as ``RedisShare``
+            (``gpucache.share.redis``): this cache's entries are shared with the other replicas
+            on the same Redis or Valkey; None (``LocalOnly``) keeps them to this process.
         settings: the scalar settings (``CacheSettings``); None takes the defaults.
         **options: single settings by name, replacing those of ``settings``: ``threshold``,
             ``top_k``, ``capacity``, ``ttl``, ``quantization``... (``CacheSettings`` documents

@@ -126,7 +126,7 @@ def get_or_load(cache: CacheState, prompts: list[str], scope: str, ttl: float | 
     them for ``ttl`` seconds, or the cache's default where None)."""
     plan: Plan = yield Find(cache, LookupRequest(tuple(prompts), scope, cache.threshold, claim=True))
     while True:
-        if plan.mine and cache.shared is not None:
+        if plan.mine and cache.shared.remote:
             yield from _shared_claims(cache, plan)  # another replica may be loading some
         if plan.mine:
             try:
@@ -160,7 +160,7 @@ def stream(cache: CacheState, prompt: str, scope: str, ttl: float | None = None)
                 cache, LookupRequest((prompt,), scope, cache.threshold, claim=True, count=False))
             continue
         return Replay(answer)
-    if plan.mine and cache.shared is not None:
+    if plan.mine and cache.shared.remote:
         yield from _shared_claims(cache, plan)  # another replica may be loading it
     if not plan.mine:
         return Replay(plan.answers[prompt])
@@ -223,7 +223,6 @@ def _call(op: Op, load: Callable[[list[str]], list[str]] | None = None) -> Any:
     if isinstance(op, Wait):
         return op.future.result()
     if isinstance(op, WaitShared):
-        assert op.cache.shared is not None
         return op.cache.shared.wait_loaded(op.scope, op.prompts)
     if isinstance(op, Load) and load is not None:
         return load(op.prompts)
@@ -238,7 +237,6 @@ async def _acall(op: Op, load: Callable[[list[str]], Awaitable[list[str]]] | Non
     if isinstance(op, Wait):
         return await wait(op.future)
     if isinstance(op, WaitShared):
-        assert op.cache.shared is not None
         return await op.cache.shared.await_loaded(op.scope, op.prompts)
     if isinstance(op, Load) and load is not None:
         return await load(op.prompts)

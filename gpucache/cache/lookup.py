@@ -107,7 +107,7 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
                 else:
                     plan.hits[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True,
                                             age=now - entry.stored_at)
-    if state.shared is not None and need:
+    if need:
         _exact_from_shared(state, plans, need)
     texts = list(dict.fromkeys(prompt for _, prompt in need))
     dim = state.embedder.dim
@@ -137,11 +137,10 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
 def _exact_from_shared(state: CacheState, plans: list[Plan], need: dict[tuple[str, str], list[int]]) -> None:
     """Exact repeats that another replica stored and this one's tail has not applied yet,
     answered from the shared records (and kept here); ``need`` loses them."""
-    assert state.shared is not None
     found = state.shared.fetch(list(need))
     if not found:
         return
-    state._apply_shared(found)
+    state.apply_replicated(found)
     for entry in found:
         for i in need.pop((entry.scope, entry.prompt), []):
             plans[i].hits[entry.prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)

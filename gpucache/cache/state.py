@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -29,6 +29,7 @@ from gpucache.cache.batching import LookupCoalescer
 from gpucache.cache.entries import Entry, EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight, Unstored
 from gpucache.cache.lookup import LookupRequest, Plan, lookup_batch
+from gpucache.cache.replication import LocalOnly, Replication, SharedEntry
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import Snapshot, SnapshotEntry, write_snapshot
 from gpucache.cache.stats import CacheStats, StatsCounter
@@ -49,9 +50,6 @@ from gpucache.keys import prompt_key
 from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy, ContentPolicy
 
-if TYPE_CHECKING:
-    from gpucache.share.redis import RedisShare, SharedEntry
-
 log = logging.getLogger("gpucache")
 
 
@@ -68,7 +66,7 @@ class CacheState:
         cache_policy: CachePolicy | None = None,
         admission: AdmissionPolicy | None = None,
         engine: ScanEngine | None = None,
-        shared: RedisShare | None = None,
+        shared: Replication | None = None,
         settings: CacheSettings | None = None,
         **options: Any,
     ) -> None:
@@ -108,9 +106,8 @@ class CacheState:
         self._coalescer = LookupCoalescer(self._lookup_batch, self._release,
                                           window=s.lookup_window_seconds, max_batch=s.lookup_batch)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
-        self.shared = shared
-        if shared is not None:
-            shared.attach(self)  # last: its threads apply other replicas' entries at once
+        self.shared: Replication = shared if shared is not None else LocalOnly()
+        self.shared.attach(self)  # last: a replication's threads apply other replicas' entries at once
 
     # Read-only views of the most asked-for settings; every setting is in ``self.settings``.
     @property
@@ -155,8 +152,7 @@ class CacheState:
         scope, prompt = check_scope(scope), check_prompt(prompt)
         with self._lock:
             removed = self._table.remove(scope, prompt)
-        if self.shared is not None:
-            self.shared.removed(scope, prompt)  # and on every replica, wherever it was stored
+        self.shared.removed(scope, prompt)  # and on every replica, wherever it was stored
         return removed
 
     def clear(self, scope: str | None = None) -> None:
@@ -164,14 +160,12 @@ class CacheState:
         scope = None if scope is None else check_scope(scope)
         with self._lock:
             self._table.clear(scope)
-        if self.shared is not None:
-            self.shared.cleared(scope)
+        self.shared.cleared(scope)
 
     def close(self) -> None:
         """Stop what runs in the background (the share's threads); the cache itself needs no
         closing."""
-        if self.shared is not None:
-            self.shared.close()
+        self.shared.close()
 
     def purge_expired(self) -> int:
         """Drop expired entries now (they are never served either way); returns how many."""
@@ -266,8 +260,7 @@ class CacheState:
         with self._lock:
             now = self._now()
             stored = self._table.store(scope, items, vectors, _expiry(now, ttl), now)
-        if self.shared is not None:
-            self.shared.stored(scope, items, vectors, _expiry(now, ttl))
+        self.shared.stored(scope, items, vectors, _expiry(now, ttl))
         return stored
 
     def _lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Plan]:
@@ -293,7 +286,7 @@ class CacheState:
         round trip). Returns the misses another replica is loading, for the flow to wait on
         (``WaitShared``: on the event loop on async paths, never in a worker thread); the rest
         this call loads, holding their shared claims until it stores or gives up."""
-        if self.shared is None or not plan.mine:
+        if not plan.mine:
             return []
         prompts = [plan.keys[k] for k in plan.mine]
         plan.shared_claims, others = self.shared.claim(plan.scope, prompts)
@@ -304,7 +297,7 @@ class CacheState:
         and handed to this replica's waiters; what did not arrive, this call loads."""
         if not found:
             return  # the other replica gave up or took too long: this call loads them
-        self._apply_shared(found)
+        self.apply_replicated(found)
         answers = {e.prompt: e.response for e in found}
         plan.answers.update(answers)
         done = {prompt_key(plan.scope, p): r for p, r in answers.items()}
@@ -314,7 +307,7 @@ class CacheState:
 
     def _release_shared(self, plan: Plan) -> None:
         claims, plan.shared_claims = plan.shared_claims, {}
-        if claims and self.shared is not None:
+        if claims:
             self.shared.release(plan.scope, claims)
 
     def _finish(self, plan: Plan, responses: list[str | Unstored], ttl: float | None = None) -> None:
@@ -339,13 +332,16 @@ class CacheState:
                                    if not isinstance(r, Unstored)})
         if unstored:  # never handed to another caller: its waiters load their own
             self._flights.fail(unstored, LoadAbandoned())
-        if keep and self.shared is not None:
+        if keep:
             self.shared.stored(plan.scope, keep, plan.vectors[rows], expires_at)
         self._release_shared(plan)  # after the records: a waiting replica finds them
 
     # ----------------------------------------------------------------------------- shared
 
-    def _apply_shared(self, entries: list[SharedEntry]) -> None:
+    # The ``Replica`` face (gpucache.cache.replication): how a replication applies what other
+    # replicas did. Public, and the only way in from outside the package.
+
+    def apply_replicated(self, entries: Sequence[SharedEntry]) -> None:
         """Other replicas' entries, into this replica's index (no policy, admission or
         publishing: they passed them where they were stored)."""
         groups: dict[tuple[str, float], list[SharedEntry]] = {}
@@ -358,11 +354,11 @@ class CacheState:
                     self._table.store(scope, [(e.prompt, e.response) for e in group],
                                       torch.stack([e.vector for e in group]), expires_at, now)
 
-    def _apply_shared_removal(self, scope: str, prompt: str) -> None:
+    def apply_replicated_removal(self, scope: str, prompt: str) -> None:
         with self._lock:
             self._table.remove(scope, prompt)
 
-    def _apply_shared_clear(self, scope: str | None) -> None:
+    def apply_replicated_clear(self, scope: str | None) -> None:
         with self._lock:
             self._table.clear(scope)
 

@@ -57,13 +57,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from gpucache.cache.replication import Replica, SharedEntry
 from gpucache.cache.validation import MAX_TTL_SECONDS
 from gpucache.keys import prompt_key
 
 if TYPE_CHECKING:
     import redis
-
-    from gpucache.cache.state import CacheState
 
 log = logging.getLogger("gpucache.share")
 
@@ -79,16 +78,6 @@ RELEASE_SCRIPT = (
 
 class SharedModelMismatch(ValueError):
     """The shared log was written by replicas of another model or dimension."""
-
-
-@dataclass(frozen=True)
-class SharedEntry:
-    scope: str
-    prompt: str
-    response: str
-    expires_at: float
-    vector: torch.Tensor  # (D,) float32
-    written_at: float = math.nan  # wall-clock time it was written to Redis
 
 
 @dataclass
@@ -171,12 +160,14 @@ class RedisShare:
         self._applied = threading.Condition()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._cache: CacheState | None = None
+        self._cache: Replica | None = None
         self._last_id: str | None = None  # the last stream id applied; None: bootstrap first
 
     # ----------------------------------------------------------------------------- life
 
-    def attach(self, cache: CacheState) -> None:
+    remote = True  # other replicas may exist (``gpucache.cache.replication.Replication``)
+
+    def attach(self, cache: Replica) -> None:
         """Join the shared log as ``cache``: check the model, then start writing and tailing.
         Raises ``SharedModelMismatch`` when the log holds another model's vectors. A share
         that was closed may be attached again: it catches up from where it stopped."""
@@ -563,9 +554,9 @@ class RedisShare:
                 self._apply_record(record)
                 return
         elif op == "del":
-            cache._apply_shared_removal(_text(f["scope"]), _text(f["prompt"]))
+            cache.apply_replicated_removal(_text(f["scope"]), _text(f["prompt"]))
         elif op == "clear":
-            cache._apply_shared_clear(None if f.get("all") == b"1" else _text(f["scope"]))
+            cache.apply_replicated_clear(None if f.get("all") == b"1" else _text(f["scope"]))
         else:
             raise ValueError(f"unknown op {op!r}")
         self._count_applied()
@@ -576,7 +567,7 @@ class RedisShare:
     def _apply_records(self, records: list[dict[Any, Any]]) -> None:
         """Records into the local index, one batch under the cache's lock."""
         entries = self._entries_of(records)
-        self._owner._apply_shared(entries)
+        self._owner.apply_replicated(entries)
         if self.on_apply is not None and entries:
             self.on_apply(entries, [e.written_at for e in entries])
         with self._applied:
@@ -686,7 +677,7 @@ class RedisShare:
             )
 
     @property
-    def _owner(self) -> CacheState:
+    def _owner(self) -> Replica:
         if self._cache is None:
             raise RuntimeError("gpucache bug: a RedisShare used before attach()")
         return self._cache

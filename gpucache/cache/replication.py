@@ -1,0 +1,122 @@
+"""The seam between a cache and its other replicas: what the cache asks of a replication, what a
+replication may do to the cache, and the default, a cache with no other replica.
+
+The cache owns this seam. A replication (``gpucache.share.redis.RedisShare``) implements
+``Replication``; the cache calls it at each point where other replicas matter (a store, a
+removal, a clear, the claims around a load, an exact repeat another replica may have stored)
+and never asks whether there is one: ``LocalOnly``, the default, answers each call with
+"nothing elsewhere". A replication applies other replicas' entries through ``Replica``, three
+public methods of the cache, never its internals. Nothing in ``gpucache.cache`` imports a
+replication, so the packages depend one way only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from gpucache.embedding.embedder import Embedder
+
+
+@dataclass(frozen=True)
+class SharedEntry:
+    """An entry another replica stored."""
+
+    scope: str
+    prompt: str
+    response: str
+    expires_at: float
+    vector: torch.Tensor  # (D,) float32
+    written_at: float = math.nan  # wall-clock time it was written to the shared store
+
+
+class Replica(Protocol):
+    """What a replication may do to the cache it serves."""
+
+    @property
+    def embedder(self) -> Embedder: ...
+
+    def apply_replicated(self, entries: Sequence[SharedEntry]) -> None:
+        """Other replicas' entries, into this replica's index (no policy, admission or
+        publishing: they passed them where they were stored)."""
+
+    def apply_replicated_removal(self, scope: str, prompt: str) -> None: ...
+
+    def apply_replicated_clear(self, scope: str | None) -> None: ...
+
+
+class Replication(Protocol):
+    """What a cache asks of its replication."""
+
+    remote: bool
+    """Whether other replicas may exist: where not, the flow skips the claims across
+    replicas, which on async paths would each cost a worker thread's round trip."""
+
+    def attach(self, replica: Replica) -> None:
+        """Join as ``replica``: start applying other replicas' entries to it."""
+
+    def stored(self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor,
+               expires_at: float) -> None: ...
+
+    def removed(self, scope: str, prompt: str) -> None: ...
+
+    def cleared(self, scope: str | None) -> None: ...
+
+    def fetch(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
+        """Entries stored elsewhere under exactly these (scope, prompt) pairs, now."""
+
+    def claim(self, scope: str, prompts: list[str]) -> tuple[dict[str, str], list[str]]:
+        """Claims on misses across replicas: the ones this replica got (prompt -> token), and
+        the prompts another replica is loading."""
+
+    def wait_loaded(self, scope: str, prompts: list[str]) -> list[SharedEntry]:
+        """Block until another replica's loads of ``prompts`` end; what arrived."""
+
+    async def await_loaded(self, scope: str, prompts: list[str]) -> list[SharedEntry]:
+        """``wait_loaded`` for the event loop, holding no worker thread while it waits."""
+
+    def release(self, scope: str, claims: dict[str, str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalOnly:
+    """The replication of a cache with no other replica: nothing is elsewhere."""
+
+    remote = False
+
+    def attach(self, replica: Replica) -> None:
+        pass
+
+    def stored(self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor,
+               expires_at: float) -> None:
+        pass
+
+    def removed(self, scope: str, prompt: str) -> None:
+        pass
+
+    def cleared(self, scope: str | None) -> None:
+        pass
+
+    def fetch(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
+        return []
+
+    def claim(self, scope: str, prompts: list[str]) -> tuple[dict[str, str], list[str]]:
+        return {}, []
+
+    def wait_loaded(self, scope: str, prompts: list[str]) -> list[SharedEntry]:
+        return []
+
+    async def await_loaded(self, scope: str, prompts: list[str]) -> list[SharedEntry]:
+        return []
+
+    def release(self, scope: str, claims: dict[str, str]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
