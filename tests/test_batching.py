@@ -143,3 +143,53 @@ def test_an_embedder_failure_reaches_every_caller_of_the_batch(fake_embedder):
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def test_an_exact_repeat_is_answered_on_the_spot_without_a_batch(fake_embedder):
+    """A repeat needs a dictionary lookup: where the cache's lock is free it is answered on
+    the event loop at once, with no lookup window, thread hop, batch or embedding; counted
+    and remembered as any exact hit."""
+    cache = make(fake_embedder, lookup_window_seconds=1.0)  # a window no repeat should wait out
+    cache.put("a stored question", "its answer")
+    calls = fake_embedder.calls
+
+    async def main():
+        async def loader(prompt):
+            raise AssertionError("a repeat never loads")
+
+        gets = await asyncio.gather(*(cache.aget("a stored question") for _ in range(16)))
+        loads = await asyncio.gather(*(cache.aget_or_put("a stored question", loader) for _ in range(16)))
+        streamed = [piece async for piece in cache.aget_or_put_streaming("a stored question", loader)]
+        return gets, loads, "".join(streamed)
+
+    gets, loads, streamed = run(main())
+    assert all(h.exact and h.response == "its answer" for h in gets)
+    assert loads == ["its answer"] * 16 and streamed == "its answer"
+    assert cache._coalescer.batches == 0 and fake_embedder.calls == calls
+    assert cache.stats().exact_hits == 33
+
+
+def test_a_repeat_takes_the_usual_way_while_the_lock_is_held_and_a_new_prompt_always_does(fake_embedder):
+    cache = make(fake_embedder, lookup_window_seconds=0.0)
+    cache.put("a stored question", "its answer")
+    held, release = threading.Event(), threading.Event()
+
+    def scan_in_progress():  # what a long scan does: hold the cache's lock
+        with cache._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=scan_in_progress)
+    holder.start()
+    assert held.wait(30)
+
+    async def main():
+        repeat = asyncio.create_task(cache.aget("a stored question"))
+        await asyncio.to_thread(lambda: None)  # the loop runs on: the repeat did not block it
+        assert not repeat.done()
+        release.set()
+        return await repeat, await cache.aget("a new question")
+
+    hit, new = run(main())
+    holder.join(30)
+    assert hit.exact and new is None and cache._coalescer.batches == 2

@@ -82,6 +82,8 @@ def test_a_long_scan_in_another_thread_never_stalls_the_loop():
             nonlocal answered
             while not stop.is_set():
                 await cache.aget_all(["a small lookup"])  # waits for the lock in a worker
+                # a repeat tries the lock without waiting, then goes the same way
+                assert (await cache.aget("stored prompt 0")).exact
                 answered += 1
 
         tick = asyncio.create_task(ticker())

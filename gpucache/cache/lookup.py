@@ -134,6 +134,36 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
     return plans
 
 
+def exact_plan_nowait(state: CacheState, request: LookupRequest) -> Plan | None:
+    """The plan of a request whose every prompt the exact tier answers, found on the calling
+    thread (the event loop) without waiting: only where the cache's lock is free at once, and
+    only for repeats, which need no embedding. Else None, and the request takes the usual way
+    (the coalescer, a worker thread): a scan holding the lock is never waited on here.
+
+    Why: a repeat needs a dictionary lookup, yet through the coalescer it waits out the
+    lookup window and a thread hop, and queues behind the embedder under load."""
+    if not state._lock.acquire(blocking=False):
+        return None
+    try:
+        now = state._now()
+        hits: dict[str, Hit | None] = {}
+        for prompt in dict.fromkeys(request.prompts):
+            entry = state._table.exact(request.scope, prompt, now)
+            if entry is None:
+                return None
+            hits[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True, age=now - entry.stored_at)
+        plan = Plan(request.scope, list(request.prompts), list(hits), torch.empty(0), hits=hits)
+        if request.claim:
+            _claim(state, request, plan, now)  # counts and sightings; nothing to claim
+        else:
+            plan.answers = {p: hit.response for p, hit in hits.items() if hit is not None}
+            if request.count:
+                _count(state, plan)
+        return plan
+    finally:
+        state._lock.release()
+
+
 def _exact_from_shared(state: CacheState, plans: list[Plan], need: dict[tuple[str, str], list[int]]) -> None:
     """Exact repeats that another replica stored and this one's tail has not applied yet,
     answered from the shared records (and kept here); ``need`` loses them."""

@@ -28,7 +28,7 @@ import torch
 from gpucache.cache.batching import LookupCoalescer
 from gpucache.cache.entries import Entry, EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight, Unstored
-from gpucache.cache.lookup import LookupRequest, Plan, lookup_batch
+from gpucache.cache.lookup import LookupRequest, Plan, exact_plan_nowait, lookup_batch
 from gpucache.cache.replication import LocalOnly, Replication, SharedEntry
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import Snapshot, SnapshotEntry, write_snapshot
@@ -268,9 +268,13 @@ class CacheState:
         return lookup_batch(self, requests)
 
     async def _alookup(self, request: LookupRequest) -> Plan:
-        """``_lookup_batch`` for one request, from the event loop: in a worker thread, batched
-        with the requests that arrive within ``lookup_window_seconds``, and bounded by
+        """``_lookup_batch`` for one request, from the event loop: an exact repeat answered on
+        the spot where the lock is free (``exact_plan_nowait``); otherwise in a worker thread,
+        batched with the requests that arrive within ``lookup_window_seconds``, and bounded by
         ``lookup_timeout_seconds`` (``LookupTimeout``) (batching.py)."""
+        plan = exact_plan_nowait(self, request)
+        if plan is not None:
+            return plan
         return await self._coalescer.submit(request, self.settings.lookup_timeout_seconds)
 
     def _release(self, plan: Plan) -> None:
