@@ -12,8 +12,10 @@ Everything runs on 127.0.0.1: the stand-in upstream (gpucache/tools/upstream.py,
 and the load from this one, bounded in requests and time.
 
 - Latency: p50 and p99 of one request, at 1, 16 and 64 concurrent clients, for the upstream
-  alone, a proxy miss (a new prompt each time) and a proxy hit (a reworded prompt from the demo
-  workload that the cache answers semantically, so the embedder and the scan run every time).
+  alone, a proxy miss (a new prompt each time), a proxy exact hit (a stored prompt asked again:
+  a dictionary lookup) and a proxy semantic hit (a reworded prompt from the demo workload that
+  the cache answers by meaning, so the embedder and the scan run every time); exact hits also
+  at 256 clients.
 - Throughput: semantic hits per second at 64 clients, with the lookup window at 2 ms (lookups
   that arrive together share one embedder batch and one scan) and at 0 (each alone), measured
   on two proxies started one after the other.
@@ -213,7 +215,7 @@ def main() -> None:
         f"http://127.0.0.1:{up_port}/v1/models",
     )
     items = workload()
-    rows: list[tuple[str, int, int, float, float]] = []
+    rows: list[tuple[str, int, int, float, float, float]] = []
     throughput: dict[str, float] = {}
     try:
         for window in ("2", "0"):
@@ -238,16 +240,19 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             try:
                 hits = asyncio.run(semantic_hits(url, items))
+                repeats = [first for first, _ in items]  # stored above: exact repeats
                 if window == "2":
                     direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
                     for clients in CONCURRENCY:
                         for label, target, prompts in (
                             ("upstream directly", direct, [f"direct {clients} UNIQUE: what is the sum?"]),
                             ("proxy, miss", url, [f"miss {clients} UNIQUE: what is the sum?"]),
+                            ("proxy, exact hit", url, repeats),
                             ("proxy, semantic hit", url, hits),
                         ):
-                            n, p50, p99, _ = measure(target, prompts, clients, args)
-                            rows.append((label, clients, n, p50, p99))
+                            n, p50, p99, rate = measure(target, prompts, clients, args)
+                            rows.append((label, clients, n, p50, p99, rate))
+                    exact_rate = measure(url, repeats, 256, args)[3]
                 throughput[window] = measure(url, hits, 64, args)[3]
             finally:
                 stop(proxy)
@@ -276,13 +281,14 @@ def main() -> None:
         "",
         "## Latency of one request (ms)",
         "",
-        "| path | clients | requests | p50 | p99 |",
-        "|---|---:|---:|---:|---:|",
+        "| path | clients | requests | p50 | p99 | requests/s |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {label} | {clients} | {n} | {1000 * p50:.1f} | {1000 * p99:.1f} |"
-        for label, clients, n, p50, p99 in rows
+        f"| {label} | {clients} | {n} | {1000 * p50:.1f} | {1000 * p99:.1f} | {rate:.0f} |"
+        for label, clients, n, p50, p99, rate in rows
     ]
+    lines += ["", f"Exact hits at 256 clients: {exact_rate:.0f} requests/s."]
     ratio = throughput["2"] / throughput["0"]
     lines += [
         "",

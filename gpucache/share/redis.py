@@ -601,9 +601,10 @@ class RedisShare:
                 vector_bytes = record[b"vector"]
                 if len(vector_bytes) != 4 * dim:
                     raise ValueError(f"a vector of {len(vector_bytes)} bytes for dimension {dim}")
-                vector = torch.from_numpy(np.frombuffer(vector_bytes, dtype="<f4").copy())
-                if not bool(torch.isfinite(vector).all()):
+                values = np.frombuffer(vector_bytes, dtype="<f4")
+                if not np.isfinite(values).all():  # an inf would score above any threshold
                     raise ValueError("a vector that is not finite")
+                vector = torch.from_numpy(values.copy())
                 entry = SharedEntry(
                     _text(record[b"scope"]),
                     _text(record[b"prompt"]),
