@@ -375,3 +375,49 @@ def test_a_snapshot_not_signed_with_the_servers_key_is_never_loaded(upstream, re
     assert (tmp_path / "cache.gpucache.corrupt").exists()
     with Served(app()) as served:  # its own snapshot, saved and signed at the last shutdown
         assert tier(served, alice, "What is my PIN?") == "exact"
+
+
+def test_a_lookup_that_times_out_still_stores_the_upstreams_answer(upstream, fake_embedder):
+    """Under a load spike the lookup passes its deadline and the request goes upstream; the
+    answer is still kept (after it is sent), so the cache warms instead of staying cold."""
+    import threading
+
+    stall, stored = threading.Event(), threading.Event()
+
+    class SlowEmbedder(type(fake_embedder)):
+        def encode(self, texts):
+            stall.wait(60)  # the embedder is busy: held until the test lets it go
+            return super().encode(texts)
+
+    class Notifying(SemanticCache):
+        def put(self, *args, **kwargs):
+            kept = super().put(*args, **kwargs)
+            stored.set()
+            return kept
+
+    config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, lookup_timeout=0.2)
+    app = create_app(config, cache_factory=lambda: Notifying(SlowEmbedder(), device="cpu",
+                                                             lookup_timeout_seconds=0.2))
+    with Served(app) as served:
+        headers = {"authorization": "Bearer key-spike"}
+        assert tier(served, headers, "What happens under a spike?") == "miss"  # timed out, answered
+        stall.set()
+        assert stored.wait(60)
+        assert tier(served, headers, "What happens under a spike?") == "exact"
+
+
+def test_every_answer_says_the_proxys_own_time(proxy):
+    """``x-gpucache-overhead-ms``: the proxy's time less the upstream's. A miss whose upstream
+    takes at least 200 ms ([slow]) reports at most the client's total less those 200 ms."""
+    import time
+
+    body = {"model": "smol", "messages": [{"role": "user", "content": "[slow] How long did it take?"}]}
+    started = time.perf_counter()
+    miss = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": "k"}, timeout=60)
+    total_ms = 1000 * (time.perf_counter() - started)
+    assert miss.headers["x-gpucache"] == "miss"
+    assert 0 <= float(miss.headers["x-gpucache-overhead-ms"]) <= total_ms - 200
+    hit = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": "k"})
+    assert hit.headers["x-gpucache"] == "exact" and float(hit.headers["x-gpucache-overhead-ms"]) >= 0
+    refused = httpx.post(f"{proxy.url}/v1/chat/completions", content=b"{", headers={"authorization": "k"})
+    assert refused.status_code == 400 and float(refused.headers["x-gpucache-overhead-ms"]) >= 0

@@ -17,7 +17,7 @@ Outcomes:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpucache.cache.lookup import Hit as CacheHit
@@ -95,6 +95,12 @@ class Exchange:
     body: dict[str, Any]
     key: RequestKey
     control: CacheControl
+    # seconds spent waiting on the upstream before the answer's headers were sent: the rest of
+    # the exchange's time is the proxy's own (``x-gpucache-overhead-ms``)
+    timing: dict[str, float] = field(default_factory=lambda: {"upstream": 0.0}, compare=False)
+
+    def waited_upstream(self, seconds: float) -> None:
+        self.timing["upstream"] += seconds
 
     @property
     def endpoint(self) -> str:

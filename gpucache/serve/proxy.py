@@ -36,6 +36,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.core import SemanticCache, Unstored
 from gpucache.cache.lookup import Hit as CacheHit
 from gpucache.serve import wire
@@ -133,6 +134,7 @@ class Relay:
     started: bool = False  # this call ran the upstream request (it did not join or hit)
     error_event: bool = False  # the upstream ended the stream with an error event
     refused: PassedThrough | None = None  # the upstream answered with an error status
+    waited: bool = False  # the wait for the upstream's first event is counted in the exchange
 
     def drain(self) -> list[bytes]:
         out = list(self.events)
@@ -145,13 +147,20 @@ class Proxy:
         self, config: ServeConfig, cache: SemanticCache, upstream: Upstream, metrics: ProxyMetrics
     ) -> None:
         self.config, self.cache, self.upstream, self.metrics = config, cache, upstream, metrics
+        self.storing: set[asyncio.Task[None]] = set()  # answers being stored after they were sent
 
     async def completion(self, kind: str, request: Request) -> Response:
+        started = time.perf_counter()
         exchange = await self.receive(kind, request)
         endpoint = PATHS[kind]
         outcome = exchange if isinstance(exchange, Refused) else await self.run(exchange)
         self.record(endpoint, outcome)
-        return self.respond(exchange, outcome)
+        response = self.respond(exchange, outcome)
+        # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
+        upstream = exchange.timing["upstream"] if isinstance(exchange, Exchange) else 0.0
+        overhead = max(0.0, time.perf_counter() - started - upstream)
+        response.headers["x-gpucache-overhead-ms"] = f"{1000 * overhead:.2f}"
+        return response
 
     # ------------------------------------------------------------------------- receive
 
@@ -205,6 +214,7 @@ class Proxy:
             begun = time.perf_counter()
             response = await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
             self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
+            ex.waited_upstream(time.perf_counter() - begun)
             mine["response"] = response
             answer = storable(ex.kind, response, ex.control)
             return answer if answer is not None else Unstored(response)
@@ -253,6 +263,9 @@ class Proxy:
                     yield Unstored()
                     return
                 async for event, line in upstream_events(response):
+                    if not relay.waited:  # the headers go out after the first event
+                        relay.waited = True
+                        ex.waited_upstream(time.perf_counter() - begun)
                     relay.events.append(line)
                     if "error" in event:
                         relay.error_event = True
@@ -293,23 +306,36 @@ class Proxy:
             return Hit(hit, "", stream=replay)
         return Joined("", stream=replay)
 
-    async def refresh(self, ex: Exchange) -> Outcome:
+    async def refresh(self, ex: Exchange, later: bool = False) -> Outcome:
         """The upstream answers, and a complete answer is stored for later requests: for
-        ``no-cache``, ``max-age=0`` and a hit older than the request's ``max-age``."""
+        ``no-cache``, ``max-age=0``, a hit older than the request's ``max-age``, and a lookup
+        that timed out (``later``: stored in the background, not before the answer goes)."""
         if ex.key.stream:
             return await self.forward_stream(ex, store=True)
+        begun = time.perf_counter()
         try:
             response = await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
+        finally:
+            ex.waited_upstream(time.perf_counter() - begun)
         answer = storable(ex.kind, response, ex.control)
-        if answer is not None:
+        if answer is not None and later:
+            task = asyncio.create_task(self.store(ex.key, answer))
+            self.storing.add(task)  # held until done: a task only the loop knows may be collected
+            task.add_done_callback(self.storing.discard)
+        elif answer is not None:
             await self.store(ex.key, answer)
         return self.loaded(response)
 
     async def fail_open(self, ex: Exchange, exc: Exception) -> Outcome:
         log.warning("gpucache: the cache failed (%r); this request goes upstream without it", exc)
         self.metrics.errors.labels("cache").inc()
+        if isinstance(exc, LookupTimeout):
+            # the cache is slow (a load spike), not broken: the answer is still kept (through
+            # the cache policy), so the cache warms under load instead of staying cold; stored
+            # after the answer is sent, since storing embeds and the embedder is what is slow
+            return await self.refresh(ex, later=True)
         forwarded = await self.forward_exchange(ex, "miss")
         return forwarded if isinstance(forwarded, Unavailable) else FailedOpen(exc, forwarded)
 
@@ -492,6 +518,13 @@ class Proxy:
         )
 
     async def forward_exchange(self, ex: Exchange, outcome: str) -> Response | Unavailable:
+        begun = time.perf_counter()
+        try:
+            return await self._forward_exchange(ex, outcome)
+        finally:
+            ex.waited_upstream(time.perf_counter() - begun)
+
+    async def _forward_exchange(self, ex: Exchange, outcome: str) -> Response | Unavailable:
         return await self.forward(
             ex.endpoint, ex.method, ex.headers, ex.query, ex.raw, ex.key.stream, outcome
         )
@@ -511,10 +544,13 @@ class Proxy:
     async def forward_stream(self, ex: Exchange, store: bool) -> Outcome:
         """A streamed request to the upstream, relayed event by event and its answer stored
         where ``may_store`` allows (the refresh of a stream)."""
+        begun = time.perf_counter()
         try:
             response = await self.upstream.open(ex.endpoint, ex.headers, ex.raw, params=ex.query)
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
+        finally:
+            ex.waited_upstream(time.perf_counter() - begun)
         if response.status_code != 200:
             content = await response.aread()
             await response.aclose()
