@@ -232,8 +232,8 @@ def main() -> None:
                     str(port),
                     "--log-level",
                     "warning",
-                    "--lookup-window-ms",
-                    window,
+                    "--lookup-window-seconds",
+                    str(float(window) / 1000),
                 ],
                 f"http://127.0.0.1:{port}/health",
             )

@@ -17,6 +17,7 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -188,35 +189,41 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_config(args: argparse.Namespace) -> Any:
+    """The ``ServeConfig`` of ``gpucache serve``'s flags; ``ConfigError`` (a ValueError),
+    ``OSError`` for a token file that cannot be read."""
+    from gpucache.cache.settings import CacheSettings
+    from gpucache.serve.config import ADMIN_TOKEN_ENV, PASSTHROUGH, SERVE_CACHE_DEFAULTS, ServeConfig
+
+    admin_token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV)
+    if args.admin_token_file:
+        with open(args.admin_token_file, encoding="utf-8") as f:
+            admin_token = f.read().strip()
+    return ServeConfig(
+        upstream=args.upstream, admin_token=admin_token, snapshot=args.snapshot,
+        cache=CacheSettings.from_arguments(args, SERVE_CACHE_DEFAULTS), device=args.device,
+        model=args.model, upstream_timeout=args.upstream_timeout, namespace_header=args.namespace_header,
+        credential_headers=tuple(args.credential_header or ()) or ServeConfig.credential_headers,
+        trust_namespace_header=args.trust_namespace_header, require_auth=args.require_auth,
+        secret_file=args.secret_file, create_secret=args.create_secret,
+        ignore_client_cache_control=args.ignore_client_cache_control,
+        passthrough=tuple(args.passthrough) if args.passthrough is not None else PASSTHROUGH,
+        redis=args.redis,
+    )
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
         from gpucache.serve.app import create_app
-        from gpucache.serve.config import ServeConfig
     except ImportError as exc:
         print(f"gpucache serve needs the serve extra ({exc.name} is missing): "
               "pip install 'gpucache[serve]'", file=sys.stderr)
         return 2
-    from gpucache.serve.config import ADMIN_TOKEN_ENV, PASSTHROUGH, ConfigError
-
     try:
-        admin_token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV)
-        if args.admin_token_file:
-            with open(args.admin_token_file, encoding="utf-8") as f:
-                admin_token = f.read().strip()
-        config = ServeConfig(
-            upstream=args.upstream, admin_token=admin_token, snapshot=args.snapshot,
-            lookup_window=args.lookup_window_ms / 1000, lookup_timeout=args.lookup_timeout,
-            upstream_timeout=args.upstream_timeout, namespace_header=args.namespace_header,
-            credential_headers=tuple(args.credential_header or ()) or ServeConfig.credential_headers,
-            trust_namespace_header=args.trust_namespace_header, require_auth=args.require_auth,
-            secret_file=args.secret_file, create_secret=args.create_secret, ttl=args.ttl,
-            ignore_client_cache_control=args.ignore_client_cache_control,
-            passthrough=tuple(args.passthrough) if args.passthrough is not None else PASSTHROUGH,
-            redis=args.redis,
-        )
-    except (ConfigError, OSError) as exc:
+        config = serve_config(args)
+    except (OSError, TypeError, ValueError) as exc:
         print(f"gpucache serve: {exc}", file=sys.stderr)
         return 2
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
@@ -283,17 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "or --redis, the same on every replica")
     serve.add_argument("--create-secret", action="store_true",
                        help="create the secret file (0600; beside the snapshot by default) if missing")
-    serve.add_argument("--ttl", type=float, default=None,
-                       help="seconds a stored answer lives (default: until evicted)")
     serve.add_argument("--ignore-client-cache-control", action="store_true",
                        help="read no request's Cache-Control")
     serve.add_argument("--passthrough", action="append", default=None, metavar="'METHOD PATH'",
                        help="an uncached path under /v1 to forward, '*' for one segment (repeat; "
                        "default: GET models, GET models/*, POST embeddings, POST moderations)")
-    serve.add_argument("--lookup-window-ms", type=float, default=2.0,
-                       help="requests within this many ms share one embedder batch (default 2)")
-    serve.add_argument("--lookup-timeout", type=float, default=1.0,
-                       help="seconds before a lookup counts as a miss (default 1)")
+    serve.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
+    serve.add_argument("--model", default=None,
+                       help="the embedding model: a local folder (default: the packaged all-MiniLM-L6-v2)")
     serve.add_argument("--upstream-timeout", type=float, default=600.0,
                        help="seconds to wait for the upstream (default 600)")
     serve.add_argument("--grace", type=float, default=30.0,
@@ -301,6 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis", default=None,
                        help="a Redis or Valkey URL: replicas share their entries through it")
     serve.add_argument("--log-level", default="info")
+    from gpucache.cache.settings import CacheSettings
+    from gpucache.serve.config import SERVE_CACHE_DEFAULTS
+
+    CacheSettings.add_arguments(serve)  # every cache setting, from the dataclass's own fields
+    for action in serve._actions:  # a server's own defaults for the settings that differ
+        name = action.dest.removeprefix("cache_")
+        if action.dest.startswith("cache_") and getattr(SERVE_CACHE_DEFAULTS, name) != getattr(
+                CacheSettings(), name):
+            action.help = (action.help or "").rsplit(" (default", 1)[0] + \
+                f" (default for a server {getattr(SERVE_CACHE_DEFAULTS, name)!r})"
     serve.set_defaults(run=_cmd_serve)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")

@@ -40,9 +40,9 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def proxy(upstream, real_embedder, tmp_path_factory):
-    config = ServeConfig(upstream=f"{upstream.url}/v1", admin_token=ADMIN, lookup_window=0.002,
+    config = ServeConfig(upstream=f"{upstream.url}/v1", admin_token=ADMIN,
                          namespace_secret=SECRET,
-                         lookup_timeout=30.0, snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"))
+                         snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"))
     app = create_app(config, cache_factory=lambda: SemanticCache(
         real_embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0))
     with Served(app) as served:

@@ -62,7 +62,7 @@ def proxy():
 
     with Served(make_upstream()) as upstream:
         config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=b"fuzz-secret-of-some-length",
-                             admin_token="fuzz-admin-token-0123", lookup_timeout=30.0)
+                             admin_token="fuzz-admin-token-0123")
         app = create_app(config, cache_factory=lambda: SemanticCache(FakeEmbedder(), device="cpu"))
         with Served(app) as served:
             yield served

@@ -55,7 +55,7 @@ def clock():
 
 def proxy_app(upstream, real_embedder, clock=None, **settings):
     config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, admin_token=ADMIN,
-                         lookup_timeout=30.0, **settings)
+                         **settings)
     extra = {"timer": clock} if clock is not None else {}
     return create_app(config, cache_factory=lambda: SemanticCache(
         real_embedder, device="cpu", lookup_timeout_seconds=30.0, **extra))
@@ -395,7 +395,7 @@ def test_a_lookup_that_times_out_still_stores_the_upstreams_answer(upstream, fak
             stored.set()
             return kept
 
-    config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, lookup_timeout=0.2)
+    config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
     app = create_app(config, cache_factory=lambda: Notifying(SlowEmbedder(), device="cpu",
                                                              lookup_timeout_seconds=0.2))
     with Served(app) as served:

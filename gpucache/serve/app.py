@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from gpucache.cache.core import SemanticCache
 from gpucache.cache.snapshot import SnapshotError
+from gpucache.embedding.embedder import TransformerEmbedder
 from gpucache.serve.config import ServeConfig
 from gpucache.serve.keying import BadRequest, parse_json, request_key
 from gpucache.serve.metrics import ProxyMetrics
@@ -46,33 +47,39 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
     model on the best device, with the config's lookup batching and deadline); a snapshot at
     ``config.snapshot`` replaces it when present."""
     metrics = ProxyMetrics()
-    options: dict[str, Any] = {
-        "lookup_window_seconds": config.lookup_window,
-        "lookup_batch": config.lookup_batch,
-        "lookup_timeout_seconds": config.lookup_timeout,
-    }
 
     def build() -> SemanticCache:
-        extra = dict(options)
-        if config.redis and cache_factory is None:
-            from gpucache.share.redis import RedisShare
+        """The cache at start: ``cache_factory``'s, or one made from the config's settings
+        tree (embedder, device, ``CacheSettings``, replication); a snapshot, where there is one,
+        is restored into it with every setting of the config: the server's flags win over
+        what the file saved."""
+        if cache_factory is not None:
+            base: SemanticCache | None = cache_factory()
+            assert base is not None
+            embedder, device, settings = base.embedder, base.device, base.settings
+            collaborators: dict[str, Any] = {"verifier": base.verifier, "cache_policy": base.cache_policy}
+            shared = None  # a factory's cache brings its own replication, if any
+        else:
+            base = None
+            embedder = TransformerEmbedder(config.model, device=config.device)
+            device, settings, collaborators = embedder.device, config.cache, {}
+            shared = None
+            if config.redis:
+                from gpucache.share.redis import RedisShare
 
-            extra["shared"] = RedisShare(config.redis, secret=config.replication_key)
+                shared = RedisShare(config.redis, secret=config.replication_key)
+
+        def fresh() -> SemanticCache:
+            if base is not None:
+                return base
+            return SemanticCache(embedder, device=device, settings=settings, shared=shared)
+
         if not (config.snapshot and os.path.exists(config.snapshot)):
-            return cache_factory() if cache_factory is not None else SemanticCache(**extra)
-        base = cache_factory() if cache_factory is not None else None
-        given: dict[str, Any] = (
-            {}
-            if base is None
-            else {
-                "embedder": base.embedder,
-                "device": base.device,
-                "verifier": base.verifier,
-                "cache_policy": base.cache_policy,
-            }
-        )
+            return fresh()
         try:
-            return SemanticCache.load(config.snapshot, key=config.snapshot_key, **given, **extra)
+            return SemanticCache.load(config.snapshot, embedder=embedder, device=device,
+                                      key=config.snapshot_key, shared=shared, **collaborators,
+                                      **dict(settings.items()))
         except Exception as exc:  # noqa: BLE001 - any file that does not restore: keep serving,
             # and keep the file for a person to look at (a checksum-valid file with a bad field
             # fails past the snapshot's own checks, with whatever error that field raises)
@@ -80,7 +87,7 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
             os.replace(config.snapshot, aside)
             log.error("gpucache: the snapshot did not restore (%s: %s); starting empty, the file "
                       "is now %s", type(exc).__name__, exc, aside)
-            return base if base is not None else SemanticCache(**extra)
+            return fresh()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from gpucache.cache.validation import MAX_TTL_SECONDS
+from gpucache.cache.settings import CacheSettings
 from gpucache.serve.tenancy import CREDENTIAL_HEADERS, NAMESPACE_HEADER, Tenancy
 
 SECRET_ENV = "GPUCACHE_NAMESPACE_SECRET"
@@ -27,6 +27,10 @@ ADMIN_TOKEN_ENV = "GPUCACHE_ADMIN_TOKEN"
 # the OpenAI endpoints a chat client calls besides completions. Nothing else reaches the
 # model server through the proxy (vLLM's and Ollama's own endpoints included).
 PASSTHROUGH = ("GET models", "GET models/*", "POST embeddings", "POST moderations")
+
+
+# A server's cache: concurrent lookups share batches, and a slow one fails open after 1 s.
+SERVE_CACHE_DEFAULTS = CacheSettings(lookup_window_seconds=0.002, lookup_timeout_seconds=1.0)
 
 
 class ConfigError(ValueError):
@@ -85,15 +89,16 @@ class ServeConfig:
     """A snapshot file loaded at start (when present) and saved at shutdown and on demand."""
     max_body_bytes: int = 8 * 2**20
     """A larger request body is refused with 413."""
-    lookup_timeout: float = 1.0
-    """A lookup taking longer is a miss: the request goes upstream and the cache fails open."""
-    lookup_window: float = 0.002
-    """Requests arriving within this many seconds share one embedder batch and one scan."""
-    lookup_batch: int = 64
-    """The most lookups one such batch holds."""
-    ttl: float | None = None
-    """Seconds a stored answer lives; None: until evicted. Clients cannot set it: a request's
-    ``max-age`` says what age it accepts, not how long others may be served the answer."""
+    cache: CacheSettings = field(default_factory=lambda: SERVE_CACHE_DEFAULTS)
+    """The cache's settings, the one place each lives (``CacheSettings``): a server's defaults
+    batch concurrent lookups (a 2 ms window) and bound them (1 s, then the request goes
+    upstream and the cache fails open). Its ``ttl`` is how long a stored answer lives; clients
+    cannot set it: a request's ``max-age`` says what age it accepts, not how long others may be
+    served the answer."""
+    device: str = "auto"
+    """Where the embedder and the index run: "auto", "cpu" or "cuda[:N]"."""
+    model: str | None = None
+    """The embedding model (a local folder or a cached hub name); None: the packaged one."""
     ignore_client_cache_control: bool = False
     """Read no request's Cache-Control: for deployments that let no client steer the cache."""
     passthrough: tuple[str, ...] = PASSTHROUGH
@@ -104,15 +109,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not self.upstream.startswith(("http://", "https://")):
             raise ConfigError(f"upstream must be an http(s) URL, got {self.upstream!r}")
-        for name in ("upstream_timeout", "lookup_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if not 0 <= self.lookup_window <= 1:
-            raise ConfigError(f"lookup_window must be in [0, 1] seconds, got {self.lookup_window!r}")
+        if not self.upstream_timeout > 0:
+            raise ConfigError(f"upstream_timeout must be > 0, got {self.upstream_timeout!r}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes!r}")
-        if self.ttl is not None and not 0 < self.ttl <= MAX_TTL_SECONDS:
-            raise ConfigError(f"ttl must be in (0, {MAX_TTL_SECONDS}] seconds (ten years), got {self.ttl!r}")
         for rule in self.passthrough:
             method, _, path = rule.partition(" ")
             if method not in ("GET", "POST", "PUT", "DELETE", "PATCH") or not path or ".." in path:

@@ -221,7 +221,7 @@ class Proxy:
 
         try:
             result = await self.cache.aget_or_put(
-                ex.key.semantic_text, loader, scope=ex.key.scope, ttl=self.config.ttl, on_lookup=on_lookup
+                ex.key.semantic_text, loader, scope=ex.key.scope, on_lookup=on_lookup
             )
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
@@ -278,7 +278,7 @@ class Proxy:
                 yield Unstored()
 
         pieces = self.cache.aget_or_put_streaming(
-            ex.key.semantic_text, chunks, scope=ex.key.scope, ttl=self.config.ttl, on_lookup=on_lookup
+            ex.key.semantic_text, chunks, scope=ex.key.scope, on_lookup=on_lookup
         )
         first: str | None = None
         try:
@@ -490,7 +490,7 @@ class Proxy:
     async def store(self, key: RequestKey, answer: str) -> None:
         try:
             await asyncio.to_thread(
-                self.cache.put, key.semantic_text, answer, scope=key.scope, ttl=self.config.ttl
+                self.cache.put, key.semantic_text, answer, scope=key.scope
             )
         except Exception:  # the answer is served either way: a failed store is counted, not fatal
             log.exception("gpucache: storing an answer failed")
