@@ -61,6 +61,12 @@ def start(command: list[str], url: str) -> subprocess.Popen[bytes]:
     raise RuntimeError(f"{command} did not start: {process.stderr.read().decode() if process.stderr else ''}")
 
 
+def proxy_command(up_port: int, *flags: str) -> list[str]:
+    """``gpucache serve`` in front of the stand-in upstream on ``up_port``, quiet, with ``flags``."""
+    return [sys.executable, "-m", "gpucache", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1",
+            "--log-level", "warning", *flags]
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     process.wait(60)
@@ -221,20 +227,8 @@ def main() -> None:
         for window in ("2", "0"):
             port = free_port()
             proxy = start(
-                [
-                    sys.executable,
-                    "-m",
-                    "gpucache",
-                    "serve",
-                    "--upstream",
-                    f"http://127.0.0.1:{up_port}/v1",
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "warning",
-                    "--lookup-window-seconds",
-                    str(float(window) / 1000),
-                ],
+                proxy_command(up_port, "--port", str(port),
+                              "--lookup-window-seconds", str(float(window) / 1000)),
                 f"http://127.0.0.1:{port}/health",
             )
             url = f"http://127.0.0.1:{port}/v1/chat/completions"

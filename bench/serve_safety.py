@@ -22,7 +22,7 @@ import httpx
 import openai
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve import free_port, start, stop  # noqa: E402
+from serve import free_port, proxy_command, start, stop  # noqa: E402
 
 SECRET = "a-stable-secret-for-the-safety-matrix"
 
@@ -88,16 +88,7 @@ def main() -> None:
         [sys.executable, "-m", "gpucache.tools.upstream", "--port", str(up_port)],
         f"http://127.0.0.1:{up_port}/v1/models",
     )
-    serve = [
-        sys.executable,
-        "-m",
-        "gpucache",
-        "serve",
-        "--upstream",
-        f"http://127.0.0.1:{up_port}/v1",
-        "--log-level",
-        "warning",
-    ]
+    serve = proxy_command(up_port)
     processes = [upstream]
     try:
         proxy, gate = f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{gate_port}"
