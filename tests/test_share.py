@@ -537,3 +537,19 @@ def test_with_a_secret_only_signed_records_and_events_are_applied(server, replic
     late = replicas(secret=secret)  # a bootstrap refuses the planted records too
     assert late.shared.wait_for(lambda s: s.unsigned >= 2 and s.applied >= 2, timeout=10), late.shared.stats
     assert len(late) == 2 and late.get("What is the admin password?", scope="tenant") is None
+
+
+def test_redis_stopped_in_the_middle_of_a_burst_loses_nothing_once_it_is_back(server, replicas):
+    """The server goes away during a burst, with the writer busy on it: what was written stays,
+    what was not waits in the replica, and after the restart every entry reaches the other."""
+    a, b = replicas(), replicas()
+    for i in range(100):
+        a.put(f"burst question {i}", f"answer {i}")
+    assert a.shared.wait_written(1, timeout=10)  # the writer has begun on the burst
+    server.stop()  # with batches still queued behind it
+    for i in range(100, 200):
+        a.put(f"burst question {i}", f"answer {i}")  # stored locally, queued for Redis
+    server.start()
+    assert b.shared.wait_for(lambda s: s.applied >= 200, timeout=60), (a.shared.stats, b.shared.stats)
+    missing = [i for i in range(200) if b.get(f"burst question {i}") is None]
+    assert missing == [] and a.shared.wait_for(lambda s: s.pending == 0, timeout=10)
