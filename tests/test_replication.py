@@ -1,0 +1,72 @@
+"""The seam between a cache and its other replicas (gpucache/cache/replication.py): the cache
+calls its replication at every point where other replicas matter, a replication applies their
+entries through the cache's public face only, and the default is a cache alone."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+from gpucache import SemanticCache, StoreEverything, ThresholdOnly
+from gpucache.cache.replication import LocalOnly, SharedEntry
+
+
+class Recording(LocalOnly):
+    """A replication that records what the cache told it, and hands out entries of its own."""
+
+    remote = True
+
+    def __init__(self, elsewhere=()):
+        self.calls, self.elsewhere, self.replica = [], list(elsewhere), None
+
+    def attach(self, replica):
+        self.replica = replica
+
+    def stored(self, scope, items, vectors, expires_at):
+        self.calls.append(("stored", scope, [p for p, _ in items]))
+
+    def removed(self, scope, prompt):
+        self.calls.append(("removed", scope, prompt))
+
+    def cleared(self, scope):
+        self.calls.append(("cleared", scope))
+
+    def fetch(self, pairs):
+        return [e for e in self.elsewhere if (e.scope, e.prompt) in pairs]
+
+
+def make(embedder, shared=None):
+    return SemanticCache(embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
+                         cache_policy=StoreEverything(), shared=shared)
+
+
+def test_a_cache_alone_has_the_local_only_replication(fake_embedder):
+    cache = make(fake_embedder)
+    assert isinstance(cache.shared, LocalOnly) and not cache.shared.remote
+    assert cache.get_or_put("a question", lambda p: "an answer") == "an answer"
+    assert cache.get("a question").exact
+
+
+def test_the_cache_tells_its_replication_and_takes_entries_through_its_public_face(fake_embedder):
+    vector = fake_embedder.encode(["stored elsewhere"])[0]
+    shared = Recording([SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)])
+    cache = make(fake_embedder, shared)
+    assert shared.replica is cache
+    cache.put("mine", "my answer", scope="s")
+    cache.invalidate("mine", scope="s")
+    cache.clear("s")
+    assert shared.calls == [("stored", "s", ["mine"]), ("removed", "s", "mine"), ("cleared", "s")]
+    # an exact repeat another replica stored, answered from it and kept here
+    assert cache.get_or_put("stored elsewhere", lambda p: "loaded", scope="s") == "their answer"
+    shared.elsewhere.clear()  # the other replica invalidated it: its removal arrives
+    cache.apply_replicated_removal("s", "stored elsewhere")
+    assert cache.get("stored elsewhere", scope="s") is None
+
+
+def test_the_cache_package_never_imports_a_replication():
+    root = Path(__file__).resolve().parent.parent / "gpucache" / "cache"
+    for source in root.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("gpucache.share"), source.name
