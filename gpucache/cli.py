@@ -308,13 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gpucache.cache.settings import CacheSettings
     from gpucache.serve.config import SERVE_CACHE_DEFAULTS
 
-    CacheSettings.add_arguments(serve)  # every cache setting, from the dataclass's own fields
-    for action in serve._actions:  # a server's own defaults for the settings that differ
-        name = action.dest.removeprefix("cache_")
-        if action.dest.startswith("cache_") and getattr(SERVE_CACHE_DEFAULTS, name) != getattr(
-                CacheSettings(), name):
-            action.help = (action.help or "").rsplit(" (default", 1)[0] + \
-                f" (default for a server {getattr(SERVE_CACHE_DEFAULTS, name)!r})"
+    CacheSettings.add_arguments(serve, SERVE_CACHE_DEFAULTS)  # every cache setting, from its field
     serve.set_defaults(run=_cmd_serve)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")

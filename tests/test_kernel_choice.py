@@ -295,7 +295,7 @@ def test_a_quantized_cpu_store_answers_batches_the_way_measured_faster(faster):
 def test_an_unmeasured_quantized_cpu_store_scans_int8_for_one_query_and_the_copy_for_batches():
     """Below the measured sizes (and while a measurement runs): one query takes the int8
     rows, the reason 'auto' stores int8; a batch takes the fp32 copy, never far from the best
-    on any CPU, where int8 batches were an order of magnitude slower than fp32 on one."""
+    on any CPU, where int8 batches were reported far slower than fp32 on one."""
     store, timer = measured_int8_store(50, {"quantized": 1.0, "copy": 1.0})
     store.search(unit_rows(1, 32, seed=7), 2, 0)
     assert store.engine.scans == 1

@@ -142,18 +142,21 @@ class CacheSettings:
         return dataclasses.replace(base or cls(), **options)
 
     @classmethod
-    def add_arguments(cls, parser: Any) -> None:
+    def add_arguments(cls, parser: Any, defaults: CacheSettings | None = None) -> None:
         """One command-line flag per setting (``--top-k``), its help the field's own
-        documentation, its type the default's; a flag not given leaves the setting alone
-        (``from_arguments``), so the flags and the dataclass cannot drift apart."""
+        documentation, its type the field's; a flag not given leaves the setting alone
+        (``from_arguments``), so the flags and the dataclass cannot drift apart. ``defaults``:
+        the settings the command starts from, as its help states them."""
         import argparse
 
+        defaults = defaults or cls()
         group = parser.add_argument_group("cache settings (CacheSettings)")
         for f in dataclasses.fields(cls):
+            doc = f.metadata["doc"].replace("`", "")
             group.add_argument(
                 f"--{f.name.replace('_', '-')}", dest=f"cache_{f.name}", default=argparse.SUPPRESS,
                 type=_parser_for(str(f.type)), metavar=f.name.upper(),
-                help=f"{f.metadata['doc'].replace('`', '')} (default {f.default!r})".replace("%", "%%"),
+                help=f"{doc} (default {getattr(defaults, f.name)!r})".replace("%", "%%"),
             )
 
     @classmethod

@@ -76,8 +76,8 @@ class ScanKernelChooser:
     The same measurement decides the scan kernel on CUDA (torch against Triton, ``KERNELS``)
     and, on a CPU, whether a quantized store scans its quantized rows or its exact fp32 copy
     (``STORE_PATHS``): whether int8 products beat fp32 ones for a batch depends on the CPU
-    (fast with VNNI, an order of magnitude slower than fp32 on an AVX2 machine without it;
-    ``bench/reports/cpu-paths.md``), so neither answer can be written down for every machine.
+    (fast with VNNI, reported far slower than fp32 on an AVX2 machine without it;
+    ``bench/reports/cpu-paths.md`` for this machine), so neither answer can be written down for every machine.
 
     Args:
         device: the store's device (the timer synchronises it).

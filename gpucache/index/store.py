@@ -81,7 +81,7 @@ def unmeasured_path(queries: int, rows: int) -> str:
     quantized rows (int8's GEMV streams a quarter of fp32's bytes, the reason "auto" takes
     int8, and was the faster on every CPU measured); a batch scans the exact copy, whose fp32
     product is never far from the best, where an int8 batch product on a CPU without VNNI was
-    an order of magnitude slower than it."""
+    reported far slower than it."""
     return "quantized" if queries <= 1 else "copy"
 
 

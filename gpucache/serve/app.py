@@ -53,17 +53,16 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
         tree (embedder, device, ``CacheSettings``, replication); a snapshot, where there is one,
         is restored into it with every setting of the config: the server's flags win over
         what the file saved."""
+        shared = None  # a factory's cache brings its own replication, if any
         if cache_factory is not None:
             base: SemanticCache | None = cache_factory()
             assert base is not None
             embedder, device, settings = base.embedder, base.device, base.settings
             collaborators: dict[str, Any] = {"verifier": base.verifier, "cache_policy": base.cache_policy}
-            shared = None  # a factory's cache brings its own replication, if any
         else:
             base = None
             embedder = TransformerEmbedder(config.model, device=config.device)
             device, settings, collaborators = embedder.device, config.cache, {}
-            shared = None
             if config.redis:
                 from gpucache.share.redis import RedisShare
 

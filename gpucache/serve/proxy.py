@@ -518,16 +518,13 @@ class Proxy:
         )
 
     async def forward_exchange(self, ex: Exchange, outcome: str) -> Response | Unavailable:
+        """``forward`` for a cached endpoint's request, its wait counted as the upstream's."""
         begun = time.perf_counter()
         try:
-            return await self._forward_exchange(ex, outcome)
+            return await self.forward(ex.endpoint, ex.method, ex.headers, ex.query, ex.raw,
+                                      ex.key.stream, outcome)
         finally:
             ex.waited_upstream(time.perf_counter() - begun)
-
-    async def _forward_exchange(self, ex: Exchange, outcome: str) -> Response | Unavailable:
-        return await self.forward(
-            ex.endpoint, ex.method, ex.headers, ex.query, ex.raw, ex.key.stream, outcome
-        )
 
     async def passthrough(self, path: str, label: str, request: Request) -> Response:
         """An allow-listed path (passthrough.py), forwarded unchanged and never cached;
