@@ -405,6 +405,15 @@ def test_stats_add_up(cache):
     assert stats.hit_rate == pytest.approx(2 / 6)
 
 
+def test_stats_say_where_lookup_time_goes(cache, fake_embedder):
+    cache.put("stored", "s")  # one prompt embedded to store it
+    cache.get_all(["stored", "new one", "another"])  # one exact hit; two embedded, one scan
+    cache.get("stored")  # the exact tier: nothing embedded, no scan
+    stats = cache.stats()
+    assert stats.embedded == 3 and stats.scans == 1
+    assert stats.embed_seconds > 0 and stats.scan_seconds > 0
+
+
 # --------------------------------------------------------------------- bad input
 
 

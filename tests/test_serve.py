@@ -287,6 +287,10 @@ def test_metrics_count_what_happened(proxy):
     text = httpx.get(f"{proxy.url}/metrics").text
     assert "gpucache_entries " in text and "gpucache_lookup_seconds_count" in text
     assert "gpucache_hit_similarity_bucket" in text and "gpucache_device_bytes " in text
+    timings = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+               if line.startswith(("gpucache_embed", "gpucache_scan"))}
+    assert timings["gpucache_embed_seconds_total"] > 0 and timings["gpucache_embedded_prompts_total"] >= 2
+    assert timings["gpucache_scan_seconds_total"] > 0 and timings["gpucache_scans_total"] >= 1
 
 
 def test_health_says_ready_and_whether_the_upstream_answers(proxy):

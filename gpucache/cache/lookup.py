@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -111,7 +112,9 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
         _exact_from_shared(state, plans, need)
     texts = list(dict.fromkeys(prompt for _, prompt in need))
     dim = state.embedder.dim
+    began = time.perf_counter()
     embedded = state.embedder.encode(texts) if texts else torch.zeros((0, dim))  # no lock held
+    embed_seconds = time.perf_counter() - began
     row_of = {text: i for i, text in enumerate(texts)}
     for plan in plans:  # (len(unique), D), zero rows for exact hits
         plan.vectors = torch.zeros((len(plan.unique), dim), dtype=torch.float32, device=embedded.device)
@@ -123,6 +126,8 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
     for scope, prompt in need:
         by_scope.setdefault(scope, []).append(prompt)
     with state._lock:
+        if texts:
+            state._stats.embedding(embed_seconds, len(texts))
         now = state._now()
         for scope, prompts in by_scope.items():
             _search(state, scope, prompts, embedded[[row_of[p] for p in prompts]], now, requests, plans, need)
@@ -194,8 +199,10 @@ def _search(
             for i in need[(scope, prompt)]:
                 plans[i].hits[prompt] = None
         return
+    began = time.perf_counter()
     scores, rows = state.store.search(queries, state.top_k, scope_id, now)  # (Q, K)
     scores_host, rows_host = scores.cpu().tolist(), rows.cpu().tolist()  # one transfer
+    state._stats.scanning(time.perf_counter() - began)
     for prompt, cand_scores, cand_rows in zip(prompts, scores_host, rows_host):
         for i in need[(scope, prompt)]:
             plans[i].hits[prompt] = _verify(state, prompt, cand_scores, cand_rows, requests[i].threshold, now)

@@ -256,8 +256,10 @@ class CacheState:
             items = [(p, r) for p, r in items if self._allowed(p, r, scope)]
         if not items:
             return 0
+        began = time.perf_counter()
         vectors = self.embedder.encode([p for p, _ in items])  # no lock held
         with self._lock:
+            self._stats.embedding(time.perf_counter() - began, len(items))
             now = self._now()
             stored = self._table.store(scope, items, vectors, _expiry(now, ttl), now)
         self.shared.stored(scope, items, vectors, _expiry(now, ttl))

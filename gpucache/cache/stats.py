@@ -16,7 +16,10 @@ class CacheStats:
     policy would not store, by reason; ``admissions_deferred`` counts answers not stored
     because their prompt had not been seen often enough yet. ``scan_retries`` and
     ``cpu_fallbacks`` count scans that ran out of device memory and were retried in smaller
-    chunks, or ran on the CPU instead.
+    chunks, or ran on the CPU instead. ``embed_seconds`` / ``embedded`` are the embedder's time
+    and the prompts it embedded (lookups and stores); ``scan_seconds`` / ``scans`` the index
+    scans' (one per scope of a lookup batch): where a lookup's time goes, for a server's
+    metrics. Timings are wall-clock and are never part of a decision.
     """
 
     hits: int = 0
@@ -33,6 +36,10 @@ class CacheStats:
     admissions_deferred: int = 0
     scan_retries: int = 0
     cpu_fallbacks: int = 0
+    embed_seconds: float = 0.0
+    embedded: int = 0
+    scan_seconds: float = 0.0
+    scans: int = 0
 
     @property
     def lookups(self) -> int:
@@ -57,6 +64,18 @@ class StatsCounter:
     rejections: Counter[str] = field(default_factory=Counter)
     refusals: Counter[str] = field(default_factory=Counter)
     admissions_deferred: int = 0
+    embed_seconds: float = 0.0  # this process's timings: not saved in snapshots
+    embedded: int = 0
+    scan_seconds: float = 0.0
+    scans: int = 0
+
+    def embedding(self, seconds: float, prompts: int) -> None:
+        self.embed_seconds += seconds
+        self.embedded += prompts
+
+    def scanning(self, seconds: float) -> None:
+        self.scan_seconds += seconds
+        self.scans += 1
 
     def snapshot(self, entries: int, scan_retries: int = 0, cpu_fallbacks: int = 0) -> CacheStats:
         return CacheStats(
@@ -74,6 +93,10 @@ class StatsCounter:
             admissions_deferred=self.admissions_deferred,
             scan_retries=scan_retries,
             cpu_fallbacks=cpu_fallbacks,
+            embed_seconds=self.embed_seconds,
+            embedded=self.embedded,
+            scan_seconds=self.scan_seconds,
+            scans=self.scans,
         )
 
     def to_json(self) -> dict[str, object]:

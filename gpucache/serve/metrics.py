@@ -3,8 +3,9 @@ several apps in one process never share counters).
 
 Counted by the proxy as requests pass: requests by endpoint and outcome, hits by tier, the
 similarity of semantic hits, lookup and upstream latency, bypasses by reason, errors by kind.
-Read from the cache at each scrape: verifier rejections by rule, entries, stores, evictions
-and the index's device bytes.
+Read from the cache at each scrape: verifier rejections by rule, entries, stores, evictions,
+the index's device bytes, and where lookup time goes: the embedder's seconds and prompts, the
+scans' seconds and count (a lookup's latency less these is queueing and the proxy's own work).
 """
 
 from __future__ import annotations
@@ -86,6 +87,16 @@ class _CacheCollector(Collector):
         yield GaugeMetricFamily(
             "gpucache_device_bytes", "Device memory held by the index", value=self.cache.store.nbytes
         )
+        yield CounterMetricFamily(
+            "gpucache_embed_seconds", "Seconds the embedder ran (lookups and stores)",
+            value=stats.embed_seconds,
+        )
+        yield CounterMetricFamily("gpucache_embedded_prompts", "Prompts embedded", value=stats.embedded)
+        yield CounterMetricFamily(
+            "gpucache_scan_seconds", "Seconds the similarity scans ran", value=stats.scan_seconds
+        )
+        yield CounterMetricFamily("gpucache_scans", "Similarity scans (one per scope of a batch)",
+                                  value=stats.scans)
         yield CounterMetricFamily(
             "gpucache_lookup_batches",
             "Batches the concurrent lookups shared (fewer than the lookups: they were coalesced)",
