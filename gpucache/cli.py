@@ -5,8 +5,8 @@
     gpucache eval PAIRS.jsonl [...] [--held-apart PAIRS.jsonl ...] [--replay INTENTS.jsonl]
                   [--half report|tune|all] [--out REPORT.md]
     gpucache bench [--quick] [--device all|cpu|cuda] [--out bench/reports/bench.md]
-    gpucache serve --upstream http://127.0.0.1:8000/v1 [--port 8100] [--snapshot PATH]
-    gpucache info
+    gpucache serve --upstream http://127.0.0.1:8000/v1 [--config gpucache.toml] [--<setting> ...]
+    gpucache info [--config gpucache.toml]
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             f"Q = {q}: {'the ' + storage + ' rows' if path == 'quantized' else 'the fp32 copy'} "
             f"({', '.join(f'{name} {sec * 1e3:.1f} ms' for name, sec in timings.items())})"
             for q, (path, timings) in chosen.items()) + ", 65,536 rows measured here")
+    _print_serve_settings(args)
     readings = gpu_readings()
     if not readings:
         print("gpus          none visible to NVML (no driver or no GPU)")
@@ -75,6 +76,22 @@ def _cmd_info(args: argparse.Namespace) -> int:
             f"{r.memory_total_bytes / 2**30:.1f} GiB used, utilisation {util}, power {power}"
         )
     return 0
+
+
+def _print_serve_settings(args: argparse.Namespace) -> None:
+    """``gpucache serve``'s settings as the defaults, the settings file and the environment
+    resolve them (flags aside), each with where it came from; secrets only as set or not."""
+    from gpucache.serve.settings import ConfigError
+    from gpucache.serve.sources import resolve
+
+    try:
+        resolved = resolve(None, os.environ, args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"serve         the settings do not resolve: {exc}")
+        return
+    print("serve         settings of `gpucache serve` here (before its flags):")
+    for line in resolved.lines():
+        print(f"  {line}")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -190,26 +207,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def serve_config(args: argparse.Namespace) -> Any:
-    """The ``ServeConfig`` of ``gpucache serve``'s flags; ``ConfigError`` (a ValueError),
-    ``OSError`` for a token file that cannot be read."""
-    from gpucache.cache.settings import CacheSettings
-    from gpucache.serve.config import ADMIN_TOKEN_ENV, PASSTHROUGH, SERVE_CACHE_DEFAULTS, ServeConfig
+    """The ``ServeSettings`` of ``gpucache serve``: its flags over the ``GPUCACHE_*``
+    environment over the ``--config`` file over the defaults (gpucache.serve.sources);
+    ``ConfigError`` (a ValueError) says which setting is wrong."""
+    from gpucache.serve.sources import resolve
 
-    admin_token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV)
-    if args.admin_token_file:
-        with open(args.admin_token_file, encoding="utf-8") as f:
-            admin_token = f.read().strip()
-    return ServeConfig(
-        upstream=args.upstream, admin_token=admin_token, snapshot=args.snapshot,
-        cache=CacheSettings.from_arguments(args, SERVE_CACHE_DEFAULTS), device=args.device,
-        model=args.model, upstream_timeout=args.upstream_timeout, namespace_header=args.namespace_header,
-        credential_headers=tuple(args.credential_header or ()) or ServeConfig.credential_headers,
-        trust_namespace_header=args.trust_namespace_header, require_auth=args.require_auth,
-        secret_file=args.secret_file, create_secret=args.create_secret,
-        ignore_client_cache_control=args.ignore_client_cache_control,
-        passthrough=tuple(args.passthrough) if args.passthrough is not None else PASSTHROUGH,
-        redis=args.redis,
-    )
+    return resolve(args, os.environ, getattr(args, "config", None)).settings()
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -226,8 +229,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except (OSError, TypeError, ValueError) as exc:
         print(f"gpucache serve: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=args.grace)
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
+                timeout_graceful_shutdown=config.grace)
     return 0
 
 
@@ -267,51 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_cmd_bench)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible caching proxy in front of a model server")
-    serve.add_argument("--upstream", required=True, help="the model server's base URL, ending in /v1")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8100, help="port to listen on (default 8100)")
-    serve.add_argument("--snapshot", default=None, help="cache file: loaded at start, saved at shutdown")
-    serve.add_argument("--admin-token", default=None,
-                       help="bearer token of the /admin endpoints; prefer GPUCACHE_ADMIN_TOKEN or "
-                       "--admin-token-file (argv is visible to every local user); none: off")
-    serve.add_argument("--admin-token-file", default=None, help="a file holding the admin token")
-    serve.add_argument("--namespace-header", default="x-gpucache-namespace",
-                       help="the header that narrows a request to one of its tenant's namespaces")
-    serve.add_argument("--credential-header", action="append", default=None, metavar="NAME",
-                       help="a header whose value names the tenant (repeat; default: authorization, "
-                       "api-key, x-api-key)")
-    serve.add_argument("--trust-namespace-header", action="store_true",
-                       help="the namespace header alone names the tenant: only behind a gateway that "
-                       "sets it and strips clients' copies")
-    serve.add_argument("--require-auth", action="store_true",
-                       help="answer requests without credentials with 401")
-    serve.add_argument("--secret-file", default=None,
-                       help="the tenancy secret (or GPUCACHE_NAMESPACE_SECRET); needed with --snapshot "
-                       "or --redis, the same on every replica")
-    serve.add_argument("--create-secret", action="store_true",
-                       help="create the secret file (0600; beside the snapshot by default) if missing")
-    serve.add_argument("--ignore-client-cache-control", action="store_true",
-                       help="read no request's Cache-Control")
-    serve.add_argument("--passthrough", action="append", default=None, metavar="'METHOD PATH'",
-                       help="an uncached path under /v1 to forward, '*' for one segment (repeat; "
-                       "default: GET models, GET models/*, POST embeddings, POST moderations)")
-    serve.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
-    serve.add_argument("--model", default=None,
-                       help="the embedding model: a local folder (default: the packaged all-MiniLM-L6-v2)")
-    serve.add_argument("--upstream-timeout", type=float, default=600.0,
-                       help="seconds to wait for the upstream (default 600)")
-    serve.add_argument("--grace", type=float, default=30.0,
-                       help="seconds in-flight requests get to finish at shutdown (default 30)")
-    serve.add_argument("--redis", default=None,
-                       help="a Redis or Valkey URL: replicas share their entries through it")
-    serve.add_argument("--log-level", default="info")
-    from gpucache.cache.settings import CacheSettings
-    from gpucache.serve.config import SERVE_CACHE_DEFAULTS
+    serve.add_argument("--config", default=None, metavar="TOML",
+                       help="a settings file (or GPUCACHE_CONFIG); the environment's GPUCACHE_* "
+                       "variables override it, and flags override both")
+    from gpucache.serve.sources import add_arguments
 
-    CacheSettings.add_arguments(serve, SERVE_CACHE_DEFAULTS)  # every cache setting, from its field
+    add_arguments(serve)  # every setting, from its dataclass field
     serve.set_defaults(run=_cmd_serve)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")
+    info.add_argument("--config", default=None, metavar="TOML",
+                      help="also print the server settings this file and the environment resolve to")
     info.set_defaults(run=_cmd_info)
     return parser
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpucache.serve.config import PASSTHROUGH
+from gpucache.serve.settings import PASSTHROUGH
 from gpucache.serve.passthrough import Route, route
 from gpucache.serve.tenancy import Refusal
 

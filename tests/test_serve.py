@@ -26,7 +26,7 @@ from serving import Served, answer_to, free_port, make_upstream  # noqa: E402
 
 from gpucache import SemanticCache  # noqa: E402
 from gpucache.serve.app import create_app  # noqa: E402
-from gpucache.serve.config import ServeConfig  # noqa: E402
+from gpucache.serve.settings import ServeSettings  # noqa: E402
 
 ADMIN = "admin-secret-for-the-tests"
 SECRET = b"tenancy-secret-for-the-tests"
@@ -40,7 +40,7 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def proxy(upstream, real_embedder, tmp_path_factory):
-    config = ServeConfig(upstream=f"{upstream.url}/v1", admin_token=ADMIN,
+    config = ServeSettings(upstream=f"{upstream.url}/v1", admin_token=ADMIN,
                          namespace_secret=SECRET,
                          snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"))
     app = create_app(config, cache_factory=lambda: SemanticCache(
@@ -336,14 +336,14 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_upstream_and_stores_no
 
 
 def test_an_upstream_that_is_down_is_a_502_and_one_that_stalls_a_504(real_embedder):
-    down = ServeConfig(upstream=f"http://127.0.0.1:{free_port()}/v1")
+    down = ServeSettings(upstream=f"http://127.0.0.1:{free_port()}/v1")
     app = create_app(down, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
     with Served(app) as served:
         with pytest.raises(openai.InternalServerError) as exc:
             ask(client(served, "t-down"), "Is anybody there?")
         assert exc.value.status_code == 502 and exc.value.body["code"] == "upstream_unavailable"
     with Served(make_upstream()) as up:
-        slow = ServeConfig(upstream=f"{up.url}/v1", upstream_timeout=0.5)
+        slow = ServeSettings(upstream=f"{up.url}/v1", upstream_timeout=0.5)
         app = create_app(slow, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
         with Served(app) as served:
             with pytest.raises(openai.APIStatusError) as exc:
@@ -353,7 +353,7 @@ def test_an_upstream_that_is_down_is_a_502_and_one_that_stalls_a_504(real_embedd
 
 def test_a_cache_that_fails_fails_open(upstream, fake_embedder):
     fake_embedder.fail_with = RuntimeError("CUDA error: an illegal memory access")
-    config = ServeConfig(upstream=f"{upstream.url}/v1")
+    config = ServeSettings(upstream=f"{upstream.url}/v1")
     app = create_app(config, cache_factory=lambda: SemanticCache(fake_embedder, device="cpu"))
     with Served(app) as served:
         headers, answer = ask(client(served, "t-broken"), "Does the cache matter?")
@@ -402,7 +402,7 @@ def test_sigterm_finishes_and_saves_the_snapshot_which_the_next_start_serves(ups
 def test_a_corrupt_snapshot_is_set_aside_and_the_proxy_starts_empty(upstream, real_embedder, tmp_path):
     snapshot = tmp_path / "cache.gpucache"
     snapshot.write_bytes(b"not a snapshot at all")
-    config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(snapshot), namespace_secret=SECRET)
+    config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(snapshot), namespace_secret=SECRET)
     app = create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
     with Served(app) as served:
         assert ask(client(served, "t-corrupt"), "Is the cache empty?")[0]["x-gpucache"] == "miss"

@@ -1,6 +1,7 @@
-"""``gpucache serve``'s settings: one tree (``ServeConfig`` holding ``CacheSettings``), every
-cache setting a flag generated from the dataclass, the server's own defaults where they differ,
-and a snapshot restored with the server's settings, not the file's."""
+"""``gpucache serve``'s settings: one tree (``ServeSettings`` holding ``CacheSettings``,
+``EmbedderSettings`` and ``ReplicationSettings``), every setting a flag, a ``GPUCACHE_*``
+variable and a settings-file key generated from its field, layered defaults < file <
+environment < flags, and a snapshot restored with the server's settings, not the file's."""
 
 from __future__ import annotations
 
@@ -9,41 +10,143 @@ import dataclasses
 import pytest
 
 from gpucache.cache.settings import CacheSettings
-from gpucache.cli import build_parser, serve_config
-from gpucache.serve.config import SERVE_CACHE_DEFAULTS, ConfigError
+from gpucache.cli import build_parser, main, serve_config
+from gpucache.embedding.settings import EmbedderSettings
+from gpucache.serve.settings import SERVE_CACHE_DEFAULTS, ConfigError, ServeSettings
+from gpucache.serve.sources import options, resolve
+from gpucache.share.settings import ReplicationSettings
+
+UPSTREAM = "http://127.0.0.1:1/v1"
 
 
 def config_of(*flags):
-    return serve_config(build_parser().parse_args(["serve", "--upstream", "http://127.0.0.1:1/v1", *flags]))
+    return serve_config(build_parser().parse_args(["serve", "--upstream", UPSTREAM, *flags]))
 
 
-def test_every_cache_setting_is_a_flag_and_no_setting_has_two_names(capsys):
+def flags(*given):
+    return build_parser().parse_args(["serve", *given])
+
+
+def test_every_setting_is_a_flag_and_no_setting_has_two_names(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     help_text = capsys.readouterr().out
-    for f in dataclasses.fields(CacheSettings):
-        assert f"--{f.name.replace('_', '-')}" in help_text, f.name
+    for section in (CacheSettings, EmbedderSettings, ReplicationSettings):
+        for f in dataclasses.fields(section):
+            assert f"--{f.name.replace('_', '-')}" in help_text, f.name
+    for f in dataclasses.fields(ServeSettings):
+        if f.metadata.get("flag"):
+            assert f"--{f.name.replace('_', '-').rstrip('s')}" in help_text, f.name
+    assert "--namespace-secret" not in help_text  # a secret on argv is visible to every local user
     for gone in ("--lookup-window-ms", "--lookup-timeout ", "--max-ttl"):
         assert gone not in help_text
     assert "(default 0.002)" in help_text  # the server's own defaults are the ones stated
+    names = [o.name for o in options()]
+    assert len(names) == len(set(names))
 
 
-def test_flags_reach_the_cache_settings_and_the_rest_keep_the_servers_defaults():
+def test_flags_reach_every_section_and_the_rest_keep_the_servers_defaults():
     config = config_of("--threshold", "0.9", "--top-k", "2", "--ttl", "3600", "--quantization", "fp32",
-                       "--capacity", "5000", "--max-device-bytes", "1000000", "--device", "cpu")
+                       "--capacity", "5000", "--max-device-bytes", "1000000", "--device", "cpu",
+                       "--dtype", "fp32", "--port", "9000", "--max-concurrency", "8", "--require-auth",
+                       "--credential-header", "x-key", "--credential-header", "x-org")
     assert (config.cache.threshold, config.cache.top_k, config.cache.ttl) == (0.9, 2, 3600.0)
     assert (config.cache.quantization, config.cache.capacity, config.cache.max_device_bytes) == ("fp32", 5000, 10**6)
-    assert config.device == "cpu" and config.model is None
+    assert config.embedder == EmbedderSettings(model=None, device="cpu", dtype="fp32")
+    assert (config.port, config.max_concurrency, config.require_auth) == (9000, 8, True)
+    assert config.credential_headers == ("x-key", "x-org")
     # a server's own defaults: batched lookups, bounded
     assert config.cache.lookup_window_seconds == SERVE_CACHE_DEFAULTS.lookup_window_seconds == 0.002
     assert config_of("--lookup-timeout-seconds", "none").cache.lookup_timeout_seconds is None
 
 
-@pytest.mark.parametrize("flags", [["--threshold", "1.5"], ["--ttl", "1e16"], ["--top-k", "0"],
-                                   ["--quantization", "int4"]])
-def test_a_setting_out_of_range_is_refused_with_its_reason(flags):
+@pytest.mark.parametrize("given", [["--threshold", "1.5"], ["--ttl", "1e16"], ["--top-k", "0"],
+                                   ["--quantization", "int4"], ["--port", "70000"], ["--port", "eighty"],
+                                   ["--max-concurrency", "0"], ["--dtype", "int8"],
+                                   ["--redis", "http://not-redis"]])
+def test_a_setting_out_of_range_is_refused_with_its_reason(given):
     with pytest.raises((ValueError, TypeError, ConfigError)):
-        config_of(*flags)
+        config_of(*given)
+
+
+def test_the_layers_stack_defaults_file_environment_flags(tmp_path):
+    path = tmp_path / "gpucache.toml"
+    path.write_text(
+        f'upstream = "{UPSTREAM}"\nport = 9001\nmax_concurrency = 32\n'
+        '[cache]\nthreshold = 0.9\ntop_k = 3\n[embedder]\ndevice = "cpu"\n'
+    )
+    env = {"GPUCACHE_PORT": "9002", "GPUCACHE_TOP_K": "4", "GPUCACHE_REQUIRE_AUTH": "true"}
+    resolved = resolve(flags("--top-k", "5"), env, str(path))
+    config = resolved.settings()
+    assert config.upstream == UPSTREAM and config.max_concurrency == 32  # the file's
+    assert config.port == 9002 and config.require_auth  # the environment over the file
+    assert config.cache.top_k == 5  # the flag over both
+    assert config.cache.threshold == 0.9 and config.embedder.device == "cpu"
+    assert config.cache.capacity == SERVE_CACHE_DEFAULTS.capacity  # nobody set it
+    assert resolved.sources["cache.top_k"] == "flag --top-k"
+    assert resolved.sources["port"] == "env GPUCACHE_PORT"
+    assert resolved.sources["cache.threshold"] == f"file {path}"
+    assert resolved.sources["cache.capacity"] == "default"
+    # the file may also be named by the environment
+    assert resolve(None, {"GPUCACHE_CONFIG": str(path)}).settings().port == 9001
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("thresold = 0.9\n", "unknown setting 'thresold'"),
+    ("[cache]\nthreshhold = 0.9\n", "unknown setting 'cache.threshhold'"),
+    ('namespace_secret = "in the file"\n', "secret_file or the environment"),
+    ("port = \n", "not valid TOML"),
+])
+def test_a_settings_file_with_an_unknown_or_broken_key_is_refused_by_name(tmp_path, text, complaint):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=complaint):
+        resolve(None, {}, str(path))
+
+
+def test_settings_file_values_of_the_wrong_type_name_the_setting(tmp_path):
+    path = tmp_path / "typed.toml"
+    path.write_text(f'upstream = "{UPSTREAM}"\nport = "eighty"\n')
+    with pytest.raises(ConfigError, match="port must be int"):
+        resolve(None, {}, str(path)).settings()
+    path.write_text(f'upstream = "{UPSTREAM}"\n[cache]\ntop_k = true\n')
+    with pytest.raises(ConfigError, match="top_k"):
+        resolve(None, {}, str(path)).settings()
+
+
+def test_a_misspelt_environment_variable_is_refused_and_others_are_left_alone():
+    with pytest.raises(ConfigError, match="GPUCACHE_THRESHHOLD"):
+        resolve(None, {"GPUCACHE_THRESHHOLD": "0.9", "GPUCACHE_UPSTREAM": UPSTREAM})
+    config = resolve(None, {"GPUCACHE_UPSTREAM": UPSTREAM, "GPUCACHE_MODEL_DIR": "/x", "HOME": "/h"}).settings()
+    assert config.embedder.model is None
+
+
+def test_no_upstream_anywhere_says_where_to_give_one():
+    with pytest.raises(ConfigError, match="GPUCACHE_UPSTREAM"):
+        resolve(flags(), {}).settings()
+
+
+def test_info_prints_the_resolved_settings_and_hides_secrets(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "gpucache.toml"
+    path.write_text(f'upstream = "{UPSTREAM}"\n[cache]\nthreshold = 0.91\n')
+    monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "a-secret-nobody-may-print")
+    monkeypatch.setenv("GPUCACHE_PORT", "9003")
+    assert main(["info", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"cache.threshold = 0.91  (file {path})" in out
+    assert "port = 9003  (env GPUCACHE_PORT)" in out
+    assert "namespace_secret = (set)  (env GPUCACHE_NAMESPACE_SECRET)" in out
+    assert "a-secret-nobody-may-print" not in out
+
+
+def test_a_cache_factory_beside_a_redis_url_is_refused():
+    pytest.importorskip("fastapi")
+    from gpucache.serve.app import create_app
+
+    config = ServeSettings(upstream=UPSTREAM, namespace_secret=b"a-secret-for-the-config-test",
+                           replication=ReplicationSettings(redis="redis://127.0.0.1:1/0"))
+    with pytest.raises(ConfigError, match="cache_factory"):
+        create_app(config, cache_factory=lambda: None)
 
 
 def test_a_snapshot_is_restored_with_the_servers_settings(tmp_path, real_embedder):
@@ -54,12 +157,13 @@ def test_a_snapshot_is_restored_with_the_servers_settings(tmp_path, real_embedde
 
     from gpucache import SemanticCache
     from gpucache.serve.app import create_app
-    from gpucache.serve.config import ServeConfig
+    from gpucache.serve.settings import ServeSettings
 
     path = tmp_path / "c.gpucache"
     settings = dataclasses.replace(SERVE_CACHE_DEFAULTS, capacity=777, threshold=0.91, quantization="fp32")
     with Served(make_upstream()) as upstream:
-        config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(path), cache=settings, device="cpu",
+        config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(path), cache=settings,
+                               embedder=EmbedderSettings(device="cpu"),
                              namespace_secret=b"a-secret-for-the-config-test")
         saved = SemanticCache(real_embedder, device="cpu")
         saved.put("A question kept in the snapshot", "kept", scope="somewhere")

@@ -23,7 +23,7 @@ from serving import Served, make_upstream  # noqa: E402
 
 from gpucache import SemanticCache  # noqa: E402
 from gpucache.serve.app import create_app  # noqa: E402
-from gpucache.serve.config import ServeConfig  # noqa: E402
+from gpucache.serve.settings import ServeSettings  # noqa: E402
 
 scalars = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=40)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
@@ -61,7 +61,7 @@ def proxy():
     from conftest import FakeEmbedder
 
     with Served(make_upstream()) as upstream:
-        config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=b"fuzz-secret-of-some-length",
+        config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=b"fuzz-secret-of-some-length",
                              admin_token="fuzz-admin-token-0123")
         app = create_app(config, cache_factory=lambda: SemanticCache(FakeEmbedder(), device="cpu"))
         with Served(app) as served:

@@ -26,7 +26,7 @@ from serving import Served, make_upstream  # noqa: E402
 from gpucache import SemanticCache  # noqa: E402
 from gpucache.cache.snapshot import write_snapshot  # noqa: E402
 from gpucache.serve.app import create_app  # noqa: E402
-from gpucache.serve.config import ServeConfig  # noqa: E402
+from gpucache.serve.settings import ServeSettings  # noqa: E402
 
 SECRET = b"tenancy-secret-for-safety-tests"
 ADMIN = "admin-token-for-safety-tests"
@@ -54,7 +54,7 @@ def clock():
 
 
 def proxy_app(upstream, real_embedder, clock=None, **settings):
-    config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, admin_token=ADMIN,
+    config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, admin_token=ADMIN,
                          **settings)
     extra = {"timer": clock} if clock is not None else {}
     return create_app(config, cache_factory=lambda: SemanticCache(
@@ -343,7 +343,7 @@ def test_a_snapshot_with_a_bad_field_is_set_aside_and_the_proxy_starts_empty(ups
     from gpucache.cache.snapshot import read_snapshot
 
     path = tmp_path / "cache.gpucache"
-    config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
+    config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
     SemanticCache(real_embedder, device="cpu").save(path)
     # checksum-valid and signed, every check of the file passes; a counter that is not a number
     # fails later, in the restore, with an error of its own rather than a SnapshotError
@@ -359,7 +359,7 @@ def test_a_snapshot_not_signed_with_the_servers_key_is_never_loaded(upstream, re
     """A well-formed file planted by someone without the secret (an answer filed under a
     tenant's scope) is set aside; the server's own file, signed, is served after a restart."""
     path = tmp_path / "cache.gpucache"
-    config = ServeConfig(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
+    config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
     alice = {"authorization": "Bearer key-alice"}
     tenant = config.tenancy.tenant(alice)
     planted = SemanticCache(real_embedder, device="cpu")
@@ -395,7 +395,7 @@ def test_a_lookup_that_times_out_still_stores_the_upstreams_answer(upstream, fak
             stored.set()
             return kept
 
-    config = ServeConfig(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
+    config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
     app = create_app(config, cache_factory=lambda: Notifying(SlowEmbedder(), device="cpu",
                                                              lookup_timeout_seconds=0.2))
     with Served(app) as served:

@@ -233,13 +233,12 @@ def test_two_proxies_share_one_redis(server, real_embedder):
     from serving import Served, make_upstream
 
     from gpucache.serve.app import create_app
-    from gpucache.serve.config import ServeConfig
+    from gpucache.serve.settings import ServeSettings
 
     def proxy_app(upstream_url):
         return create_app(
             # one secret for both: a tenant's entries are filed under the same namespace on each
-            ServeConfig(upstream=f"{upstream_url}/v1", redis=server.url,
-                        namespace_secret=b"one-secret-for-every-replica"),
+            ServeSettings(upstream=f"{upstream_url}/v1", namespace_secret=b"one-secret-for-every-replica"),
             cache_factory=lambda: SemanticCache(
                 real_embedder, device="cpu", shared=RedisShare(server.url, prefix="serve")
             ),

@@ -9,7 +9,8 @@ import stat
 
 import pytest
 
-from gpucache.serve.config import ConfigError, ServeConfig, read_secret_file
+from gpucache.serve.settings import ConfigError, ServeSettings, read_secret_file
+from gpucache.share.settings import ReplicationSettings
 from gpucache.serve.tenancy import ANONYMOUS, Refusal, Tenancy
 
 SECRET = b"a-secret-of-sixteen-or-more"
@@ -90,29 +91,29 @@ def test_a_short_secret_is_refused():
 
 def test_a_snapshot_or_redis_without_a_stable_secret_refuses_to_start(monkeypatch):
     monkeypatch.delenv("GPUCACHE_NAMESPACE_SECRET", raising=False)
-    for extra in ({"snapshot": "c.gpucache"}, {"redis": "redis://127.0.0.1:1"}):
+    for extra in ({"snapshot": "c.gpucache"}, {"replication": ReplicationSettings(redis="redis://127.0.0.1:1")}):
         with pytest.raises(ConfigError, match="stable secret"):
-            ServeConfig(upstream="http://127.0.0.1:1/v1", **extra)
+            ServeSettings(upstream="http://127.0.0.1:1/v1", **extra)
     # alone, a random secret per process is fine: nothing outlives the process
-    assert len(ServeConfig(upstream="http://127.0.0.1:1/v1").namespace_secret) == 32
+    assert len(ServeSettings(upstream="http://127.0.0.1:1/v1").namespace_secret) == 32
 
 
 def test_the_secret_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "from-the-environment-1")
-    config = ServeConfig(upstream="http://127.0.0.1:1/v1", snapshot="c.gpucache")
+    config = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot="c.gpucache")
     assert config.namespace_secret == b"from-the-environment-1"
     monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "short")
     with pytest.raises(ConfigError, match="16 bytes"):
-        ServeConfig(upstream="http://127.0.0.1:1/v1")
+        ServeSettings(upstream="http://127.0.0.1:1/v1")
 
 
 def test_a_secret_file_is_created_0600_beside_the_snapshot_and_read_back(monkeypatch, tmp_path):
     monkeypatch.delenv("GPUCACHE_NAMESPACE_SECRET", raising=False)
     snapshot = str(tmp_path / "c.gpucache")
-    first = ServeConfig(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, create_secret=True)
+    first = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, create_secret=True)
     path = tmp_path / "c.gpucache.secret"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    again = ServeConfig(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, secret_file=str(path))
+    again = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, secret_file=str(path))
     assert first.namespace_secret == again.namespace_secret and len(first.namespace_secret) >= 32
 
 

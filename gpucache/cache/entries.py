@@ -70,6 +70,12 @@ class EntryTable:
     def touch(self, entry: Entry) -> None:
         self._entries.move_to_end(entry.key)
 
+    def may_hold(self, scope: str, prompt: str) -> bool:
+        """Whether an entry is filed under exactly (scope, prompt), perhaps expired: one dict
+        membership test, safe without the lock (atomic in CPython), for admission decisions
+        that must not wait on a scan. The lookup itself decides what is served."""
+        return prompt_key(scope, prompt) in self._entries
+
     def exact(self, scope: str, prompt: str, now: float) -> Entry | None:
         """The live entry stored under exactly (scope, prompt), marked as recently used; an
         expired one is dropped on the way."""

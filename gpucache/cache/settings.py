@@ -33,20 +33,6 @@ def _setting(default: Any, doc: str, *, shown: str | None = None, saved: bool = 
     return field(default=default, metadata={"doc": doc, "shown": shown, "saved": saved})
 
 
-def _parser_for(kind: str) -> Any:
-    """How a flag's text becomes a setting of the field's annotated ``kind`` ("int | None"):
-    "none" is None where the setting may be None."""
-    base, _, optional = kind.partition(" | ")
-    convert = {"int": int, "float": float, "str": str}[base]
-
-    def parse(text: str) -> Any:
-        if optional and text.lower() == "none":
-            return None
-        return convert(text)
-
-    return parse
-
-
 @dataclass(frozen=True)
 class CacheSettings:
     """The scalar settings of a ``SemanticCache``; each has a default and is checked here."""
@@ -140,31 +126,6 @@ class CacheSettings:
                 f"settings are: {', '.join(cls.names())}"
             )
         return dataclasses.replace(base or cls(), **options)
-
-    @classmethod
-    def add_arguments(cls, parser: Any, defaults: CacheSettings | None = None) -> None:
-        """One command-line flag per setting (``--top-k``), its help the field's own
-        documentation, its type the field's; a flag not given leaves the setting alone
-        (``from_arguments``), so the flags and the dataclass cannot drift apart. ``defaults``:
-        the settings the command starts from, as its help states them."""
-        import argparse
-
-        defaults = defaults or cls()
-        group = parser.add_argument_group("cache settings (CacheSettings)")
-        for f in dataclasses.fields(cls):
-            doc = f.metadata["doc"].replace("`", "")
-            group.add_argument(
-                f"--{f.name.replace('_', '-')}", dest=f"cache_{f.name}", default=argparse.SUPPRESS,
-                type=_parser_for(str(f.type)), metavar=f.name.upper(),
-                help=f"{doc} (default {getattr(defaults, f.name)!r})".replace("%", "%%"),
-            )
-
-    @classmethod
-    def from_arguments(cls, args: Any, base: CacheSettings | None = None) -> CacheSettings:
-        """``base`` (or the defaults) with the settings given as flags replaced."""
-        given = {f.name: getattr(args, f"cache_{f.name}") for f in dataclasses.fields(cls)
-                 if hasattr(args, f"cache_{f.name}")}
-        return cls.from_options(base, **given)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -155,6 +155,12 @@ class CacheState:
         self.shared.removed(scope, prompt)  # and on every replica, wherever it was stored
         return removed
 
+    def may_hold(self, prompt: str, *, scope: str | None = None) -> bool:
+        """True where an entry is stored under exactly ``prompt`` in ``scope`` (it may have
+        expired): answered without the lock, so an event loop may ask while a scan runs. For
+        admission decisions (a server under load still takes exact repeats), never for serving."""
+        return self._table.may_hold(check_scope(scope), check_prompt(prompt))
+
     def clear(self, scope: str | None = None) -> None:
         """Remove every entry, or only those of ``scope`` when one is given."""
         scope = None if scope is None else check_scope(scope)

@@ -30,22 +30,25 @@ from starlette.responses import JSONResponse, Response
 
 from gpucache.cache.core import SemanticCache
 from gpucache.cache.snapshot import SnapshotError
-from gpucache.embedding.embedder import TransformerEmbedder
-from gpucache.serve.config import ServeConfig
 from gpucache.serve.keying import BadRequest, parse_json, request_key
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.passthrough import route
 from gpucache.serve.proxy import Proxy, error
+from gpucache.serve.settings import ConfigError, ServeSettings
 from gpucache.serve.tenancy import Refusal
 from gpucache.serve.upstream import Upstream
 
 log = logging.getLogger("gpucache.serve")
 
 
-def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] | None = None) -> FastAPI:
-    """The proxy's app. ``cache_factory`` builds the cache at start (the default: the packaged
-    model on the best device, with the config's lookup batching and deadline); a snapshot at
-    ``config.snapshot`` replaces it when present."""
+def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache] | None = None) -> FastAPI:
+    """The proxy's app. ``cache_factory`` builds the cache at start (the default: from the
+    settings' embedder, cache and replication sections); a snapshot at ``config.snapshot``
+    replaces it when present. A factory brings its own embedder, settings and replication, so a
+    config that names a Redis beside one is refused: the Redis would be silently unused."""
+    if cache_factory is not None and config.replication.redis is not None:
+        raise ConfigError("a cache_factory brings its own replication: build its cache with "
+                          "shared=RedisShare(...) and leave replication.redis unset")
     metrics = ProxyMetrics()
 
     def build() -> SemanticCache:
@@ -61,12 +64,9 @@ def create_app(config: ServeConfig, cache_factory: Callable[[], SemanticCache] |
             collaborators: dict[str, Any] = {"verifier": base.verifier, "cache_policy": base.cache_policy}
         else:
             base = None
-            embedder = TransformerEmbedder(config.model, device=config.device)
+            embedder = config.embedder.build()
             device, settings, collaborators = embedder.device, config.cache, {}
-            if config.redis:
-                from gpucache.share.redis import RedisShare
-
-                shared = RedisShare(config.redis, secret=config.replication_key)
+            shared = config.replication.build(config.replication_key)
 
         def fresh() -> SemanticCache:
             if base is not None:

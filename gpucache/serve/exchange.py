@@ -35,7 +35,7 @@ class CacheControl:
     about this request: ``max-age=N`` accepts a stored answer at most N seconds old (else the
     upstream answers and the fresh answer is stored); ``no-cache`` (or ``max-age=0``) reads
     nothing from the cache and stores the fresh answer; ``no-store`` stores nothing. How long
-    an answer is kept is the server's setting (``ServeConfig.ttl``), never a client's: one
+    an answer is kept is the server's setting (``ServeSettings.ttl``), never a client's: one
     client must not decide what the tenant's other clients are served."""
 
     no_cache: bool = False
@@ -168,4 +168,13 @@ class Refused:
     kind: str = "bad_request"  # the errors metric's label
 
 
-Outcome = Hit | Loaded | Joined | PassedThrough | Bypassed | FailedOpen | Unavailable | Refused
+@dataclass(frozen=True)
+class Shed:
+    """Turned away before any work: ``max_concurrency`` requests were already past the exact
+    tier. The client is told when to come back (503, Retry-After); nothing was looked up or
+    sent upstream."""
+
+    retry_after: int
+
+
+Outcome = Hit | Loaded | Joined | PassedThrough | Bypassed | FailedOpen | Unavailable | Refused | Shed

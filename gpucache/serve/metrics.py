@@ -30,7 +30,7 @@ class ProxyMetrics:
         r = self.registry
         self.requests = Counter(
             "gpucache_requests",
-            "Requests by endpoint and outcome (exact, semantic, miss, bypass, error)",
+            "Requests by endpoint and outcome (exact, semantic, miss, bypass, error, shed)",
             ["endpoint", "outcome"],
             registry=r,
         )
@@ -58,7 +58,7 @@ class ProxyMetrics:
         self.errors = Counter(
             "gpucache_errors",
             "Failures by kind (cache, upstream_unavailable, "
-            "upstream_timeout, bad_request, unauthorized, refused_path, client_disconnect)",
+            "upstream_timeout, bad_request, unauthorized, refused_path, client_disconnect, shed)",
             ["kind"],
             registry=r,
         )

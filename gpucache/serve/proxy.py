@@ -40,7 +40,6 @@ from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.core import SemanticCache, Unstored
 from gpucache.cache.lookup import Hit as CacheHit
 from gpucache.serve import wire
-from gpucache.serve.config import ServeConfig
 from gpucache.serve.exchange import (
     PATHS,
     Bypassed,
@@ -53,11 +52,13 @@ from gpucache.serve.exchange import (
     Outcome,
     PassedThrough,
     Refused,
+    Shed,
     Unavailable,
     may_store,
 )
 from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
 from gpucache.serve.metrics import ProxyMetrics
+from gpucache.serve.settings import ServeSettings
 from gpucache.serve.tenancy import Refusal
 from gpucache.serve.upstream import Upstream, UpstreamUnavailable, returned
 
@@ -144,16 +145,17 @@ class Relay:
 
 class Proxy:
     def __init__(
-        self, config: ServeConfig, cache: SemanticCache, upstream: Upstream, metrics: ProxyMetrics
+        self, config: ServeSettings, cache: SemanticCache, upstream: Upstream, metrics: ProxyMetrics
     ) -> None:
         self.config, self.cache, self.upstream, self.metrics = config, cache, upstream, metrics
         self.storing: set[asyncio.Task[None]] = set()  # answers being stored after they were sent
+        self.busy = 0  # requests past the exact tier now (admit)
 
     async def completion(self, kind: str, request: Request) -> Response:
         started = time.perf_counter()
         exchange = await self.receive(kind, request)
         endpoint = PATHS[kind]
-        outcome = exchange if isinstance(exchange, Refused) else await self.run(exchange)
+        outcome = exchange if isinstance(exchange, Refused) else await self.admit(exchange)
         self.record(endpoint, outcome)
         response = self.respond(exchange, outcome)
         # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
@@ -194,6 +196,26 @@ class Proxy:
         return Exchange(kind, request.method, request.headers, request.query_params, raw, body, key, control)
 
     # ------------------------------------------------------------------------- run
+
+    async def admit(self, ex: Exchange) -> Outcome:
+        """``run``, for at most ``max_concurrency`` requests past the exact tier at a time
+        (waiting on a lookup or on the upstream, until the answer's headers); past the bound a
+        request is shed at once (503, Retry-After) rather than queued behind a saturated
+        embedder. An exact repeat is always taken: it is answered on the loop, costs no lookup
+        slot, and never times out. Why shed instead of queueing: a queue longer than the lookup
+        deadline only turns waits into timeouts; a 503 with Retry-After lets the client (the
+        OpenAI clients honour it) or a balancer send the request where there is room."""
+        repeat = ex.key.bypass is None and ex.control.reads and self.cache.may_hold(
+            ex.key.semantic_text, scope=ex.key.scope)
+        if repeat:
+            return await self.run(ex)
+        if self.busy >= self.config.max_concurrency:
+            return Shed(self.config.retry_after)
+        self.busy += 1
+        try:
+            return await self.run(ex)
+        finally:
+            self.busy -= 1
 
     async def run(self, ex: Exchange) -> Outcome:
         if ex.key.bypass is not None:
@@ -357,6 +379,11 @@ class Proxy:
         if isinstance(outcome, Unavailable):
             code = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable"
             return error(outcome.status, outcome.message, "api_error", code, retry=True)
+        if isinstance(outcome, Shed):
+            shed = error(503, f"the cache is at its limit of {self.config.max_concurrency} requests in "
+                         "flight; retry later", "api_error", "overloaded", retry=True)
+            shed.headers["retry-after"] = str(outcome.retry_after)
+            return shed
         if isinstance(outcome, (Bypassed, FailedOpen)):
             return outcome.response  # type: ignore[no-any-return]
         if isinstance(outcome, PassedThrough):
@@ -405,6 +432,10 @@ class Proxy:
         if isinstance(outcome, Bypassed):
             m.bypasses.labels(outcome.reason).inc()
             m.requests.labels(endpoint, "bypass").inc()
+            return
+        if isinstance(outcome, Shed):
+            m.errors.labels("shed").inc()
+            m.requests.labels(endpoint, "shed").inc()
             return
         if isinstance(outcome, Unavailable):
             m.errors.labels("upstream_timeout" if outcome.status == 504 else "upstream_unavailable").inc()

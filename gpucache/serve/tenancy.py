@@ -15,7 +15,7 @@ request without credentials with 401 instead of filing it under the shared ``ano
 
 The hash key (the secret) must be the same after a restart and on every replica, or entries
 kept in a snapshot or shared through Redis are filed under tenants nobody can reach again
-(``ServeConfig`` refuses to start without one where that matters).
+(``ServeSettings`` refuses to start without one where that matters).
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""``EmbedderSettings``: which model embeds the prompts, where, and in what precision.
+
+The settings a server (or any application) names its embedder by, kept apart from the
+``TransformerEmbedder`` they build so a settings file or a command line can carry them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("auto", "fp32", "fp16", "bf16")
+
+
+def _setting(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class EmbedderSettings:
+    model: str | None = _setting(
+        None, "the embedding model: a local folder (none: the packaged all-MiniLM-L6-v2)"
+    )
+    device: str = _setting("auto", 'where the embedder and the index run: "auto", "cpu" or "cuda[:N]"')
+    dtype: str = _setting(
+        "auto", '"auto" (fp16 on CUDA, bf16 on a CPU with native bf16, each kept only where it '
+        'agrees with fp32), or "fp32", "fp16", "bf16"',
+    )
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.device, str) or not self.device:
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    def build(self) -> Any:
+        """The ``TransformerEmbedder`` these settings name (loads the model)."""
+        import torch
+
+        from gpucache.embedding.embedder import TransformerEmbedder
+
+        dtype = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        return TransformerEmbedder(self.model, device=self.device, dtype=dtype[self.dtype])

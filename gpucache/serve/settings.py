@@ -1,0 +1,242 @@
+"""``ServeSettings``: how ``gpucache serve`` runs. Every field has a default and a reason.
+
+The tenancy secret is resolved here, once: ``namespace_secret`` where given, else the
+``GPUCACHE_NAMESPACE_SECRET`` environment variable, else ``secret_file`` (created, 0600, where
+``create_secret`` asks), else a random one for this process. A random secret files every
+authenticated tenant's entries under a hash the next process cannot compute, so with a
+snapshot or Redis (entries that outlive the process or are shared with other replicas) the
+config refuses to start without a stable one, and says how to give it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from gpucache.cache.settings import CacheSettings
+from gpucache.embedding.settings import EmbedderSettings
+from gpucache.serve.tenancy import CREDENTIAL_HEADERS, NAMESPACE_HEADER, Tenancy
+from gpucache.share.settings import ReplicationSettings
+
+SECRET_ENV = "GPUCACHE_NAMESPACE_SECRET"
+ADMIN_TOKEN_ENV = "GPUCACHE_ADMIN_TOKEN"
+# The paths under /v1 forwarded unchanged, as "METHOD path" with "*" for one path segment:
+# the OpenAI endpoints a chat client calls besides completions. Nothing else reaches the
+# model server through the proxy (vLLM's and Ollama's own endpoints included).
+PASSTHROUGH = ("GET models", "GET models/*", "POST embeddings", "POST moderations")
+
+
+# A server's cache: concurrent lookups share batches, and a slow one fails open after 1 s.
+SERVE_CACHE_DEFAULTS = CacheSettings(lookup_window_seconds=0.002, lookup_timeout_seconds=1.0)
+
+
+class ConfigError(ValueError):
+    """A setting the proxy cannot start with; the message says what to change."""
+
+
+def check_type(name: str, value: Any, kind: str) -> None:
+    """``value`` is of the annotated ``kind`` ("int", "float | None", "tuple[str, ...]"): a
+    settings file or a caller passing the wrong type gets the setting's name, not a crash
+    later. An int is a float; a bool is not an int."""
+    options = [k.strip() for k in kind.split("|")]
+    if value is None:
+        if "None" not in options:
+            raise ConfigError(f"{name} must be set")
+        return
+    for option in options:
+        if option == "bool" and isinstance(value, bool):
+            return
+        if option in ("int", "float") and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and (option == "float" or isinstance(value, int)):
+            return
+        if option == "str" and isinstance(value, str):
+            return
+        if option == "bytes" and isinstance(value, bytes):
+            return
+        if option.startswith("tuple") and isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+            return
+    raise ConfigError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+
+
+def read_secret_file(path: str, create: bool = False) -> bytes:
+    """The secret in ``path`` (its text, stripped). ``create``: write a new random one first
+    where none exists, readable by its owner only. A file others can read is refused: it
+    would let them compute any tenant's namespace."""
+    if create:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(secrets.token_hex(32) + "\n")
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"the secret file {path} cannot be read: {exc}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"the secret file {path} is readable by others: chmod 600 {path}")
+    if len(secret) < 16:
+        raise ConfigError(f"the secret in {path} is shorter than 16 bytes")
+    return secret
+
+
+def _option(default: Any, doc: str, *, flag: bool = True, secret: bool = False, **extra: Any) -> Any:
+    """A server setting: its documentation (a flag's help), whether it has a flag (a secret
+    given on the command line is visible to every local user: the tenancy secret has none),
+    and whether ``gpucache info`` shows its value (``secret``: only whether it is set)."""
+    return field(default=default, metadata={"doc": doc, "flag": flag, "secret": secret}, **extra)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Every setting of ``gpucache serve``, in one frozen tree: the HTTP and tenancy settings
+    here, and a section each for the cache (``CacheSettings``), the embedder
+    (``EmbedderSettings``) and the replication (``ReplicationSettings``). The command line,
+    the ``--config`` file and the ``GPUCACHE_*`` environment are generated from it
+    (``gpucache.serve.sources``), so no setting exists under two names."""
+
+    upstream: str = field(metadata={"doc": "the model server's OpenAI base URL, ending in /v1 "
+                                    "(http://127.0.0.1:8000/v1)", "flag": True, "secret": False})
+    host: str = _option("127.0.0.1", "address to listen on")
+    port: int = _option(8100, "port to listen on")
+    upstream_timeout: float = _option(
+        600.0, "seconds to wait for the upstream's answer (a long generation is slow, not dead)"
+    )
+    max_concurrency: int = _option(
+        512, "most requests past the exact tier at once (waiting on a lookup or the upstream); past "
+        "it a request is answered 503 with Retry-After, and exact repeats are still served"
+    )
+    retry_after: int = _option(1, "seconds a shed request is told to wait (Retry-After)")
+    grace: float = _option(30.0, "seconds in-flight requests get to finish at shutdown")
+    log_level: str = _option("info", "uvicorn's log level")
+    max_body_bytes: int = _option(8 * 2**20, "a larger request body is refused with 413")
+    namespace_header: str = _option(
+        NAMESPACE_HEADER, "the header that narrows a request's tenant to one of its namespaces"
+    )
+    credential_headers: tuple[str, ...] = _option(
+        CREDENTIAL_HEADERS, "the headers whose values (all present, keyed-hashed) name the tenant"
+    )
+    trust_namespace_header: bool = _option(
+        False, "let the namespace header alone name the tenant: only behind a gateway that "
+        "authenticates clients, sets the header and strips any copy a client sent"
+    )
+    require_auth: bool = _option(
+        False, "answer a request without credentials with 401 instead of the shared 'anonymous'"
+    )
+    namespace_secret: bytes | None = _option(
+        None, f"the tenancy hash key (from {SECRET_ENV}, never a flag); none: secret_file or random",
+        flag=False, secret=True, repr=False,
+    )
+    secret_file: str | None = _option(
+        None, f"a file holding the tenancy secret (0600; or {SECRET_ENV}); needed with a snapshot or "
+        "Redis, the same on every replica"
+    )
+    create_secret: bool = _option(
+        False, "create secret_file (beside the snapshot by default) with a new random secret if missing"
+    )
+    admin_token: str | None = _option(
+        None, f"the bearer token of the /admin endpoints; prefer {ADMIN_TOKEN_ENV} or admin_token_file "
+        "(argv is visible to every local user); none: the endpoints are off", secret=True, repr=False,
+    )
+    admin_token_file: str | None = _option(None, "a file holding the admin token")
+    snapshot: str | None = _option(
+        None, "a snapshot file loaded at start (when present) and saved at shutdown and on demand"
+    )
+    ignore_client_cache_control: bool = _option(
+        False, "read no request's Cache-Control: for deployments that let no client steer the cache"
+    )
+    passthrough: tuple[str, ...] = _option(
+        PASSTHROUGH, "the uncached paths under /v1 forwarded to the upstream ('METHOD path', '*' a segment)"
+    )
+    cache: CacheSettings = field(default_factory=lambda: SERVE_CACHE_DEFAULTS, metadata={"section": True})
+    """The cache's settings, the one place each lives (``CacheSettings``): a server's defaults
+    batch concurrent lookups (a 2 ms window) and bound them (1 s, then the request goes
+    upstream and the cache fails open). Its ``ttl`` is how long a stored answer lives; clients
+    cannot set it: a request's ``max-age`` says what age it accepts, not how long others may be
+    served the answer."""
+    embedder: EmbedderSettings = field(default_factory=EmbedderSettings, metadata={"section": True})
+    replication: ReplicationSettings = field(default_factory=ReplicationSettings,
+                                             metadata={"section": True})
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("section"):
+                check_type(f.name, getattr(self, f.name), str(f.type))
+        if not self.upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"upstream must be an http(s) URL, got {self.upstream!r}")
+        if not self.upstream_timeout > 0:
+            raise ConfigError(f"upstream_timeout must be > 0, got {self.upstream_timeout!r}")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 1..65535, got {self.port!r}")
+        if self.max_concurrency < 1 or self.retry_after < 0:
+            raise ConfigError("max_concurrency must be >= 1 and retry_after >= 0")
+        if not self.grace >= 0:
+            raise ConfigError(f"grace must be >= 0, got {self.grace!r}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes!r}")
+        for rule in self.passthrough:
+            method, _, path = rule.partition(" ")
+            if method not in ("GET", "POST", "PUT", "DELETE", "PATCH") or not path or ".." in path:
+                raise ConfigError(f"a passthrough rule is 'METHOD path', got {rule!r}")
+        object.__setattr__(self, "namespace_secret", self._secret())
+        if self.admin_token_file is not None:
+            if self.admin_token is not None:
+                raise ConfigError("give the admin token or its file, not both")
+            try:
+                with open(self.admin_token_file, encoding="utf-8") as token:
+                    object.__setattr__(self, "admin_token", token.read().strip())
+            except OSError as exc:
+                raise ConfigError(f"the admin token file cannot be read: {exc}") from exc
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise ConfigError("the admin token must be at least 16 characters")
+
+    def _secret(self) -> bytes:
+        if self.namespace_secret is not None:
+            return self.namespace_secret
+        configured = os.environ.get(SECRET_ENV)
+        if configured:
+            if len(configured.encode()) < 16:
+                raise ConfigError(f"{SECRET_ENV} must be at least 16 bytes")
+            return configured.encode()
+        path = self.secret_file
+        if path is None and self.create_secret and self.snapshot:
+            path = f"{self.snapshot}.secret"  # beside the snapshot it keeps usable
+        if path is not None:
+            return read_secret_file(path, create=self.create_secret)
+        if self.snapshot or self.replication.redis:
+            raise ConfigError(
+                "with --snapshot or --redis the tenants' entries outlive this process, so their "
+                f"namespaces need a stable secret: set {SECRET_ENV}, or pass --secret-file PATH "
+                "(add --create-secret to create it), the same on every replica"
+            )
+        return secrets.token_bytes(32)
+
+    @cached_property
+    def snapshot_key(self) -> bytes:
+        """The key snapshots are signed with and checked against: derived from the tenancy
+        secret (so a file planted by anyone without it is refused), never the secret itself."""
+        assert self.namespace_secret is not None
+        return hmac.new(self.namespace_secret, b"gpucache snapshot", hashlib.sha256).digest()
+
+    @cached_property
+    def replication_key(self) -> bytes:
+        """The key replicas sign their shared records with: derived from the tenancy secret,
+        which every replica shares, never the secret itself."""
+        assert self.namespace_secret is not None
+        return hmac.new(self.namespace_secret, b"gpucache replication", hashlib.sha256).digest()
+
+    @cached_property
+    def tenancy(self) -> Tenancy:
+        assert self.namespace_secret is not None
+        return Tenancy(self.namespace_secret, self.credential_headers, self.namespace_header,
+                       self.trust_namespace_header, self.require_auth)

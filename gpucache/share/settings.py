@@ -1,0 +1,34 @@
+"""``ReplicationSettings``: whether and how replicas share entries. Importing this module needs
+no Redis client; ``build`` does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _setting(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class ReplicationSettings:
+    redis: str | None = _setting(
+        None, "a Redis or Valkey URL: replicas share their entries through it (none: this process only)"
+    )
+    redis_prefix: str = _setting("gpucache", "the prefix of every key this deployment writes in Redis")
+
+    def __post_init__(self) -> None:
+        if self.redis is not None and not self.redis.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis must be a redis://, rediss:// or unix:// URL, got {self.redis!r}")
+        if not self.redis_prefix or any(c.isspace() for c in self.redis_prefix):
+            raise ValueError(f"redis_prefix must be a non-empty word, got {self.redis_prefix!r}")
+
+    def build(self, secret: bytes) -> Any:
+        """The ``RedisShare`` these settings name, its records signed with ``secret``; None when
+        no Redis is named."""
+        if self.redis is None:
+            return None
+        from gpucache.share.redis import RedisShare
+
+        return RedisShare(self.redis, prefix=self.redis_prefix, secret=secret)
