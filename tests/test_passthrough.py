@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpucache.serve.settings import PASSTHROUGH
 from gpucache.serve.passthrough import Route, route
+from gpucache.serve.settings import PASSTHROUGH
 from gpucache.serve.tenancy import Refusal
 
 

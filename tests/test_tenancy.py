@@ -10,8 +10,8 @@ import stat
 import pytest
 
 from gpucache.serve.settings import ConfigError, ServeSettings, read_secret_file
-from gpucache.share.settings import ReplicationSettings
 from gpucache.serve.tenancy import ANONYMOUS, Refusal, Tenancy
+from gpucache.share.settings import ReplicationSettings
 
 SECRET = b"a-secret-of-sixteen-or-more"
 TEAM_A = {"x-gpucache-namespace": "team-a"}
