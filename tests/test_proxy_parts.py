@@ -138,3 +138,20 @@ def test_nesting_past_the_limit_is_a_bad_request_at_any_depth():
             parse_json(("[" * depth + "]" * depth).encode())
     with pytest.raises(BadRequest, match="not valid JSON"):
         parse_json(b"{not json")
+
+
+# --------------------------------------------------------------------------- wire
+
+
+def test_answers_encode_to_json_that_reads_back_the_same_even_with_a_lone_surrogate():
+    for text in ("plain", "naïve café, 東京", "a lone \ud800 surrogate", ""):
+        doc = wire.completion("chat", "m", text)
+        assert json.loads(wire.dumps(doc)) == doc
+        event = json.loads(wire.sse({"choices": [{"delta": {"content": text}}]})[len(b"data: "):])
+        assert event["choices"][0]["delta"]["content"] == text
+
+
+def test_answer_ids_differ_and_name_the_kind():
+    ids = {wire.new_id("chat") for _ in range(1000)}
+    assert len(ids) == 1000 and all(i.startswith("chatcmpl-gpucache-") for i in ids)
+    assert wire.new_id("completions").startswith("cmpl-gpucache-")

@@ -24,6 +24,9 @@ class RowTable:
         self.scopes = torch.full((rows,), FREE, dtype=torch.int64, device=device)  # (N_alloc,)
         self.expires = torch.full((rows,), NEVER, dtype=torch.float64, device=device)  # (N_alloc,)
         self._expires_host = self.expires if device.type == "cpu" else self.expires.cpu()
+        # a numpy view of the same memory: reading one row's expiry through it is a plain
+        # array read, where a tensor index builds a tensor first (the exact tier reads one per hit)
+        self._expires_view = self._expires_host.numpy()
         self._free: list[int] = []  # freed rows below the high-water mark, reused first
         self.high = 0  # rows [0, high) have been used at least once
         self.count = 0
@@ -59,6 +62,7 @@ class RowTable:
             self._expires_host = self.expires
         else:
             self._expires_host = torch.cat([self._expires_host, self._expires_host.new_full((extra,), NEVER)])
+        self._expires_view = self._expires_host.numpy()
 
     def assign(self, rows: Sequence[int], scope_id: int, expires_at: Sequence[float]) -> None:
         index = torch.tensor(list(rows), dtype=torch.int64, device=self.device)
@@ -74,7 +78,7 @@ class RowTable:
             self.expires[index.to(self.device)] = values.to(self.device)
 
     def expires_at(self, row: int) -> float:
-        return float(self._expires_host[row])
+        return float(self._expires_view[row])
 
     def release(self, rows: Sequence[int]) -> None:
         """Free ``rows``; freeing a row not in use is a bug, not silence."""

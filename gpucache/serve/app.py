@@ -148,7 +148,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
 
     # ----------------------------------------------------------------------------- admin
 
-    def admitted(request: Request) -> JSONResponse | None:
+    def admitted(request: Request) -> Response | None:
         token = config.admin_token
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if token is None:
@@ -159,7 +159,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
             return error(401, "a valid admin token is required", "invalid_request_error", "unauthorized")
         return None
 
-    async def admin_body(request: Request) -> dict[str, Any] | JSONResponse:
+    async def admin_body(request: Request) -> dict[str, Any] | Response:
         """An admin call's JSON object, or a 400 that says what is wrong with it."""
         try:
             doc = parse_json(await request.body() or b"{}")
@@ -169,7 +169,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
             return error(400, "the body must be a JSON object", "invalid_request_error", retry=False)
         return doc
 
-    def request_scope(doc: dict[str, Any]) -> tuple[str, str | None] | JSONResponse:
+    def request_scope(doc: dict[str, Any]) -> tuple[str, str | None] | Response:
         """The scope and text of the completion request an admin call names: its ``kind``
         ("chat" or "completions"), ``request`` (the body), and the tenant as the proxy finds
         it for a request with these headers: ``credentials`` (header name to value, as the
@@ -206,8 +206,8 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         if refused is not None:
             return refused
         doc = await admin_body(request)
-        found = doc if isinstance(doc, JSONResponse) else request_scope(doc)
-        if isinstance(found, JSONResponse):
+        found = doc if isinstance(doc, Response) else request_scope(doc)
+        if isinstance(found, Response):
             return found
         scope, text = found
         removed = text is not None and await asyncio.to_thread(
@@ -221,13 +221,13 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         if refused is not None:
             return refused
         doc = await admin_body(request)
-        if isinstance(doc, JSONResponse):
+        if isinstance(doc, Response):
             return doc
         if doc.get("all") is True:
             await asyncio.to_thread(proxy(request).cache.clear)
             return JSONResponse({"cleared": "all"})
         found = request_scope(doc)
-        if isinstance(found, JSONResponse):
+        if isinstance(found, Response):
             return found
         await asyncio.to_thread(proxy(request).cache.clear, found[0])
         return JSONResponse({"cleared": found[0]})

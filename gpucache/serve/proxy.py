@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.core import SemanticCache, Unstored
@@ -76,9 +76,9 @@ def error(
     code: str | None = None,
     param: str | None = None,
     retry: bool | None = None,
-) -> JSONResponse:
+) -> Response:
     headers = {} if retry is None else {"x-should-retry": "true" if retry else "false"}
-    return JSONResponse(wire.error_body(message, type_, code, param), status_code=status, headers=headers)
+    return wire.JSON(wire.error_body(message, type_, code, param), status_code=status, headers=headers)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -395,13 +395,13 @@ class Proxy:
             headers = self.hit_headers(outcome.hit)
             if outcome.stream is not None:
                 return StreamingResponse(outcome.stream, media_type="text/event-stream", headers=headers)
-            return JSONResponse(wire.completion(ex.kind, ex.body["model"], outcome.answer), headers=headers)
+            return wire.JSON(wire.completion(ex.kind, ex.body["model"], outcome.answer), headers=headers)
         if isinstance(outcome, Joined):
             if outcome.stream is not None:
                 return StreamingResponse(
                     outcome.stream, media_type="text/event-stream", headers={"x-gpucache": "miss"}
                 )
-            return JSONResponse(
+            return wire.JSON(
                 wire.completion(ex.kind, ex.body["model"], outcome.answer), headers={"x-gpucache": "miss"}
             )
         assert isinstance(outcome, Loaded)

@@ -26,11 +26,6 @@ from typing import Any
 
 from gpucache.serve.settings import SERVE_CACHE_DEFAULTS, ConfigError, ServeSettings
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 ENV_PREFIX = "GPUCACHE_"
 CONFIG_ENV = "GPUCACHE_CONFIG"
 # GPUCACHE_* variables that are not server settings (they are read elsewhere)
@@ -188,6 +183,10 @@ class Resolved:
 
 def read_file(path: str) -> dict[str, tuple[Any, str]]:
     """The settings in a TOML file, by ``Option.key``; an unknown key or table is refused."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10: the serve extra installs tomli
+        import tomli as tomllib
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)

@@ -8,18 +8,51 @@ generated for it.
 
 from __future__ import annotations
 
+import itertools
 import json
+import secrets
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.responses import Response
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - the serve extra installs it
+    orjson = None
+
 ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+# An answer's id: this process's random prefix and a count. Unique without asking the OS for
+# randomness per answer (uuid4 did, at 2% of the proxy's time on exact hits).
+_ID_PREFIX = secrets.token_hex(6)
+_ID_COUNT = itertools.count()
 
 
 def new_id(kind: str) -> str:
-    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-gpucache-{uuid.uuid4().hex}"
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-gpucache-{_ID_PREFIX}{next(_ID_COUNT):x}"
+
+
+def dumps(doc: Any) -> bytes:
+    """``doc`` as JSON bytes: through orjson (the encoding is most of a hit's own work), or
+    through ``json`` where orjson refuses, as for a lone surrogate, which JSON text may carry
+    escaped and so a stored answer may hold; ``json`` escapes it back."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(doc)
+        except TypeError:
+            pass
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class JSON(Response):
+    """A JSON response encoded by ``dumps``."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content)
 
 
 def completion(kind: str, model: str, text: str) -> dict[str, Any]:
@@ -90,7 +123,7 @@ def chunk(
 
 
 def sse(event: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + dumps(event) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
