@@ -193,3 +193,26 @@ def test_a_repeat_takes_the_usual_way_while_the_lock_is_held_and_a_new_prompt_al
     hit, new = run(main())
     holder.join(30)
     assert hit.exact and new is None and cache._coalescer.batches == 2
+
+
+def test_a_lookup_whose_caller_gave_up_while_it_queued_is_never_computed(fake_embedder):
+    """Under overload a lookup can pass its deadline before its batch is sent; embedding it
+    anyway is work nobody waits for, and how a queue collapses. It is dropped."""
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=0.001, lookup_timeout_seconds=0.2)
+
+    async def main():
+        first = asyncio.ensure_future(cache.aget("the batch in the embedder"))
+        await asyncio.to_thread(held.entered.wait, 10)  # that batch holds the embedder
+        with pytest.raises(LookupTimeout):  # this one queued behind it past its deadline
+            await cache.aget("a lookup nobody waits for any more")
+        held.release.set()
+        with pytest.raises(LookupTimeout):  # its batch was sent; its caller gave up too
+            await first
+        return await cache.aget("a later lookup")
+
+    embedded_before = len(fake_embedder.texts)
+    assert run(main()) is None
+    embedded = fake_embedder.texts[embedded_before:]
+    assert "a lookup nobody waits for any more" not in embedded
+    assert "the batch in the embedder" in embedded and "a later lookup" in embedded

@@ -103,7 +103,11 @@ class LookupCoalescer:
         if window.timer is not None:
             window.timer.cancel()
             window.timer = None
-        tickets, window.tickets = window.tickets[: self.max_batch], window.tickets[self.max_batch :]
+        # a ticket whose caller gave up (its deadline passed while it queued) is dropped, not
+        # computed: under overload, embedding lookups nobody waits for is how a queue collapses
+        with self._lock:
+            waiting = [t for t in window.tickets if not t.abandoned]
+        tickets, window.tickets = waiting[: self.max_batch], waiting[self.max_batch :]
         if tickets:
             window.busy = True
             self._send(loop, window, tickets)

@@ -58,7 +58,8 @@ class ProxyMetrics:
         self.errors = Counter(
             "gpucache_errors",
             "Failures by kind (cache, upstream_unavailable, "
-            "upstream_timeout, bad_request, unauthorized, refused_path, client_disconnect, shed)",
+            "upstream_timeout, bad_request, unauthorized, refused_path, client_disconnect, shed, "
+            "store_backlog: an answer not stored because too many stores were waiting)",
             ["kind"],
             registry=r,
         )

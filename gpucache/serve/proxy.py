@@ -63,6 +63,10 @@ from gpucache.serve.tenancy import Refusal
 from gpucache.serve.upstream import Upstream, UpstreamUnavailable, returned
 
 log = logging.getLogger("gpucache.serve")
+# Answers of timed-out lookups waiting to be stored after they were sent: each store embeds,
+# and the embedder is what is behind, so past this many a new one is skipped (and counted)
+# rather than queued without bound; the prompt is stored the next time it misses.
+MAX_PENDING_STORES = 256
 
 
 class TooLarge(ValueError):
@@ -342,7 +346,9 @@ class Proxy:
         finally:
             ex.waited_upstream(time.perf_counter() - begun)
         answer = storable(ex.kind, response, ex.control)
-        if answer is not None and later:
+        if answer is not None and later and len(self.storing) >= MAX_PENDING_STORES:
+            self.metrics.errors.labels("store_backlog").inc()  # the embedder is far behind: skip
+        elif answer is not None and later:
             task = asyncio.create_task(self.store(ex.key, answer))
             self.storing.add(task)  # held until done: a task only the loop knows may be collected
             task.add_done_callback(self.storing.discard)
