@@ -1,7 +1,7 @@
 """The ``gpucache`` command: ``demo`` (the main job), ``serve`` (the caching proxy), ``eval``
 (the false-hit benchmark), ``bench``, ``info``.
 
-    gpucache demo [--device auto] [--batch-size 16] [--limit N]
+    gpucache demo [--model standin|smollm2] [--device auto] [--batch-size 16] [--limit N]
     gpucache eval PAIRS.jsonl [...] [--held-apart PAIRS.jsonl ...] [--replay INTENTS.jsonl]
                   [--half report|tune|all] [--out REPORT.md]
     gpucache bench [--quick] [--device all|cpu|cuda] [--out bench/reports/bench.md]
@@ -102,18 +102,33 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from gpucache.tools.demo import StandInModel, load_workload, run_demo
 
     hf_logging.disable_progress_bar()
+    model: Any = StandInModel(seconds_per_word=args.seconds_per_word)
+    if args.model == "smollm2":
+        from gpucache.tools.local_model import LocalModel, MissingModel
+
+        started = time.perf_counter()
+        print("loading SmolLM2-135M-Instruct (packaged GGUF, fp32 on the CPU) ...", file=sys.stderr)
+        try:
+            model = LocalModel.smollm2(max_new_tokens=args.max_new_tokens)
+        except MissingModel as exc:
+            print(f"gpucache demo: {exc}", file=sys.stderr)
+            return 2
+        print(f"loaded in {time.perf_counter() - started:.1f} s; greedy, at most {args.max_new_tokens} "
+              "new tokens an answer, one batched generate call for each batch's misses", file=sys.stderr)
     started = time.perf_counter()
     print("loading the embedder (all-MiniLM-L6-v2, packaged) ...", file=sys.stderr)
     cache = SemanticCache(device=args.device)
     print(f"ready in {time.perf_counter() - started:.1f} s on {cache.device}: "
           f"{getattr(cache.embedder, 'path', type(cache.embedder).__name__)}", file=sys.stderr)
-    model = StandInModel(seconds_per_word=args.seconds_per_word)
     total = len(load_workload()[: args.limit])
-    with tqdm(total=total, desc="replaying", unit="prompt", file=sys.stderr) as bar:
+    desc = "replaying (generating the misses)" if args.model == "smollm2" else "replaying"
+    with tqdm(total=total, desc=desc, unit="prompt", file=sys.stderr) as bar:
         report = run_demo(
             cache, model=model, batch_size=args.batch_size, limit=args.limit, progress=bar.update
         )
     report.render(sys.stdout)
+    if args.model == "smollm2":
+        print(f"  answers capped at     {args.max_new_tokens} new tokens (greedy)")
     return 0
 
 
@@ -246,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--seconds-per-word", type=float, default=0.002,
         help="cost of the stand-in model per generated word (default 0.002)",
     )
+    demo.add_argument("--model", default="standin", choices=["standin", "smollm2"],
+                      help="what answers the misses: the stand-in (default) or SmolLM2-135M-Instruct, "
+                      "generating (needs: bash scripts/install.sh demo-model)")
+    demo.add_argument("--max-new-tokens", type=int, default=48,
+                      help="the longest answer SmolLM2 writes, in tokens (default 48)")
     demo.set_defaults(run=_cmd_demo)
 
     ev = sub.add_parser("eval", help="false-hit benchmark over labelled pairs and intents")

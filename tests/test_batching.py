@@ -169,7 +169,10 @@ def test_an_exact_repeat_is_answered_on_the_spot_without_a_batch(fake_embedder):
     assert cache.stats().exact_hits == 33
 
 
-def test_a_repeat_takes_the_usual_way_while_the_lock_is_held_and_a_new_prompt_always_does(fake_embedder):
+def test_a_repeat_waits_for_a_held_lock_off_the_loop_and_never_joins_a_batch(fake_embedder):
+    """While a scan holds the lock, a repeat waits for it in the exact tier's own thread (the
+    loop runs on), then is answered as an exact hit: it never queues behind the embedder.
+    A new prompt always takes a batch."""
     cache = make(fake_embedder, lookup_window_seconds=0.0)
     cache.put("a stored question", "its answer")
     held, release = threading.Event(), threading.Event()
@@ -192,7 +195,7 @@ def test_a_repeat_takes_the_usual_way_while_the_lock_is_held_and_a_new_prompt_al
 
     hit, new = run(main())
     holder.join(30)
-    assert hit.exact and new is None and cache._coalescer.batches == 2
+    assert hit.exact and new is None and cache._coalescer.batches == 1
 
 
 def test_a_lookup_whose_caller_gave_up_while_it_queued_is_never_computed(fake_embedder):

@@ -139,16 +139,20 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
     return plans
 
 
-def exact_plan_nowait(state: CacheState, request: LookupRequest) -> Plan | None:
-    """The plan of a request whose every prompt the exact tier answers, found on the calling
-    thread (the event loop) without waiting: only where the cache's lock is free at once, and
-    only for repeats, which need no embedding. Else None, and the request takes the usual way
-    (the coalescer, a worker thread): a scan holding the lock is never waited on here.
+LOCK_BUSY = object()  # exact_plan: the lock was held and the caller would not wait
+
+
+def exact_plan(state: CacheState, request: LookupRequest, wait: bool) -> Plan | None | object:
+    """The plan of a request whose every prompt the exact tier answers (repeats, which need
+    no embedding), or None where one is not stored. ``wait`` False: only where the cache's
+    lock is free at once, else ``LOCK_BUSY``; that is how the event loop asks, never waiting
+    on a scan. ``wait`` True: from a thread that may wait for the lock (a scan holds it for
+    milliseconds).
 
     Why: a repeat needs a dictionary lookup, yet through the coalescer it waits out the
     lookup window and a thread hop, and queues behind the embedder under load."""
-    if not state._lock.acquire(blocking=False):
-        return None
+    if not state._lock.acquire(blocking=wait):
+        return LOCK_BUSY
     try:
         now = state._now()
         hits: dict[str, Hit | None] = {}

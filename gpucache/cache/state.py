@@ -16,11 +16,13 @@ lock (flight.py), so a claim can be released on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -28,7 +30,7 @@ import torch
 from gpucache.cache.batching import LookupCoalescer
 from gpucache.cache.entries import Entry, EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight, Unstored
-from gpucache.cache.lookup import LookupRequest, Plan, exact_plan_nowait, lookup_batch
+from gpucache.cache.lookup import LOCK_BUSY, LookupRequest, Plan, exact_plan, lookup_batch
 from gpucache.cache.replication import LocalOnly, Replication, SharedEntry
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import Snapshot, SnapshotEntry, write_snapshot
@@ -103,6 +105,9 @@ class CacheState:
         limit = min(s.capacity, self.store.max_rows or s.capacity)
         self._table = EntryTable(self.store, limit, self._stats)
         self._flights: SingleFlight[bytes, str] = SingleFlight()
+        # where an async exact lookup waits for the lock a scan holds: one thread of its own,
+        # so a repeat never queues behind the embedder's batches in the shared pool
+        self._exact_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpucache-exact")
         self._coalescer = LookupCoalescer(self._lookup_batch, self._release,
                                           window=s.lookup_window_seconds, max_batch=s.lookup_batch)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
@@ -172,6 +177,7 @@ class CacheState:
         """Stop what runs in the background (the share's threads); the cache itself needs no
         closing."""
         self.shared.close()
+        self._exact_pool.shutdown(wait=False)
 
     def purge_expired(self) -> int:
         """Drop expired entries now (they are never served either way); returns how many."""
@@ -277,11 +283,17 @@ class CacheState:
 
     async def _alookup(self, request: LookupRequest) -> Plan:
         """``_lookup_batch`` for one request, from the event loop: an exact repeat answered on
-        the spot where the lock is free (``exact_plan_nowait``); otherwise in a worker thread,
+        the spot where the lock is free, else after waiting for the lock in the exact tier's own
+        thread (``exact_plan``); otherwise in a worker thread,
         batched with the requests that arrive within ``lookup_window_seconds``, and bounded by
         ``lookup_timeout_seconds`` (``LookupTimeout``) (batching.py)."""
-        plan = exact_plan_nowait(self, request)
-        if plan is not None:
+        plan = exact_plan(self, request, wait=False)
+        if plan is LOCK_BUSY:
+            # a scan or a store holds the lock: wait for it in a thread of the exact tier's
+            # own (never queued behind the embedder's batches), then look again
+            loop = asyncio.get_running_loop()
+            plan = await loop.run_in_executor(self._exact_pool, exact_plan, self, request, True)
+        if isinstance(plan, Plan):
             return plan
         return await self._coalescer.submit(request, self.settings.lookup_timeout_seconds)
 
