@@ -64,3 +64,45 @@ def test_without_the_extra_the_demo_says_what_to_install(monkeypatch, capsys):
 def test_max_new_tokens_is_checked(tiny):
     with pytest.raises(ValueError, match="max_new_tokens"):
         LocalModel(tiny.model, tiny.tokenizer, name="x", max_new_tokens=0)
+
+
+def test_the_example_upstream_serves_json_and_streams_behind_the_proxy(tiny, real_embedder):
+    """examples/local_upstream.py over the tiny model, behind a real ``gpucache serve``, driven
+    by the official client: a miss generates, the repeat is served from the cache, and a
+    streamed request gets the same text as events."""
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    import sys
+    from pathlib import Path
+
+    from serving import Served
+
+    from gpucache import SemanticCache
+    from gpucache.serve.app import create_app
+    from gpucache.serve.settings import ServeSettings
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    try:
+        import local_upstream
+    finally:
+        sys.path.pop(0)
+    with Served(local_upstream.make_app(tiny, 6)) as upstream:
+        app = create_app(ServeSettings(upstream=f"{upstream.url}/v1"),
+                         cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
+        with Served(app) as proxy:
+            client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+
+            def ask(text, **extra):
+                return client.chat.completions.with_raw_response.create(
+                    model="smollm2", messages=[{"role": "user", "content": text}], **extra)
+
+            first = ask("What is the tallest mountain in Europe?")
+            assert first.headers["x-gpucache"] == "miss"
+            answer = first.parse().choices[0].message.content
+            assert answer == tiny.generate(["What is the tallest mountain in Europe?"])[0]
+            again = ask("What is the tallest mountain in Europe?")
+            assert again.headers["x-gpucache"] == "exact" and again.parse().choices[0].message.content == answer
+            events = client.chat.completions.create(
+                model="smollm2", stream=True, messages=[{"role": "user", "content": "Name a river in Asia."}])
+            streamed = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+            assert streamed == tiny.generate(["Name a river in Asia."])[0]
