@@ -116,7 +116,21 @@ MUST_REJECT = [
     ("How do I reverse a list in Python?", "How do I sort a list in Python?", "substitution"),
     ("How do I reverse a list in Python?", "How do I reverse a string in Python?", "substitution"),
     ("Translate 'good morning' into Spanish", "Translate 'good morning' into French", "substitution"),
-    ("Translate 'good morning' into Spanish", "Translate 'good night' into Spanish", "substitution"),
+    ("Translate 'good morning' into Spanish", "Translate 'good night' into Spanish", "payload"),
+    # symbols and operators are content
+    ("Is y > 10 here?", "Is y < 10 here?", "symbols"),
+    ("what does a && b return", "what does a || b return", "symbols"),
+    ("Compute 7 - 3 for me", "Compute 7 + 3 for me", "symbols"),
+    ("Why is `i += 1` slow here?", "Why is `i -= 1` slow here?", "symbols"),
+    # a payload is compared whole, apart from the instruction around it
+    ("Shorten: 'We will ship the order on Friday.'", "Shorten: 'We will ship the order on Sunday.'", "payload"),
+    ("What does `ls -a` print?", "What does `ls -l` print?", "payload"),
+    ('Proofread "Its a nice day"', 'Proofread "Its a rainy day"', "payload"),
+    # the same payload under a different instruction is still a different request
+    ("Count the words in this sentence: 'red fish, blue fish'", "Count the letters in this sentence: 'red fish, blue fish'", "substitution"),
+    ("Translate into German: 'see you soon'", "Translate into Italian: 'see you soon'", "substitution"),
+    # who wrote it, or what it is about
+    ("Find essays by George Orwell", "Find essays about George Orwell", "polarity"),
     ("What are the symptoms of the flu?", "What are the symptoms of a cold?", "substitution"),
     ("What does HTTP status 404 mean?", "What does HTTP status 500 mean?", "numbers"),
     ("How do I center a div in CSS?", "How do I hide a div in CSS?", "substitution"),
@@ -182,6 +196,16 @@ MUST_REJECT = [
 
 # (cached prompt, new prompt): rewordings the verifier must let through to the threshold
 MUST_ACCEPT = [
+    # one payload, the instruction worded two ways; nouns that point at the payload add nothing
+    ("Summarize: 'The store moves to Elm Street in May.'", "Please give me a summary of this text: 'The store moves to Elm Street in May.'"),
+    ("Proofread this paragraph: 'I has a apple.'", "Proofread: 'I has a apple.'"),
+    # "... or not?" asks what the bare question asks
+    ("Is this review positive or not? 'Great battery life.'", "Is this review positive? 'Great battery life.'"),
+    ("Is coffee bad for you or not?", "Is coffee bad for you?"),
+    # a name said again, or a pronoun for it, adds nothing
+    ("Who was Alan Turing and what did Alan Turing build?", "Who was Alan Turing and what did he build?"),
+    # a hyphen inside a word, a slash between words, are not operators
+    ("Recommend well-known sci-fi novels", "Recommend well known sci fi novels"),
     ("How do I reset my password?", "How do I reset my password?"),
     ("How do I reset my password?", "how do i reset my password"),
     ("How do I reset my password?", "How can I reset my password?"),
@@ -334,8 +358,8 @@ def test_must_accept(cached, new):
 def test_the_table_is_large_and_covers_every_rule():
     assert len(MUST_REJECT) + len(MUST_ACCEPT) >= 100
     rules = {rule for _, _, rule in MUST_REJECT}
-    assert rules == {"numbers", "negation", "polarity", "antonym", "direction", "swapped",
-                     "question-word", "crossed", "reordered", "substitution", "added"}
+    assert rules == {"symbols", "payload", "numbers", "negation", "polarity", "antonym", "direction",
+                     "swapped", "question-word", "crossed", "reordered", "substitution", "added"}
 
 
 def test_the_rules_are_the_seeds_four_and_the_named_additions():
@@ -354,7 +378,9 @@ def test_a_skipped_rule_never_decides(cached, new, rule):
 
 @pytest.mark.parametrize("cached, new, rule", MUST_REJECT)
 def test_with_every_rule_skipped_only_similarity_decides(cached, new, rule):
-    assert LexicalNearMissVerifier(skip=RULES).explain(cached, new) == Verdict(False, "rewording")
+    verdict = LexicalNearMissVerifier(skip=RULES).explain(cached, new)
+    # "identical" where only symbols told them apart: words alone cannot
+    assert not verdict.rejected and verdict.rule in ("rewording", "identical")
 
 
 def test_skipping_a_rule_is_what_serves_its_example():

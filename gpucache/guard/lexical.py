@@ -13,6 +13,11 @@ as "1,000" joined), tokenised, stripped of stopwords and reduced by a light suff
 the rules below run in order; the first that fires rejects (seed 000_267dccf0cb1adcd2, plus
 the named additions measured in bench/reports/semantic-false-hits.md):
 
+    symbols       both prompts hold operators or symbols, and they differ
+                  ("x >= 5" / "x <= 5", "a && b" / "a || b")                 -> reject  [addition]
+    payload       both prompts quote or show code, and the payloads differ  -> reject  [addition]
+                  (the same payload: the rules below judge the instructions
+                  alone, "Summarize: '...'" / "Give me a summary of this: '...'"; payload.py)
     identical     the normalised prompts are equal                        -> accept
     numbers       the numbers differ ("5" vs "50", "two" vs "four")       -> reject
     negation      a negation appears on one side only                     -> reject
@@ -53,6 +58,7 @@ import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from gpucache.guard.payload import operators, split
 from gpucache.guard.verifier import Verdict
 from gpucache.guard.words import (
     _ANTONYM,
@@ -84,9 +90,10 @@ from gpucache.guard.words import (
 # substitution) and the additions the false-hit report measured; any of them can be switched off
 # (``LexicalNearMissVerifier(skip=...)``), which the report uses to show what each one buys.
 SEED_RULES = ("numbers", "negation", "polarity", "direction", "substitution")
-ADDED_RULES = ("antonym", "question-word", "swapped", "crossed", "reordered", "added")
-RULES = ("numbers", "negation", "polarity", "antonym", "question-word", "direction", "swapped",
-         "crossed", "reordered", "substitution", "added")
+ADDED_RULES = ("symbols", "payload", "antonym", "question-word", "swapped", "crossed", "reordered",
+               "added")
+RULES = ("symbols", "payload", "numbers", "negation", "polarity", "antonym", "question-word",
+         "direction", "swapped", "crossed", "reordered", "substitution", "added")
 
 
 def clear_caches() -> None:
@@ -136,10 +143,21 @@ class LexicalNearMissVerifier:
 
     def explain(self, cached_prompt: str, new_prompt: str) -> Verdict:
         """Which rule decides this pair, and the words involved."""
+        skip = self.skip
+        ops_a, ops_b = operators(cached_prompt), operators(new_prompt)
+        if ops_a and ops_b and ops_a != ops_b and "symbols" not in skip:
+            return Verdict(True, "symbols", f"symbols differ: {' '.join(ops_a)} vs {' '.join(ops_b)}",
+                           ops_a + ops_b)
+        split_a, split_b = split(cached_prompt), split(new_prompt)
+        cached_prompt, new_prompt = split_a.plain, split_b.plain
+        if split_a.payloads and split_b.payloads and "payload" not in skip:
+            if split_a.payloads != split_b.payloads:
+                return Verdict(True, "payload", "the quoted or code payloads differ")
+            # one payload, two instructions: the rules below judge the instructions
+            cached_prompt, new_prompt = split_a.instruction, split_b.instruction
         a, b = _parse(cached_prompt, self.table), _parse(new_prompt, self.table)
         if a.norm == b.norm:
             return Verdict(False, "identical")
-        skip = self.skip
         nums_a, nums_b = _numbers_of(a, b), _numbers_of(b, a)
         if nums_a != nums_b and "numbers" not in skip:
             diff_a = sorted((Counter(nums_a) - Counter(nums_b)).elements())
@@ -462,6 +480,10 @@ def _added(pa: _Parsed, pb: _Parsed) -> tuple[tuple[str, ...], tuple[str, ...]] 
     a = [w for i, w in enumerate(pa.content) if _counts(w, i, lead_a)]
     b = [w for i, w in enumerate(pb.content) if _counts(w, i, lead_b)]
     only_a, only_b, shared = _unshared(a, b)
+    # a word said again adds nothing ("Who was Ada Lovelace and what did Ada Lovelace / she
+    # invent?"): only words the other prompt lacks altogether are new content
+    only_a = [w for w in only_a if w not in pb.content]
+    only_b = [w for w in only_b if w not in pa.content]
     if not shared or not (only_a or only_b) or _joined(only_a, only_b):
         return None
     if only_a and only_b:

@@ -50,7 +50,7 @@ POLARITY_AXES: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("old",), ("new",)), (("older",), ("newer",)), (("big", "large"), ("small", "little")),
     (("bigger", "larger"), ("smaller",)), (("long",), ("short",)), (("longer",), ("shorter",)),
     (("fast",), ("slow",)), (("faster",), ("slower",)), (("hot",), ("cold",)),
-    (("plus",), ("minus",)),
+    (("plus",), ("minus",)), (("by",), ("about",)),  # poems by / about a poet: author or subject
 ]
 ANTONYM_PAIRS = [
     ("enable", "disable"), ("add", "remove"), ("open", "close"), ("buy", "sell"),
