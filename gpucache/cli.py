@@ -4,6 +4,7 @@
     gpucache demo [--model standin|smollm2] [--device auto] [--batch-size 16] [--limit N]
     gpucache eval PAIRS.jsonl [...] [--held-apart PAIRS.jsonl ...] [--replay INTENTS.jsonl]
                   [--half report|tune|all] [--out REPORT.md]
+    gpucache calibrate PAIRS.jsonl [--budget 0.01] [--out gpucache.toml]
     gpucache bench [--quick] [--device all|cpu|cuda] [--out bench/reports/bench.md]
     gpucache serve --upstream http://127.0.0.1:8000/v1 [--config gpucache.toml] [--<setting> ...]
     gpucache info [--config gpucache.toml]
@@ -193,6 +194,79 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_pairs(path: str) -> list[tuple[str, str, int]]:
+    """(a, b, label) of each line of a JSONL file; ``ValueError`` names the line at fault."""
+    import json
+
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                a, b, label = row["a"], row["b"], row["label"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: not a JSON object with a, b and label ({exc})") from None
+            if not (isinstance(a, str) and isinstance(b, str) and a.strip() and b.strip()) \
+                    or label not in (0, 1) or isinstance(label, bool):
+                raise ValueError(f"{path}:{number}: a and b must be non-empty text and label 0 or 1")
+            pairs.append((a, b, label))
+    return pairs
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import shlex
+
+    from transformers.utils import logging as hf_logging
+
+    from gpucache import TransformerEmbedder
+    from gpucache.guard.calibration import Scored, choose, interval, skip_sets, to_toml, upper_bound
+    from gpucache.guard.lexical import LexicalNearMissVerifier
+
+    try:
+        pairs = read_pairs(args.pairs)
+    except (OSError, ValueError) as exc:
+        print(f"gpucache calibrate: {exc}", file=sys.stderr)
+        return 2
+    if not 0 < args.budget < 1:
+        print("gpucache calibrate: --budget must be in (0, 1)", file=sys.stderr)
+        return 2
+    hf_logging.disable_progress_bar()
+    embedder = TransformerEmbedder(args.model, device=args.device)
+    vectors = embedder.encode([a for a, _, _ in pairs] + [b for _, b, _ in pairs])
+    n = len(pairs)
+    sims = (vectors[:n] * vectors[n:]).sum(dim=1).tolist()
+    verifiers = {skip: LexicalNearMissVerifier(skip=skip) for skip in skip_sets()}
+    scored = [Scored(label, int(sim * 1000) if sim < 1 else 1000,
+                     {skip: v.verify(a, b, sim) for skip, v in verifiers.items()})
+              for (a, b, label), sim in zip(pairs, sims)]
+    choice = choose(scored, args.budget, args.confidence)
+    positives = sum(p.label for p in scored)
+    print(f"{n} pairs: {positives} same request, {n - positives} different; budget {args.budget:.2%} "
+          f"false hits on the {args.confidence:.0%} upper bound")
+    if choice is None:
+        print("no operating point keeps the false-hit bound within the budget: with "
+              f"{n - positives} different-request pairs, the bound at 0 served is "
+              f"{upper_bound(0, n - positives, args.confidence):.2%}; "
+              "add label-0 pairs or raise the budget", file=sys.stderr)
+        return 1
+    hit_low, hit_high = interval(choice.hits, choice.positives, args.confidence)
+    fh_low, fh_high = interval(choice.false_hits, choice.negatives, args.confidence)
+    print(f"threshold {choice.threshold:.3f}, soft rules off: {', '.join(choice.skip_rules) or 'none'}")
+    print(f"expected hits       {choice.hit_rate:.1%} ({choice.hits} of {choice.positives}; "
+          f"{args.confidence:.0%} interval {hit_low:.1%} to {hit_high:.1%})")
+    print(f"expected false hits {choice.false_hit_rate:.1%} ({choice.false_hits} of {choice.negatives}; "
+          f"{args.confidence:.0%} interval {fh_low:.1%} to {fh_high:.1%}, "
+          f"upper bound {choice.false_hit_bound:.2%})")
+    command = (f"gpucache calibrate {shlex.quote(args.pairs)} --budget {args.budget} "
+               f"--confidence {args.confidence}")
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(to_toml(choice, command))
+    print(f"wrote {args.out} (SemanticCache.from_config, gpucache serve --config)")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import shlex
     from pathlib import Path
@@ -280,6 +354,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report path (a PNG plot is written beside it)")
     ev.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     ev.set_defaults(run=_cmd_eval)
+
+    cal = sub.add_parser("calibrate", help="choose the threshold and soft rules from your labelled pairs")
+    cal.add_argument("pairs", help="JSONL of {a, b, label}: 1 the same request, 0 a different one")
+    cal.add_argument("--budget", type=float, default=0.01,
+                     help="most false hits allowed, on the upper confidence bound (default 0.01)")
+    cal.add_argument("--confidence", type=float, default=0.95, help="of the bound (default 0.95)")
+    cal.add_argument("--out", default="gpucache.toml",
+                     help="the settings file written (default gpucache.toml)")
+    cal.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
+    cal.add_argument("--model", default=None, help="the embedding model (default: the packaged one)")
+    cal.set_defaults(run=_cmd_calibrate)
 
     bench = sub.add_parser("bench", help="GPU-vs-CPU benchmark: embedder, scan, end to end")
     bench.add_argument("--quick", action="store_true", help="small sizes: a smoke test for CI")

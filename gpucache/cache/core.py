@@ -31,7 +31,7 @@ from gpucache.cache import flow
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.flight import LoadAbandoned, Unstored
 from gpucache.cache.lookup import Hit, Plan
-from gpucache.cache.settings import CacheSettings
+from gpucache.cache.settings import CacheSettings, read_settings_file
 from gpucache.cache.snapshot import SnapshotError, read_snapshot
 from gpucache.cache.state import CacheState
 from gpucache.cache.validation import (
@@ -237,6 +237,18 @@ class SemanticCache(CacheState):
         _check_callable(loader, "loader(prompt) -> async iterable of str chunks")
         return flow.arun_stream(self, flow.stream(self, prompt, scope, ttl), lambda: loader(prompt),
                                 _reporter(prompt, on_lookup))
+
+    @classmethod
+    def from_config(
+        cls, path: str | os.PathLike[str], embedder: Embedder | None = None, **collaborators: Any
+    ) -> SemanticCache:
+        """A cache with the settings of a TOML settings file: its ``[cache]`` table
+        (``CacheSettings``) and its ``[guard]`` table (the soft rules switched off), as
+        ``gpucache calibrate`` writes them. ``collaborators`` as for the constructor; a
+        ``verifier=`` given here replaces the file's guard."""
+        settings, guard = read_settings_file(path)
+        collaborators.setdefault("verifier", guard.build())
+        return cls(embedder, settings=settings, **collaborators)
 
     @classmethod
     def load(

@@ -13,6 +13,7 @@ the caller builds, passed to ``SemanticCache`` beside these.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,3 +166,28 @@ def _markdown_value(value: object) -> str:
     if isinstance(value, str):
         return f'`"{value}"`'
     return f"`{value}`"
+
+
+def read_settings_file(path: str | os.PathLike[str]) -> tuple[CacheSettings, Any]:
+    """The ``[cache]`` and ``[guard]`` tables of a TOML settings file (``gpucache calibrate``
+    writes them; ``gpucache serve --config`` reads the same file, with its server settings),
+    as ``CacheSettings`` and ``GuardSettings``. Other tables and keys are a server's and are
+    left alone; an unknown key inside these two is refused by name."""
+    import sys
+
+    from gpucache.guard.settings import GuardSettings
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    with open(path, "rb") as f:
+        doc = tomllib.load(f)
+    cache, guard = doc.get("cache", {}), doc.get("guard", {})
+    if not isinstance(cache, dict) or not isinstance(guard, dict):
+        raise ValueError(f"{path}: [cache] and [guard] must be tables")
+    unknown = sorted(set(guard) - {"skip_rules"})
+    if unknown:
+        raise ValueError(f"{path}: unknown [guard] setting(s) {unknown}; the setting is skip_rules")
+    return (CacheSettings.from_options(**cache),
+            GuardSettings(tuple(guard.get("skip_rules", ()))))

@@ -65,13 +65,14 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         else:
             base = None
             embedder = config.embedder.build()
-            device, settings, collaborators = embedder.device, config.cache, {}
+            device, settings = embedder.device, config.cache
+            collaborators = {"verifier": config.guard.build()}
             shared = config.replication.build(config.replication_key)
 
         def fresh() -> SemanticCache:
             if base is not None:
                 return base
-            return SemanticCache(embedder, device=device, settings=settings, shared=shared)
+            return SemanticCache(embedder, device=device, settings=settings, shared=shared, **collaborators)
 
         if not (config.snapshot and os.path.exists(config.snapshot)):
             return fresh()

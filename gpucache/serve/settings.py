@@ -22,6 +22,7 @@ from typing import Any
 
 from gpucache.cache.settings import CacheSettings
 from gpucache.embedding.settings import EmbedderSettings
+from gpucache.guard.settings import GuardSettings
 from gpucache.serve.tenancy import CREDENTIAL_HEADERS, NAMESPACE_HEADER, Tenancy
 from gpucache.share.settings import ReplicationSettings
 
@@ -101,7 +102,8 @@ def _option(default: Any, doc: str, *, flag: bool = True, secret: bool = False, 
 class ServeSettings:
     """Every setting of ``gpucache serve``, in one frozen tree: the HTTP and tenancy settings
     here, and a section each for the cache (``CacheSettings``), the embedder
-    (``EmbedderSettings``) and the replication (``ReplicationSettings``). The command line,
+    (``EmbedderSettings``), the replication (``ReplicationSettings``) and the guard
+    (``GuardSettings``: which soft rules run, as ``gpucache calibrate`` writes them). The command line,
     the ``--config`` file and the ``GPUCACHE_*`` environment are generated from it
     (``gpucache.serve.sources``), so no setting exists under two names."""
 
@@ -167,6 +169,7 @@ class ServeSettings:
     embedder: EmbedderSettings = field(default_factory=EmbedderSettings, metadata={"section": True})
     replication: ReplicationSettings = field(default_factory=ReplicationSettings,
                                              metadata={"section": True})
+    guard: GuardSettings = field(default_factory=GuardSettings, metadata={"section": True})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

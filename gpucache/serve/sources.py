@@ -2,7 +2,8 @@
 
     1. the defaults          ``ServeSettings`` and its sections (the server's cache defaults)
     2. a settings file       ``--config gpucache.toml`` (or ``GPUCACHE_CONFIG``): top-level keys,
-                             and the tables ``[cache]``, ``[embedder]``, ``[replication]``
+                             and the tables ``[cache]``, ``[embedder]``, ``[replication]``,
+                             ``[guard]`` (``gpucache calibrate`` writes ``[cache]`` and ``[guard]``)
     3. the environment       ``GPUCACHE_<NAME>`` (``GPUCACHE_THRESHOLD=0.9``)
     4. the command line      ``--<name>`` (``--threshold 0.9``)
 
@@ -30,7 +31,7 @@ ENV_PREFIX = "GPUCACHE_"
 CONFIG_ENV = "GPUCACHE_CONFIG"
 # GPUCACHE_* variables that are not server settings (they are read elsewhere)
 OTHER_ENV = frozenset({CONFIG_ENV, "GPUCACHE_MODEL_DIR"})
-SECTIONS = ("cache", "embedder", "replication")
+SECTIONS = ("cache", "embedder", "replication", "guard")
 
 
 @dataclass(frozen=True)
