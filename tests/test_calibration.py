@@ -89,7 +89,7 @@ def test_too_few_different_pairs_to_promise_the_budget_is_no_choice():
 def test_the_settings_file_is_read_by_the_library_and_by_the_server(tmp_path, fake_embedder):
     choice = Choice(905, ("added", "crossed"), 10, 20, 0, 400, 0.95)
     path = tmp_path / "gpucache.toml"
-    path.write_text(f'upstream = "http://127.0.0.1:1/v1"\n' + to_toml(choice, "gpucache calibrate x"))
+    path.write_text('upstream = "http://127.0.0.1:1/v1"\n' + to_toml(choice, "gpucache calibrate x"))
     cache = SemanticCache.from_config(path, fake_embedder, device="cpu")
     assert cache.threshold == 0.905 and cache.verifier.skip == {"added", "crossed"}
     served_settings = resolve(None, {}, str(path)).settings()
