@@ -129,6 +129,9 @@ MUST_REJECT = [
     # the same payload under a different instruction is still a different request
     ("Count the words in this sentence: 'red fish, blue fish'", "Count the letters in this sentence: 'red fish, blue fish'", "substitution"),
     ("Translate into German: 'see you soon'", "Translate into Italian: 'see you soon'", "substitution"),
+    # a number scaled by a word is one number
+    ("Plan a trip budget of ten dollars", "Plan a trip budget of ten thousand dollars", "numbers"),
+    ("Plan a trip budget of 10k dollars", "Plan a trip budget of 10 dollars", "numbers"),
     # who wrote it, or what it is about
     ("Find essays by George Orwell", "Find essays about George Orwell", "polarity"),
     ("What are the symptoms of the flu?", "What are the symptoms of a cold?", "substitution"),
@@ -202,6 +205,9 @@ MUST_ACCEPT = [
     # "... or not?" asks what the bare question asks
     ("Is this review positive or not? 'Great battery life.'", "Is this review positive? 'Great battery life.'"),
     ("Is coffee bad for you or not?", "Is coffee bad for you?"),
+    # a number written with a scale word or a suffix is the same number
+    ("Plan a trip budget of ten thousand dollars", "Plan a trip budget of 10k dollars"),
+    ("Write two hundred words on rain", "Write 200 words on rain"),
     # a name said again, or a pronoun for it, adds nothing
     ("Who was Alan Turing and what did Alan Turing build?", "Who was Alan Turing and what did he build?"),
     # a hyphen inside a word, a slash between words, are not operators

@@ -159,6 +159,11 @@ NUMBER_WORDS.update(
     trillion="1000000000000", dozen="12", half="0.5", quarter="0.25", twice="x2",
     triple="x3", double="x2",
 )
+# Words that scale the number before them ("ten thousand"), and the suffixes that do ("10k")
+SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+_SUFFIXES = {"k": "thousand", "bn": "billion"}  # not "m": metres as often as millions
+_SCALED = re.compile(r"(\d+(?:\.\d+)?)(k|bn)")
+_PLAIN = re.compile(r"\d+(?:\.\d+)?")
 ORDINAL_WORDS = {
     w: f"#{i}"
     for i, w in enumerate(
@@ -358,6 +363,10 @@ def _token_uncached(tok: str) -> _TokenInfo:
     if tok in NUMBER_WORDS:
         return canonical, (NUMBER_WORDS[tok],), False, kind, polar
     if not tok.isalpha():
+        scaled = _SCALED.fullmatch(tok)
+        if scaled:  # "10k", "2.5m": the suffix scales the number
+            value = Decimal(scaled.group(1)) * SCALES[_SUFFIXES[scaled.group(2)]]
+            return canonical, (_number(str(value)),), False, kind, polar
         return canonical, tuple(_number(d) for d in _DIGITS.findall(tok)), False, kind, polar
     return canonical, (), False, kind, polar
 
@@ -425,13 +434,19 @@ def _build(tokens: list[str], written: list[str]) -> _Parsed:
     polarity: list[tuple[int, int]] = []
     pending: list[str] = []  # directional words waiting for their object
     negations = 0
+    after_number = False  # the token before was a plain number ("ten" of "ten thousand")
     for tok in tokens:
         canonical, hard, is_soft, kind, polar = (
             _token_memo(tok) if len(tok) <= 64 else _token_uncached(tok)
         )
         stemmed.append(canonical)
-        if hard:
+        if tok in SCALES and after_number and numbers:
+            # "ten thousand" is 10000, as "10,000" and "10k" are; "a thousand" stays 1000
+            numbers[-1] = _number(str(Decimal(numbers[-1]) * SCALES[tok]))
+            hard = ()
+        elif hard:
             (soft if is_soft else numbers).extend(hard)
+        after_number = bool(hard) and not is_soft and len(hard) == 1 and _PLAIN.fullmatch(hard[0]) is not None
         if polar:
             polarity += polar
         if kind == _CONTENT:
