@@ -318,6 +318,9 @@ def _canonical(tok: str) -> str:
         return NUMBER_WORDS[tok]
     if _DIGITS.fullmatch(tok):
         return _number(tok)
+    scaled = _SCALED.fullmatch(tok)
+    if scaled:  # "10k" is the number 10000 wherever it is compared
+        return _number(str(Decimal(scaled.group(1)) * SCALES[_SUFFIXES[scaled.group(2)]]))
     if tok in _SPECIAL or tok in STOPWORDS:
         return tok
     return _stem(tok)
@@ -439,12 +442,17 @@ def _build(tokens: list[str], written: list[str]) -> _Parsed:
         canonical, hard, is_soft, kind, polar = (
             _token_memo(tok) if len(tok) <= 64 else _token_uncached(tok)
         )
-        stemmed.append(canonical)
         if tok in SCALES and after_number and numbers:
-            # "ten thousand" is 10000, as "10,000" and "10k" are; "a thousand" stays 1000
-            numbers[-1] = _number(str(Decimal(numbers[-1]) * SCALES[tok]))
-            hard = ()
-        elif hard:
+            # "ten thousand" is 10000, as "10,000" and "10k" are; "a thousand" stays 1000. The
+            # number before is rewritten in place: one number, one word, to every rule
+            old, numbers[-1] = numbers[-1], _number(str(Decimal(numbers[-1]) * SCALES[tok]))
+            for words in (stemmed, content, skeleton):
+                if words and words[-1] == old:
+                    words[-1] = numbers[-1]
+            after_number = False
+            continue
+        stemmed.append(canonical)
+        if hard:
             (soft if is_soft else numbers).extend(hard)
         after_number = bool(hard) and not is_soft and len(hard) == 1 and _PLAIN.fullmatch(hard[0]) is not None
         if polar:
