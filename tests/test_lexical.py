@@ -205,6 +205,9 @@ MUST_ACCEPT = [
     # "... or not?" asks what the bare question asks
     ("Is this review positive or not? 'Great battery life.'", "Is this review positive? 'Great battery life.'"),
     ("Is coffee bad for you or not?", "Is coffee bad for you?"),
+    # clauses put in another order, each moved whole
+    ("For a team that works remote across three time zones, which meeting schedule keeps everyone awake?",
+     "Which meeting schedule keeps everyone awake for a team that works remote across three time zones?"),
     # a number written with a scale word or a suffix is the same number
     ("Plan a trip budget of ten thousand dollars", "Plan a trip budget of 10k dollars"),
     ("Write two hundred words on rain", "Write 200 words on rain"),
@@ -567,3 +570,13 @@ def test_a_table_reads_phrases_longest_first():
     table = parse_table("# comment\nregex, regular expression  # inline comment\nusd, us dollar, dollar\n")
     assert table[("regular", "expression")] == "regex" and table[("dollar",)] == "usd"
     assert table[("us", "dollar")] == "usd"
+
+
+def test_clauses_moved_whole_are_told_from_words_scrambled():
+    from gpucache.guard.lexical import _clauses_moved
+
+    assert _clauses_moved([4, 5, 6, 0, 1, 2])  # two runs of three words: clauses swapped
+    assert _clauses_moved([6, 7, 8, 3, 4, 5, 0, 1, 2])  # three clauses, reversed
+    assert not _clauses_moved([1, 0, 2, 3, 4, 5])  # one word out of place
+    assert not _clauses_moved([3, 4, 0, 1, 2])  # a run of two words is a phrase, not a clause
+    assert not _clauses_moved([9, 10, 11, 6, 7, 8, 3, 4, 5, 0, 1, 2])  # four blocks: too many

@@ -381,6 +381,8 @@ def _reordered(pa: _Parsed, pb: _Parsed) -> tuple[str, ...]:
         tails[k : k + 1] = [x]
     if len(tails) == len(positions):
         return ()
+    if _clauses_moved(positions):
+        return ()
     kept = _one_increasing_subsequence(positions)
     heads_a = _heads(pa.attachments)
     heads_b = _heads(pb.attachments)
@@ -394,6 +396,27 @@ def _reordered(pa: _Parsed, pb: _Parsed) -> tuple[str, ...]:
             continue  # "at room temperature" fronted: "temperature" follows "room" both times
         moved.append(w)
     return tuple(moved)
+
+
+CLAUSE_MIN_WORDS = 3  # a clause moved whole carries at least this many shared words
+CLAUSE_MAX_BLOCKS = 3
+
+
+def _clauses_moved(positions: list[int]) -> bool:
+    """Whether the shared words (``positions``: where each, in the cached prompt's order, first
+    stands in the new one) moved as at most ``CLAUSE_MAX_BLOCKS`` whole runs of at least
+    ``CLAUSE_MIN_WORDS`` words each: clauses put in another order ("For someone who works
+    nights, what schedule makes sense?" / "What schedule makes sense if I work nights?"), a
+    rewording's freedom. A near-miss scrambles single words ("conducted by A, produced by B"
+    / "produced by A, conducted by B"), which splits the order into short runs."""
+    by_new = sorted(range(len(positions)), key=positions.__getitem__)  # old index, in new order
+    runs = [1]
+    for previous, current in zip(by_new, by_new[1:]):
+        if current == previous + 1:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    return 1 < len(runs) <= CLAUSE_MAX_BLOCKS and min(runs) >= CLAUSE_MIN_WORDS
 
 
 def _heads(attachments: tuple[tuple[str, str], ...]) -> dict[str, tuple[str, ...]]:
