@@ -391,3 +391,15 @@ def test_the_lean_pass_takes_only_the_models_it_was_written_for(config, supporte
     if not supported:
         with pytest.raises(ValueError, match="BERT models"):
             LeanEncoder(model)
+
+
+def test_loading_the_model_prints_nothing_and_leaves_progress_bars_as_they_were(capfd):
+    """A library stays quiet unless asked: no "Loading weights" bar from inside a load, and the
+    caller's own choice about transformers' progress bars is kept."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    TransformerEmbedder(device="cpu")
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert hf_logging.is_progress_bar_enabled()

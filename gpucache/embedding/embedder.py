@@ -22,8 +22,9 @@ package's folder in site-packages: no network and no ``HF_HUB_OFFLINE`` needed.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -101,6 +102,21 @@ def _default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' progress bars off while a model loads, and back as they were: a library
+    (and a server process) stays quiet unless its caller asks for output."""
+    from transformers.utils import logging as hf_logging
+
+    was_disabled = hf_logging.is_progress_bar_enabled() is False
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            hf_logging.enable_progress_bar()
+
+
 class TransformerEmbedder:
     """Masked-mean-pooled, normalised embeddings from a Hugging Face encoder.
 
@@ -167,8 +183,9 @@ class TransformerEmbedder:
         source = default_model_path() if model is None else model
         self.name = DEFAULT_MODEL_NAME if model is None else str(model)
         self.model_path = str(source)
-        self._tokenizer = AutoTokenizer.from_pretrained(str(source))
-        self._model = AutoModel.from_pretrained(str(source), dtype=self.dtype)
+        with quiet_loading():
+            self._tokenizer = AutoTokenizer.from_pretrained(str(source))
+            self._model = AutoModel.from_pretrained(str(source), dtype=self.dtype)
         self._model.to(self._device).eval()
         self._dim = int(self._model.config.hidden_size)
         self.agreement: float | None = None  # min cosine against fp32, where it was checked
