@@ -3,7 +3,7 @@
     python3 bench/guard_exam.py --out bench/reports/guard-exam.md
 
 Run once, after the guard's last change; nothing here feeds back into a rule, word, table or
-threshold (tests/test_exam.py checks that no other code opens data/exam/).
+threshold (tests/guard/test_exam.py checks that no other code opens data/exam/).
 
 - The exam (``data/exam/guard_exam.jsonl``, data/SOURCES.md says how it was written): with the
   defaults (threshold 0.875 and the guard), the share of near-misses served (label 0: a wrong

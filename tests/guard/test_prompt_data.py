@@ -9,7 +9,7 @@ import pytest
 
 from gpucache.tools.evaluation import half_of, read_jsonl
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 DEV, HELD = DATA / "llm_prompts.jsonl", DATA / "llm_prompts_heldout.jsonl"
 TUNING = DATA / "llm_prompts_tuning.jsonl"  # tuning only, never reported
 NEAR_MISS_KINDS = {"added-constraint", "output-language", "length-format", "audience", "tone",

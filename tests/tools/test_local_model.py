@@ -81,7 +81,7 @@ def test_the_example_upstream_serves_json_and_streams_behind_the_proxy(tiny, rea
     from gpucache.serve.app import create_app
     from gpucache.serve.settings import ServeSettings
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     try:
         import local_upstream
     finally:

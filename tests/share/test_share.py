@@ -218,7 +218,7 @@ def test_a_replica_in_another_process_shares_too(server, replicas):
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
         env=os.environ.copy(),
     )
     assert out.returncode == 0, out.stderr[-2000:]
@@ -380,7 +380,7 @@ def test_single_flight_holds_across_processes(server, replicas):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     deadline = time.monotonic() + 60
     while not r.get("test:loading") and time.monotonic() < deadline:  # another process's progress

@@ -158,7 +158,7 @@ def test_the_paired_store_comparison_runs_against_a_git_revision():
     """bench/ab_store.py: this checkout's store against HEAD's, both exact enough to compare."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
         [sys.executable, str(root / "bench" / "ab_store.py"), "--base", "HEAD", "--n", "600",
          "--q", "1,8", "--mode", "int8", "--rounds", "2"],

@@ -65,7 +65,7 @@ def test_the_cache_tells_its_replication_and_takes_entries_through_its_public_fa
 
 
 def test_the_cache_package_never_imports_a_replication():
-    root = Path(__file__).resolve().parent.parent / "gpucache" / "cache"
+    root = Path(__file__).resolve().parents[2] / "gpucache" / "cache"
     for source in root.glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:

@@ -145,7 +145,7 @@ def test_a_process_killed_mid_save_leaves_the_previous_snapshot_intact(tmp_path)
     path = tmp_path / "cache.gpucache"
     script = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
         from conftest import FakeEmbedder
         from gpucache import SemanticCache, StoreEverything
         cache = SemanticCache(FakeEmbedder(), device="cpu", cache_policy=StoreEverything())

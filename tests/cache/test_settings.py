@@ -88,7 +88,7 @@ def test_a_snapshot_with_a_setting_this_version_does_not_know_is_refused():
 
 
 def test_the_readme_options_table_is_the_settings():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     for row in CacheSettings.markdown_rows():
         assert row in readme, row
 

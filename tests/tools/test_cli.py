@@ -72,7 +72,7 @@ def test_every_package_of_the_tree_is_installed_with_the_library():
     from pathlib import Path
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     in_tree = {".".join(p.parent.relative_to(root).parts) for p in (root / "gpucache").rglob("__init__.py")}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAM = "exam/"  # the folder: the exam and GPTCache's benchmark, kept for the report alone
-ALLOWED = {"bench/guard_exam.py", "tests/test_exam.py"}
+ALLOWED = {"bench/guard_exam.py", "tests/guard/test_exam.py"}
 
 
 def test_no_code_but_the_exam_report_opens_the_exam_folder():
