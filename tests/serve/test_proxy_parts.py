@@ -13,7 +13,8 @@ from gpucache.cache.lookup import Hit
 from gpucache.serve import wire
 from gpucache.serve.exchange import MAX_DELTA_SECONDS, CacheControl
 from gpucache.serve.keying import MAX_JSON_DEPTH, BadRequest, parse_json
-from gpucache.serve.proxy import storable, upstream_events
+from gpucache.serve.proxy import storable
+from gpucache.serve.streams import upstream_events
 from gpucache.serve.tenancy import Refusal
 from gpucache.serve.upstream import UpstreamUnavailable
 
