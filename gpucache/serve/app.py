@@ -30,10 +30,11 @@ from starlette.responses import JSONResponse, Response
 
 from gpucache.cache.core import SemanticCache
 from gpucache.cache.snapshot import SnapshotError
+from gpucache.serve.answers import error
 from gpucache.serve.keying import BadRequest, parse_json, request_key
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.passthrough import route
-from gpucache.serve.proxy import Proxy, error
+from gpucache.serve.proxy import Proxy
 from gpucache.serve.settings import ConfigError, ServeSettings
 from gpucache.serve.tenancy import Refusal
 from gpucache.serve.upstream import Upstream

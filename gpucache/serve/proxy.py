@@ -2,9 +2,14 @@
 outcome (exchange.py), then answered and counted, each in one place.
 
     receive(kind, request)  -> Exchange | Refused      the body read, keyed, the tenant found
+    admit(exchange)         -> Outcome                 run, or Shed past max_concurrency
     run(exchange)           -> Outcome                 the cache, the upstream, or both
-    respond(outcome)        -> Response                the only place an outcome becomes HTTP
-    record(outcome)                                    the only place metrics are counted
+    respond(outcome)        -> Response                answers.respond: the only place an
+                                                       outcome becomes HTTP
+    record(outcome)                                    answers.record: the only place metrics
+                                                       are counted
+
+Streams (relayed, replayed, cut) are streams.py's.
 
 The cache is asked through ``SemanticCache.aget_or_put`` / ``aget_or_put_streaming``, so
 concurrent identical misses make one upstream call (within one tenant: the tenant opens every
@@ -23,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -36,7 +40,7 @@ from starlette.responses import Response, StreamingResponse
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.core import SemanticCache, Unstored
 from gpucache.cache.lookup import Hit as CacheHit
-from gpucache.serve import wire
+from gpucache.serve import answers, wire
 from gpucache.serve.exchange import (
     PATHS,
     Bypassed,
@@ -69,18 +73,6 @@ MAX_PENDING_STORES = 256
 
 class TooLarge(ValueError):
     pass
-
-
-def error(
-    status: int,
-    message: str,
-    type_: str,
-    code: str | None = None,
-    param: str | None = None,
-    retry: bool | None = None,
-) -> Response:
-    headers = {} if retry is None else {"x-should-retry": "true" if retry else "false"}
-    return wire.JSON(wire.error_body(message, type_, code, param), status_code=status, headers=headers)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -331,92 +323,10 @@ class Proxy:
     # ------------------------------------------------------------------------- respond
 
     def respond(self, ex: Exchange | Refused | None, outcome: Outcome) -> Response:
-        """The HTTP answer of an outcome: the only place one is built."""
-        if isinstance(outcome, Refused):
-            if outcome.status == 499:
-                return Response(status_code=499)
-            return error(
-                outcome.status,
-                outcome.message,
-                "invalid_request_error",
-                outcome.code,
-                outcome.param,
-                retry=False,
-            )
-        if isinstance(outcome, Unavailable):
-            code = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable"
-            return error(outcome.status, outcome.message, "api_error", code, retry=True)
-        if isinstance(outcome, Shed):
-            shed = error(503, f"the cache is at its limit of {self.config.max_concurrency} requests in "
-                         "flight; retry later", "api_error", "overloaded", retry=True)
-            shed.headers["retry-after"] = str(outcome.retry_after)
-            return shed
-        if isinstance(outcome, (Bypassed, FailedOpen)):
-            return outcome.response  # type: ignore[no-any-return]
-        if isinstance(outcome, PassedThrough):
-            return Response(
-                outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
-            )
-        assert isinstance(ex, Exchange)
-        if isinstance(outcome, Hit):
-            headers = self.hit_headers(outcome.hit)
-            if outcome.stream is not None:
-                return StreamingResponse(outcome.stream, media_type="text/event-stream", headers=headers)
-            return wire.JSON(wire.completion(ex.kind, ex.body["model"], outcome.answer), headers=headers)
-        if isinstance(outcome, Joined):
-            if outcome.stream is not None:
-                return StreamingResponse(
-                    outcome.stream, media_type="text/event-stream", headers={"x-gpucache": "miss"}
-                )
-            return wire.JSON(
-                wire.completion(ex.kind, ex.body["model"], outcome.answer), headers={"x-gpucache": "miss"}
-            )
-        assert isinstance(outcome, Loaded)
-        if outcome.stream is not None:
-            return StreamingResponse(
-                outcome.stream,
-                status_code=outcome.status,
-                media_type="text/event-stream",
-                headers={**returned(outcome.headers or {}), "x-gpucache": "miss"},
-            )
-        return Response(
-            outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
-        )
+        return answers.respond(ex, outcome, self.config.max_concurrency)
 
     def record(self, endpoint: str, outcome: Outcome) -> None:
-        """The metrics of an outcome: the only place requests, hits and errors are counted."""
-        m = self.metrics
-        if isinstance(outcome, Refused):
-            m.errors.labels(outcome.kind).inc()
-            return
-        if isinstance(outcome, Hit):
-            tier = "exact" if outcome.hit.exact else "semantic"
-            m.requests.labels(endpoint, tier).inc()
-            m.hits.labels(tier).inc()
-            if not outcome.hit.exact:
-                m.similarity.observe(outcome.hit.similarity)
-            return
-        if isinstance(outcome, Bypassed):
-            m.bypasses.labels(outcome.reason).inc()
-            m.requests.labels(endpoint, "bypass").inc()
-            return
-        if isinstance(outcome, Shed):
-            m.errors.labels("shed").inc()
-            m.requests.labels(endpoint, "shed").inc()
-            return
-        if isinstance(outcome, Unavailable):
-            m.errors.labels("upstream_timeout" if outcome.status == 504 else "upstream_unavailable").inc()
-            m.requests.labels(endpoint, "error").inc()
-            return
-        m.requests.labels(endpoint, "miss").inc()  # Loaded, Joined, PassedThrough, FailedOpen
-
-    def hit_headers(self, hit: CacheHit) -> dict[str, str]:
-        headers = {"x-gpucache": "exact" if hit.exact else "semantic"}
-        if math.isfinite(hit.age):  # RFC 9111's Age: how long ago the served answer was stored
-            headers["age"] = str(max(0, int(hit.age)))
-        if not hit.exact:
-            headers["x-gpucache-similarity"] = f"{hit.similarity:.4f}"
-        return headers
+        answers.record(self.metrics, endpoint, outcome)
 
     # ------------------------------------------------------------------------- plain
 

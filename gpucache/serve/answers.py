@@ -1,0 +1,129 @@
+"""Outcomes to HTTP and to metrics: ``respond`` is the only place an outcome becomes an HTTP
+answer, ``record`` the only place requests, hits and errors are counted (proxy.py runs an
+exchange to its outcome and hands it to both)."""
+
+from __future__ import annotations
+
+import math
+
+from starlette.responses import Response, StreamingResponse
+
+from gpucache.cache.lookup import Hit as CacheHit
+from gpucache.serve import wire
+from gpucache.serve.exchange import (
+    Bypassed,
+    Exchange,
+    FailedOpen,
+    Hit,
+    Joined,
+    Loaded,
+    Outcome,
+    PassedThrough,
+    Refused,
+    Shed,
+    Unavailable,
+)
+from gpucache.serve.metrics import ProxyMetrics
+from gpucache.serve.upstream import returned
+
+
+def error(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None = None,
+    param: str | None = None,
+    retry: bool | None = None,
+) -> Response:
+    headers = {} if retry is None else {"x-should-retry": "true" if retry else "false"}
+    return wire.JSON(wire.error_body(message, type_, code, param), status_code=status, headers=headers)
+
+
+
+def respond(ex: Exchange | Refused | None, outcome: Outcome, max_concurrency: int) -> Response:
+    """The HTTP answer of an outcome: the only place one is built."""
+    if isinstance(outcome, Refused):
+        if outcome.status == 499:
+            return Response(status_code=499)
+        return error(
+            outcome.status,
+            outcome.message,
+            "invalid_request_error",
+            outcome.code,
+            outcome.param,
+            retry=False,
+        )
+    if isinstance(outcome, Unavailable):
+        code = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable"
+        return error(outcome.status, outcome.message, "api_error", code, retry=True)
+    if isinstance(outcome, Shed):
+        shed = error(503, f"the cache is at its limit of {max_concurrency} requests in "
+                     "flight; retry later", "api_error", "overloaded", retry=True)
+        shed.headers["retry-after"] = str(outcome.retry_after)
+        return shed
+    if isinstance(outcome, (Bypassed, FailedOpen)):
+        return outcome.response  # type: ignore[no-any-return]
+    if isinstance(outcome, PassedThrough):
+        return Response(
+            outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
+        )
+    assert isinstance(ex, Exchange)
+    if isinstance(outcome, Hit):
+        headers = hit_headers(outcome.hit)
+        if outcome.stream is not None:
+            return StreamingResponse(outcome.stream, media_type="text/event-stream", headers=headers)
+        return wire.JSON(wire.completion(ex.kind, ex.body["model"], outcome.answer), headers=headers)
+    if isinstance(outcome, Joined):
+        if outcome.stream is not None:
+            return StreamingResponse(
+                outcome.stream, media_type="text/event-stream", headers={"x-gpucache": "miss"}
+            )
+        return wire.JSON(
+            wire.completion(ex.kind, ex.body["model"], outcome.answer), headers={"x-gpucache": "miss"}
+        )
+    assert isinstance(outcome, Loaded)
+    if outcome.stream is not None:
+        return StreamingResponse(
+            outcome.stream,
+            status_code=outcome.status,
+            media_type="text/event-stream",
+            headers={**returned(outcome.headers or {}), "x-gpucache": "miss"},
+        )
+    return Response(
+        outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
+    )
+
+def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome) -> None:
+    """The metrics of an outcome: the only place requests, hits and errors are counted."""
+    m = metrics
+    if isinstance(outcome, Refused):
+        m.errors.labels(outcome.kind).inc()
+        return
+    if isinstance(outcome, Hit):
+        tier = "exact" if outcome.hit.exact else "semantic"
+        m.requests.labels(endpoint, tier).inc()
+        m.hits.labels(tier).inc()
+        if not outcome.hit.exact:
+            m.similarity.observe(outcome.hit.similarity)
+        return
+    if isinstance(outcome, Bypassed):
+        m.bypasses.labels(outcome.reason).inc()
+        m.requests.labels(endpoint, "bypass").inc()
+        return
+    if isinstance(outcome, Shed):
+        m.errors.labels("shed").inc()
+        m.requests.labels(endpoint, "shed").inc()
+        return
+    if isinstance(outcome, Unavailable):
+        m.errors.labels("upstream_timeout" if outcome.status == 504 else "upstream_unavailable").inc()
+        m.requests.labels(endpoint, "error").inc()
+        return
+    m.requests.labels(endpoint, "miss").inc()  # Loaded, Joined, PassedThrough, FailedOpen
+
+def hit_headers(hit: CacheHit) -> dict[str, str]:
+    headers = {"x-gpucache": "exact" if hit.exact else "semantic"}
+    if math.isfinite(hit.age):  # RFC 9111's Age: how long ago the served answer was stored
+        headers["age"] = str(max(0, int(hit.age)))
+    if not hit.exact:
+        headers["x-gpucache-similarity"] = f"{hit.similarity:.4f}"
+    return headers
