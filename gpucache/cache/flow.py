@@ -233,7 +233,11 @@ async def _acall(op: Op, load: Callable[[list[str]], Awaitable[list[str]]] | Non
     if isinstance(op, Find):
         return await op.cache._alookup(op.request)
     if isinstance(op, Work):
-        return await asyncio.to_thread(op.fn, *op.args)
+        # Shielded: the work records or releases claims (``_finish`` hands a load's answer to
+        # its waiters). A caller cancelled while the job still queued for a worker thread
+        # would cancel the job itself, and the claim it releases would be held for good, every
+        # later caller of the prompt waiting on it. The job runs to its end either way.
+        return await asyncio.shield(asyncio.to_thread(op.fn, *op.args))
     if isinstance(op, Wait):
         return await wait(op.future)
     if isinstance(op, WaitShared):

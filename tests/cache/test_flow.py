@@ -250,3 +250,56 @@ def test_a_stream_closed_inside_a_cancelled_task_releases_its_claim_at_once(cach
         assert await cache.aget_or_put("an endless question", lambda p: asyncio.sleep(0, "loaded")) == "loaded"
 
     asyncio.run(main())
+
+
+def test_a_stream_cancelled_while_its_answer_is_handed_on_still_releases_its_claim(cache):
+    """A client that goes away just as its streamed load ends: the bookkeeping that stores the
+    answer and hands it to waiters is queued for a worker thread when the task is cancelled.
+    It still runs, so the claim is released and the next caller of the prompt is not left
+    waiting on it for good (a proxy once hung on exactly this)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    finished = threading.Event()
+    real_finish = cache._finish
+
+    def finish(*args, **kwargs):
+        real_finish(*args, **kwargs)
+        finished.set()
+
+    cache._finish = finish
+    gate = threading.Event()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        loader_done = asyncio.Event()
+        blocker = None
+
+        async def chunks(prompt):
+            nonlocal blocker
+            try:
+                yield "the only part"
+                blocker = loop.run_in_executor(None, gate.wait, 30)  # the one worker is busy
+            finally:
+                loader_done.set()
+
+        async def consume():
+            return [piece async for piece in cache.aget_or_put_streaming("a question", chunks)]
+
+        task = asyncio.create_task(consume())
+        await loader_done.wait()  # the load ended; its bookkeeping waits for the busy worker
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        gate.set()
+        await blocker
+        handed_on = await asyncio.to_thread(finished.wait, 10)
+        return handed_on
+
+    assert run_async(main())
+    assert len(cache._flights) == 0
+    assert cache.get("a question").response == "the only part"
+
+
+def run_async(coro):
+    return asyncio.run(coro)
