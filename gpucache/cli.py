@@ -45,6 +45,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
                       for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)))
     print(f"embedder cpu  matmuls in {'bf16' if cpu_has_native_bf16() else 'fp32'} where the load-time "
           f"probe agrees; oneDNN packs Linear weights: {packs}")
+    from gpucache.embedding.embedder import TransformerEmbedder
+
+    embedder = TransformerEmbedder(device=resolve_device("auto"))  # the stages probe at load
+    print("encoder       " + "\n              ".join(embedder.encoder_path.lines()))
     pool = ("sleeps when idle" if blas_pool_quiet() else
             "spins when idle (set OPENBLAS_THREAD_TIMEOUT=4 before numpy is imported)")
     print(f"fp32 cpu scan {'numpy BLAS' if paths.fp32_via_numpy else 'torch'}; numpy's BLAS pool {pool}")

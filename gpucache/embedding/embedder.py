@@ -32,6 +32,7 @@ import torch
 
 from gpucache.devices import DeviceLike, cpu_has_native_bf16, resolve_device
 from gpucache.embedding import attention
+from gpucache.embedding.choose import EncoderPath, plan
 from gpucache.embedding.graphs import Capture, GraphedEncoder, cuda_capture
 from gpucache.embedding.lean import LeanEncoder
 
@@ -195,15 +196,23 @@ class TransformerEmbedder:
         self.graphs: GraphedEncoder | None = None  # CUDA graphs of the lean pass, where adopted
         self.graph_agreement: float | None = None  # their probe's min cosine, where tried
         self.lean_agreement: float | None = None  # the lean pass's min cosine, where tried
-        if checked or (lean and LeanEncoder.supports(self._model)):
+        self.stages = plan(
+            device_type=self._device.type,
+            dtype_given=None if dtype is None else str(dtype).removeprefix("torch."),
+            faster_dtype=str(wanted).removeprefix("torch."),
+            lean=lean, lean_supported=LeanEncoder.supports(self._model), cuda_graphs=cuda_graphs,
+        )
+        tried = {stage.name for stage in self.stages if stage.tried}
+        if tried:
             reference = self.encode(PROBE_TEXTS)  # the model as loaded (fp32 where checked)
-            if checked:
+            if "autocast" in tried:
                 self._adopt_if_it_agrees(wanted, reference)
-            if lean and LeanEncoder.supports(self._model):
+            if "lean" in tried:
                 self._adopt_lean(reference)
+            if "single" in tried:
                 self._adopt_single()
-                if cuda_graphs and self._device.type == "cuda":
-                    self._adopt_graphs(reference)
+            if "graphs" in tried:
+                self._adopt_graphs(reference)
             self.forward_passes = 0  # the load-time probes are not the caller's passes
 
     def _adopt_lean(self, reference: torch.Tensor) -> None:
@@ -316,6 +325,24 @@ class TransformerEmbedder:
         if self.graphs is not None:
             parts.append("CUDA graphs for small batches")
         return ", ".join(parts) + ")"
+
+    @property
+    def encoder_path(self) -> EncoderPath:
+        """The stages this embedder tried at load (``choose.plan``) and what each came to."""
+        kept = {"autocast": self.autocast_dtype is not None, "lean": self._lean is not None,
+                "single": self._single is not None, "graphs": self.graphs is not None}
+        probes = {"autocast": self.agreement, "lean": self.lean_agreement,
+                  "graphs": self.graph_agreement}
+        outcomes = []
+        for stage in self.stages:
+            if not stage.tried:
+                outcomes.append((stage.name, f"not tried: {stage.why}"))
+                continue
+            probe = probes.get(stage.name)
+            measured = f" (probe cosine {probe:.5f})" if probe is not None else ""
+            verdict = "kept" if kept[stage.name] else "dropped: it did not agree"
+            outcomes.append((stage.name, f"{verdict}{measured}; {stage.why}"))
+        return EncoderPath(tuple(outcomes), self.path)
 
     @property
     def dim(self) -> int:
