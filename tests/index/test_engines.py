@@ -86,13 +86,22 @@ def check_true_top_k(rows: RowsView, queries, k, scope_id, now, scores, found, t
             assert float(left_out.max()) <= kth + 2 * tolerance
 
 
-@pytest.mark.parametrize(("mode", "name", "engine"), CASES, ids=[f"{m}-{n}" for m, n, _ in CASES])
-@pytest.mark.parametrize("q", [1, 64, 300])  # 64: rows-first products in fp32 and bf16
-@pytest.mark.parametrize("chunk", [1, 7, 64, 10_000])
-@pytest.mark.parametrize("k", [1, 4, 60])
+def _shapes():
+    """Every engine at every shape; the Triton kernel's larger shapes run in its interpreter
+    for about two minutes together, so they are marked slow (``.ci/run`` runs them; a quick
+    local run may leave them out with ``-m "not slow"``)."""
+    for mode, name, engine in CASES:
+        for q in (1, 64, 300):  # 64: rows-first products in fp32 and bf16
+            for chunk in (1, 7, 64, 10_000):
+                for k in (1, 4, 60):
+                    slow = name == "triton" and (q == 300 or chunk == 1 or k == 60)
+                    yield pytest.param(mode, name, engine, q, chunk, k,
+                                       id=f"{mode}-{name}-q{q}-c{chunk}-k{k}",
+                                       marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize(("mode", "name", "engine", "q", "chunk", "k"), list(_shapes()))
 def test_every_engine_returns_a_true_top_k(mode, name, engine, q, chunk, k):
-    if name == "triton" and (q == 300 or chunk == 1 or k == 60):
-        pytest.skip("the interpreter is slow; the kernel's own suite covers these shapes")
     n, d = 131, 32
     vectors = unit_rows(n, d, seed=n)
     scopes = [i % 3 for i in range(n)]
