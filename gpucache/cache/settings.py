@@ -168,21 +168,32 @@ def _markdown_value(value: object) -> str:
     return f"`{value}`"
 
 
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML settings file as a dict; ``ValueError`` says why one cannot be read (the one
+    reader of settings files, for ``read_settings_file`` and ``gpucache serve --config``)."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10: the serve extra installs tomli
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ValueError(f"the settings file cannot be read: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"the settings file {path} is not valid TOML: {exc}") from exc
+
+
 def read_settings_file(path: str | os.PathLike[str]) -> tuple[CacheSettings, Any]:
     """The ``[cache]`` and ``[guard]`` tables of a TOML settings file (``gpucache calibrate``
     writes them; ``gpucache serve --config`` reads the same file, with its server settings),
     as ``CacheSettings`` and ``GuardSettings``. Other tables and keys are a server's and are
     left alone; an unknown key inside these two is refused by name."""
-    import sys
-
     from gpucache.guard.settings import GuardSettings
 
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    with open(path, "rb") as f:
-        doc = tomllib.load(f)
+    doc = read_toml(path)
     cache, guard = doc.get("cache", {}), doc.get("guard", {})
     if not isinstance(cache, dict) or not isinstance(guard, dict):
         raise ValueError(f"{path}: [cache] and [guard] must be tables")

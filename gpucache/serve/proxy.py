@@ -161,12 +161,12 @@ class Proxy:
         slot, and never times out. Why shed instead of queueing: a queue longer than the lookup
         deadline only turns waits into timeouts; a 503 with Retry-After lets the client (the
         OpenAI clients honour it) or a balancer send the request where there is room."""
-        repeat = ex.key.bypass is None and ex.control.reads and self.cache.may_hold(
-            ex.key.semantic_text, scope=ex.key.scope)
-        if repeat:
-            return await self.run(ex)
         if self.busy >= self.config.max_concurrency:
-            return Shed(self.config.retry_after)
+            repeat = ex.key.bypass is None and ex.control.reads and self.cache.may_hold(
+                ex.key.semantic_text, scope=ex.key.scope)
+            if not repeat:
+                return Shed(self.config.retry_after)
+            return await self.run(ex)  # answered on the loop: it holds no slot
         self.busy += 1
         try:
             return await self.run(ex)

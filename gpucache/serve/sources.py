@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucache.serve.settings import SERVE_CACHE_DEFAULTS, ConfigError, ServeSettings
+from gpucache.cache.settings import read_toml
+from gpucache.serve.settings import ConfigError, ServeSettings
 
 ENV_PREFIX = "GPUCACHE_"
 CONFIG_ENV = "GPUCACHE_CONFIG"
@@ -68,14 +68,12 @@ def options() -> list[Option]:
     found: list[Option] = []
     for f in dataclasses.fields(ServeSettings):
         if f.metadata.get("section"):
-            section_type = type(_default_of(f))
-            defaults = _default_of(f)
-            for g in dataclasses.fields(section_type):
+            defaults = section_defaults()[f.name]
+            for g in dataclasses.fields(defaults):
                 found.append(Option(f.name, g.name, str(g.type), g.metadata.get("doc", ""),
                                     getattr(defaults, g.name)))
         else:
-            default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
-            found.append(Option(None, f.name, str(f.type), f.metadata["doc"], default,
+            found.append(Option(None, f.name, str(f.type), f.metadata["doc"], f.default,
                                 f.metadata.get("flag", True), f.metadata.get("secret", False)))
     names = [o.name for o in found]
     duplicated = sorted({n for n in names if names.count(n) > 1})
@@ -84,11 +82,11 @@ def options() -> list[Option]:
     return found
 
 
-def _default_of(f: dataclasses.Field[Any]) -> Any:
-    if f.name == "cache":
-        return SERVE_CACHE_DEFAULTS
-    assert f.default_factory is not dataclasses.MISSING
-    return f.default_factory()
+def section_defaults() -> dict[str, Any]:
+    """Each section's settings as ``ServeSettings`` makes them by default (the cache's are the
+    server's own cache defaults)."""
+    return {f.name: f.default_factory() for f in dataclasses.fields(ServeSettings)  # type: ignore[misc,operator]
+            if f.metadata.get("section")}
 
 
 def parse_text(option: Option, text: str) -> Any:
@@ -161,8 +159,9 @@ class Resolved:
             raise ConfigError("the upstream is not set: --upstream URL, GPUCACHE_UPSTREAM or "
                               "'upstream' in the settings file")
         built: dict[str, Any] = {}
+        kinds = {name: type(defaults) for name, defaults in section_defaults().items()}
         for section in SECTIONS:
-            kind = type(_default_of(next(f for f in dataclasses.fields(ServeSettings) if f.name == section)))
+            kind = kinds[section]
             try:
                 built[section] = kind(**parts[section])
             except (TypeError, ValueError) as exc:
@@ -184,17 +183,10 @@ class Resolved:
 
 def read_file(path: str) -> dict[str, tuple[Any, str]]:
     """The settings in a TOML file, by ``Option.key``; an unknown key or table is refused."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10: the serve extra installs tomli
-        import tomli as tomllib
     try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"the settings file cannot be read: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"the settings file {path} is not valid TOML: {exc}") from exc
+        doc = read_toml(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     known = {o.key: o for o in options()}
     found: dict[str, tuple[Any, str]] = {}
     for name, value in doc.items():
