@@ -190,6 +190,8 @@ def main() -> None:
             )
         )
         rows.append(("cache-control", "then a plain repeat", ask(proxy, hdr, "How tall is Aconcagua?")))
+        rows.append(("cache-control", "`max-age=` and 10,000 nines (past Python's digits for int())",
+                     ask(proxy, hdr, "How tall is Aconcagua?", "max-age=" + "9" * 10_000)))
         rows.append(
             (
                 "cache-control",

@@ -61,7 +61,11 @@ class CacheControl:
                         f"Cache-Control max-age must be whole seconds, got {value!r}",
                         "invalid_cache_control",
                     )
-                max_age = min(int(value), MAX_DELTA_SECONDS)
+                # compared as text first: a value of thousands of digits is past the cap, and
+                # int() refuses to read one (Python's limit on digits) with a ValueError
+                digits = value.lstrip("0") or "0"
+                long = len(digits) > len(str(MAX_DELTA_SECONDS))
+                max_age = MAX_DELTA_SECONDS if long else min(int(digits), MAX_DELTA_SECONDS)
         return cls(no_cache or max_age == 0, no_store, max_age)
 
     @property

@@ -43,6 +43,8 @@ def test_no_cache_and_max_age_zero_read_nothing_and_no_store_stores_nothing():
 
 def test_a_huge_max_age_is_capped_as_rfc_9111_says_and_a_malformed_one_is_a_400():
     assert CacheControl.parse("max-age=10000000000000000").max_age == MAX_DELTA_SECONDS
+    assert CacheControl.parse("max-age=" + "9" * 10_000).max_age == MAX_DELTA_SECONDS  # past int()'s digits
+    assert CacheControl.parse("max-age=" + "0" * 5_000 + "7").max_age == 7  # leading zeros are zeros
     for bad in ("max-age=-1", "max-age=1.5", 'max-age="5"', "max-age=", "max-age=١٢"):
         refused = CacheControl.parse(bad)
         assert isinstance(refused, Refusal) and refused.status == 400, bad
