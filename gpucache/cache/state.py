@@ -288,9 +288,10 @@ class CacheState:
         batched with the requests that arrive within ``lookup_window_seconds``, and bounded by
         ``lookup_timeout_seconds`` (``LookupTimeout``) (batching.py)."""
         plan = exact_plan(self, request, wait=False)
-        if plan is LOCK_BUSY:
-            # a scan or a store holds the lock: wait for it in a thread of the exact tier's
-            # own (never queued behind the embedder's batches), then look again
+        if plan is LOCK_BUSY and all(self._table.may_hold(request.scope, p) for p in request.prompts):
+            # a scan or a store holds the lock, and every prompt looks stored: wait for the lock
+            # in a thread of the exact tier's own (never queued behind the embedder's batches),
+            # then look again. A prompt not stored goes to the coalescer at once.
             loop = asyncio.get_running_loop()
             plan = await loop.run_in_executor(self._exact_pool, exact_plan, self, request, True)
         if isinstance(plan, Plan):
