@@ -16,7 +16,7 @@ from gpucache.keys import DEFAULT_SCOPE, prompt_key
 
 if TYPE_CHECKING:
     from gpucache.cache.batching import LookupTimeout
-    from gpucache.cache.core import Hit, LoadAbandoned, SemanticCache, Unstored
+    from gpucache.cache.semantic import Hit, LoadAbandoned, SemanticCache, Unstored
     from gpucache.cache.settings import CacheSettings
     from gpucache.cache.snapshot import SnapshotError
     from gpucache.cache.stats import CacheStats
@@ -40,19 +40,19 @@ _LAZY = {
     "Embedder": "gpucache.embedding.embedder",
     "ExactScanStore": "gpucache.index.store",
     "ExplainingVerifier": "gpucache.guard.verifier",
-    "Hit": "gpucache.cache.core",
+    "Hit": "gpucache.cache.semantic",
     "HitVerifier": "gpucache.guard.verifier",
     "LexicalNearMissVerifier": "gpucache.guard.lexical",
-    "LoadAbandoned": "gpucache.cache.core",
+    "LoadAbandoned": "gpucache.cache.semantic",
     "LookupTimeout": "gpucache.cache.batching",
     "PolicyDecision": "gpucache.policy.content",
     "ScanKernelChooser": "gpucache.index.kernel_choice",
-    "SemanticCache": "gpucache.cache.core",
+    "SemanticCache": "gpucache.cache.semantic",
     "SnapshotError": "gpucache.cache.snapshot",
     "StoreEverything": "gpucache.policy.content",
     "ThresholdOnly": "gpucache.guard.verifier",
     "TransformerEmbedder": "gpucache.embedding.embedder",
-    "Unstored": "gpucache.cache.core",
+    "Unstored": "gpucache.cache.semantic",
     "Verdict": "gpucache.guard.verifier",
     "resolve_device": "gpucache.devices",
 }

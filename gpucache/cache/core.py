@@ -1,332 +1,370 @@
-"""``SemanticCache``: answer a prompt from an earlier prompt that meant the same thing.
+"""``CacheCore``: what a ``SemanticCache`` holds, and the operations on it, under one lock.
 
-One lookup (DESIGN.md, "Data flow"):
+The facade (``SemanticCache``, semantic.py) checks what callers hand it and runs the
+get-or-load flows (flow.py); the flows yield the operations defined here (``finish``,
+``abort``, ``claim_shared``...), and the drivers run them, in place or in a worker thread. What
+is here: the collaborators and settings, the lock, the entry table over the index,
+single-flight, the counters and the clock; the lookups (lookup.py, given this core); stores
+after a load; the upkeep; and the snapshot's capture and restore.
 
-    validate -> exact tier (scope, text) -> embed -> index.search (top-K, in scope)
-             -> candidates >= threshold, best first -> verifier -> serve | miss
+Everything here is public to the package: the lookups, the flows and a server's metrics read
+the core's attributes by name, never a private one. Input is not checked here (the facade has
+done it).
 
-The exact tier answers a repeated prompt without running the embedder. A semantic candidate is
-served only when its full-precision cosine similarity is at or above ``threshold`` *and* the
-verifier accepts it; when the best candidate is rejected the next ones above the threshold are
-tried, up to ``top_k``. Scopes (tenants, models, system prompts) never see each other's entries:
-the scope is masked inside the scan.
-
-The parts: ``CacheSettings`` (settings.py) holds the scalar settings; ``CacheState``
-(state.py) the collaborators, the lock and the operations on the state; ``EntryTable``
-(entries.py) the entries over the index; ``flow.py`` the get-or-load state machine and its sync
-and async drivers; ``snapshot.py`` the file format. This module is the facade: it validates
-input, then runs the flows.
-
-The async API never takes the cache's lock on the event loop: every operation that may wait on
-it runs in a worker thread (flow.py).
+Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
+embedder and the caller's loader never run under it, so a slow model call never blocks
+readers; state that may have changed meanwhile is re-read after the lock is taken again.
+Single-flight has its own lock (flight.py), so a claim can be released on the event loop.
 """
+
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gpucache.cache import flow
-from gpucache.cache.batching import LookupTimeout
-from gpucache.cache.flight import LoadAbandoned, Unstored
-from gpucache.cache.lookup import Hit, Plan
-from gpucache.cache.settings import CacheSettings, read_settings_file
-from gpucache.cache.snapshot import SnapshotError, read_snapshot
-from gpucache.cache.state import CacheState
-from gpucache.cache.validation import (
-    check_prompt,
-    check_prompts,
-    check_response,
-    check_scope,
-    check_ttl,
-)
-from gpucache.devices import DeviceLike
-from gpucache.embedding.embedder import DEFAULT_MODEL_NAME, Embedder, TransformerEmbedder
+import torch
+
+from gpucache.cache.batching import LookupCoalescer
+from gpucache.cache.entries import Entry, EntryTable
+from gpucache.cache.flight import LoadAbandoned, SingleFlight, Unstored
+from gpucache.cache.lookup import LOCK_BUSY, LookupRequest, Plan, exact_plan, lookup_batch
+from gpucache.cache.replication import LocalOnly, Replication, SharedEntry
+from gpucache.cache.settings import CacheSettings
+from gpucache.cache.snapshot import Snapshot, SnapshotEntry
+from gpucache.cache.stats import CacheStats, StatsCounter
+from gpucache.devices import DeviceLike, resolve_device
+from gpucache.embedding.embedder import Embedder, TransformerEmbedder
+from gpucache.guard.lexical import LexicalNearMissVerifier
+from gpucache.guard.verifier import HitVerifier
+from gpucache.index.engines.base import ScanEngine
+from gpucache.index.interface import NEVER
+from gpucache.index.store import ExactScanStore
+from gpucache.keys import prompt_key
 from gpucache.policy.admission import AdmissionPolicy
+from gpucache.policy.content import CachePolicy, ContentPolicy
 
-__all__ = ["Hit", "LoadAbandoned", "LookupTimeout", "SemanticCache", "Unstored"]
-
-Loader = Callable[[str], str]
-BatchLoader = Callable[[list[str]], Sequence[str]]
-StreamLoader = Callable[[str], Iterable[str]]
-AsyncLoader = Callable[[str], Awaitable[str]]
-AsyncBatchLoader = Callable[[list[str]], Awaitable[Sequence[str]]]
-AsyncStreamLoader = Callable[[str], Any]  # returns an async iterable (or an iterable) of chunks
-OnLookup = Callable[[Hit | None], None] | None
+log = logging.getLogger("gpucache")
 
 
-class SemanticCache(CacheState):
-    """A semantic cache of LLM responses.
+class CacheCore:
+    """Everything a ``SemanticCache`` holds; its constructor takes the cache's arguments
+    (``SemanticCache`` documents them)."""
 
-    Args:
-        embedder: turns prompts into unit vectors; None loads the packaged all-MiniLM-L6-v2
-            (``TransformerEmbedder``) on ``device``.
-        verifier: the last word on every candidate above the threshold (``HitVerifier``);
-            None uses ``LexicalNearMissVerifier``; ``ThresholdOnly()`` lets similarity decide.
-        device: where the index's vectors live: "auto" (CUDA when present), "cpu", "cuda[:N]".
-        timer: the clock for expiry, in seconds; injectable for tests.
-        cache_policy: may an answer be stored at all (``CachePolicy``), on every write path;
-            None uses ``ContentPolicy()``; ``StoreEverything()`` turns the checks off.
-        admission: is an answer worth storing (``AdmissionPolicy``), on the writes after a
-            miss only; None stores every miss.
-        engine: the index's scan engine (``gpucache.index.engines``); None chooses one for the
-            device and storage dtype.
-        shared: a ``Replication`` (``gpucache.cache.replication``), such as ``RedisShare``
-            (``gpucache.share.redis``): this cache's entries are shared with the other replicas
-            on the same Redis or Valkey; None (``LocalOnly``) keeps them to this process.
-        settings: the scalar settings (``CacheSettings``); None takes the defaults.
-        **options: single settings by name, replacing those of ``settings``: ``threshold``,
-            ``top_k``, ``capacity``, ``ttl``, ``quantization``... (``CacheSettings`` documents
-            each; an unknown name is a TypeError listing them).
-    """
-
-    # ----------------------------------------------------------------------------- reads
-
-    def get(self, prompt: str, *, scope: str | None = None, threshold: float | None = None) -> Hit | None:
-        """The cached answer for ``prompt`` in ``scope``, or None on a miss."""
-        return self.get_all([check_prompt(prompt)], scope=scope, threshold=threshold)[0]
-
-    def get_all(
-        self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
-    ) -> list[Hit | None]:
-        """``get`` for a whole list: one embedder batch and one scan; results in input order."""
-        request = self._get_request(prompts, scope, threshold)
-        return _ordered_hits(self._lookup_batch([request])[0])
-
-    async def aget(
-        self, prompt: str, *, scope: str | None = None, threshold: float | None = None
-    ) -> Hit | None:
-        """``get`` for asyncio: embedding and scanning run in a worker thread."""
-        return (await self.aget_all([check_prompt(prompt)], scope=scope, threshold=threshold))[0]
-
-    async def aget_all(
-        self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
-    ) -> list[Hit | None]:
-        """``get_all`` for asyncio: the event loop keeps serving while the batch is embedded, and
-        lookups from concurrent calls share one batch where ``lookup_window_seconds`` is set."""
-        return _ordered_hits(await self._alookup(self._get_request(prompts, scope, threshold)))
-
-    # ----------------------------------------------------------------------------- writes
-
-    def put(
-        self, prompt: str, response: str, *, scope: str | None = None, ttl: float | None = None
-    ) -> bool:
-        """Store ``response`` for ``prompt``; replaces an existing entry for the same prompt.
-
-        Returns False when the cache policy refuses it (counted in ``stats().refusals``).
-        Admission does not apply: a caller saying "store this" is not traffic.
-        """
-        prompt = check_prompt(prompt)
-        response = check_response(response)
-        scope = check_scope(scope)
-        ttl = self.ttl if ttl is None else check_ttl(ttl)
-        return self._put([(prompt, response)], scope, ttl) == 1
-
-    def warm(self, pairs: Iterable[tuple[str, str]], *, scope: str | None = None) -> int:
-        """Store many (prompt, response) pairs with one embedder call; returns how many stored.
-
-        A prompt given twice keeps its last response. Pairs the cache policy refuses are
-        skipped (and counted); admission does not apply.
-        """
-        scope = check_scope(scope)
-        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
-            raise TypeError("pairs must be an iterable of (prompt, response) tuples")
-        latest: dict[str, str] = {}
-        for i, pair in enumerate(pairs):
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise TypeError(f"pairs[{i}] must be a (prompt, response) pair, got {pair!r:.80}")
-            prompt = check_prompt(pair[0], f"pairs[{i}][0]")
-            latest[prompt] = check_response(pair[1], f"pairs[{i}][1]")
-        return self._put(list(latest.items()), scope, self.ttl)
-
-    def get_or_put(
-        self, prompt: str, loader: Loader, *, scope: str | None = None, ttl: float | None = None,
-        on_lookup: OnLookup = None,
-    ) -> str:
-        """The cached answer for ``prompt``, or ``loader(prompt)``'s, which is then stored
-        (when the cache policy allows it and the admission policy admits it).
-
-        Concurrent misses on the same (scope, prompt) call the loader once. A loader that
-        raises stores nothing; its exception reaches the caller unchanged. A loaded answer lives
-        ``ttl`` seconds (the cache's default where None). ``on_lookup(hit)``,
-        where given, is called once the lookup is done, before any load: with the ``Hit`` that
-        answers, or None for a miss (a server says which in its response headers).
-
-        A loader may return ``Unstored(value)`` instead of a str: an answer to serve this caller
-        but not to keep (an error, a truncated answer). It comes back as it is, nothing is
-        stored, and the calls waiting on this load run their own.
-        """
-        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
-        _check_callable(loader, "loader(prompt) -> str")
-        return flow.run(flow.get_or_load(self, [prompt], scope, ttl),
-                        lambda missed: [_one(loader(missed[0]))], _reporter(prompt, on_lookup))[0]
-
-    def get_or_put_all(
-        self, prompts: Sequence[str], loader: BatchLoader, *, scope: str | None = None
-    ) -> list[str]:
-        """Answers for every prompt, calling ``loader`` once with all the distinct misses.
-
-        ``loader(missed_prompts) -> responses`` gets the distinct misses in first-seen order and
-        must return one str per prompt, in the same order; otherwise ``ValueError``/``TypeError``
-        and nothing is stored. Duplicates in ``prompts`` share one load. Results come back in
-        input order. Misses that another call is already loading are waited for, not reloaded.
-        A loader that raises stores nothing from the batch, and its error reaches the caller.
-        """
-        prompts, scope = check_prompts(prompts), check_scope(scope)
-        _check_callable(loader, "loader(prompts) -> list of responses")
-        return flow.run(flow.get_or_load(self, prompts, scope),
-                        lambda missed: _check_batch(loader(list(missed)), len(missed)))
-
-    def get_or_put_streaming(
-        self, prompt: str, loader: StreamLoader, *, scope: str | None = None,
-        ttl: float | None = None, on_lookup: OnLookup = None,
-    ) -> Iterator[str]:
-        """Stream the answer for ``prompt``: a hit is replayed in ``replay_chunk_chars`` chunks;
-        a miss passes ``loader(prompt)``'s chunks through as they arrive.
-
-        The full response is stored only after the loader's stream completes, through the cache
-        policy and admission. A consumer that stops reading (closes the iterator) or a loader
-        that raises stores nothing; the loader's error reaches the consumer unchanged. Input is
-        checked when this is called; the lookup and the load start at the first ``next()``, so
-        an iterator that is never started holds nothing and blocks no one. ``ttl`` and
-        ``on_lookup`` as in ``get_or_put``; ``on_lookup`` is called before the first chunk.
-        A loader that yields ``Unstored()`` (as its last item; it is not passed on) has its
-        chunks served and nothing stored, as ``get_or_put``'s loader that returns it.
-        """
-        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
-        _check_callable(loader, "loader(prompt) -> iterable of str chunks")
-        return flow.run_stream(self, flow.stream(self, prompt, scope, ttl), lambda: loader(prompt),
-                               _reporter(prompt, on_lookup))
-
-    async def aget_or_put(
-        self, prompt: str, loader: AsyncLoader, *, scope: str | None = None,
-        ttl: float | None = None, on_lookup: OnLookup = None,
-    ) -> str:
-        """``get_or_put`` with an async loader (``async def loader(prompt) -> str``)."""
-        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
-        _check_callable(loader, "async loader(prompt) -> str")
-
-        async def load_one(missed: list[str]) -> list[str]:
-            return [_one(await loader(missed[0]))]
-
-        return (await flow.arun(flow.get_or_load(self, [prompt], scope, ttl), load_one,
-                                _reporter(prompt, on_lookup)))[0]
-
-    async def aget_or_put_all(
-        self, prompts: Sequence[str], loader: AsyncBatchLoader, *, scope: str | None = None
-    ) -> list[str]:
-        """``get_or_put_all`` with an async batch loader."""
-        prompts, scope = check_prompts(prompts), check_scope(scope)
-        _check_callable(loader, "async loader(prompts) -> list of responses")
-
-        async def load_batch(missed: list[str]) -> list[str]:
-            return _check_batch(await loader(list(missed)), len(missed))
-
-        return await flow.arun(flow.get_or_load(self, prompts, scope), load_batch)
-
-    def aget_or_put_streaming(
-        self, prompt: str, loader: AsyncStreamLoader, *, scope: str | None = None,
-        ttl: float | None = None, on_lookup: OnLookup = None,
-    ) -> AsyncGenerator[str, None]:
-        """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
-        of chunks (an async generator, say); a plain iterable is accepted too. Use it with
-        ``async for``. Input is checked when this is called, the lookup starts at the first
-        ``__anext__``."""
-        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
-        _check_callable(loader, "loader(prompt) -> async iterable of str chunks")
-        return flow.arun_stream(self, flow.stream(self, prompt, scope, ttl), lambda: loader(prompt),
-                                _reporter(prompt, on_lookup))
-
-    @classmethod
-    def from_config(
-        cls, path: str | os.PathLike[str], embedder: Embedder | None = None, **collaborators: Any
-    ) -> SemanticCache:
-        """A cache with the settings of a TOML settings file: its ``[cache]`` table
-        (``CacheSettings``) and its ``[guard]`` table (the soft rules switched off), as
-        ``gpucache calibrate`` writes them. ``collaborators`` as for the constructor; a
-        ``verifier=`` given here replaces the file's guard."""
-        settings, guard = read_settings_file(path)
-        collaborators.setdefault("verifier", guard.build())
-        return cls(embedder, settings=settings, **collaborators)
-
-    @classmethod
-    def load(
-        cls,
-        path: str | os.PathLike[str],
+    def __init__(
+        self,
         embedder: Embedder | None = None,
-        device: DeviceLike = "auto",
         *,
-        key: bytes | None = None,
-        **overrides: Any,
-    ) -> SemanticCache:
-        """A cache from a snapshot written by ``save``, on ``device`` (any device: vectors are
-        stored on the CPU). ``overrides`` replace saved settings or add collaborators
-        (``verifier=``, ``cache_policy=``, ``timer=``...). Entries already expired are dropped.
-
-        Raises ``SnapshotError`` for a missing, corrupt, truncated or other-version file, for
-        one written with another model or dimension than ``embedder``'s, and, with ``key``,
-        for one not signed with that key (``save(path, key=...)``).
-        """
-        snapshot = read_snapshot(path, key)
+        verifier: HitVerifier | None = None,
+        device: DeviceLike = "auto",
+        timer: Callable[[], float] = time.time,
+        cache_policy: CachePolicy | None = None,
+        admission: AdmissionPolicy | None = None,
+        engine: ScanEngine | None = None,
+        shared: Replication | None = None,
+        settings: CacheSettings | None = None,
+        **options: Any,
+    ) -> None:
+        if settings is not None and not isinstance(settings, CacheSettings):
+            raise TypeError(f"settings must be a CacheSettings, got {type(settings).__name__}")
+        self.settings = CacheSettings.from_options(settings, **options)
+        if not callable(timer):
+            raise TypeError("timer must be a callable returning seconds")
+        self.timer = timer
+        self.device = resolve_device(device)
+        if verifier is not None and not isinstance(verifier, HitVerifier):
+            raise TypeError("verifier must have a name and verify(cached, new, similarity)")
+        self.verifier: HitVerifier = verifier if verifier is not None else LexicalNearMissVerifier()
+        if cache_policy is not None and not isinstance(cache_policy, CachePolicy):
+            raise TypeError("cache_policy must have a name and decide(prompt, response, scope)")
+        self.cache_policy: CachePolicy = cache_policy if cache_policy is not None else ContentPolicy()
+        if admission is not None and not isinstance(admission, AdmissionPolicy):
+            raise TypeError("admission must be an AdmissionPolicy or None")
+        self.admission = admission
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise TypeError("embedder must have name, dim, device and encode(texts)")
         if embedder is None:
-            if snapshot.model != DEFAULT_MODEL_NAME:
-                raise SnapshotError(
-                    f"{path} was written with model {snapshot.model!r}: pass embedder= that model"
+            embedder = TransformerEmbedder(device=self.device)
+        self.embedder: Embedder = embedder
+        s = self.settings
+        self.store = ExactScanStore(
+            self.embedder.dim, device=self.device, scan_budget_bytes=s.scan_budget_bytes,
+            quantization=s.quantization, max_device_bytes=s.max_device_bytes,
+            initial_rows=min(1024, s.capacity), scan_kernel=s.scan_kernel, engine=engine,
+        )
+        self.lock = threading.RLock()
+        self.counters = StatsCounter()
+        # the most entries kept: the capacity, or fewer where the device budget says so
+        limit = min(s.capacity, self.store.max_rows or s.capacity)
+        self.table = EntryTable(self.store, limit, self.counters)
+        self.flights: SingleFlight[bytes, str] = SingleFlight()
+        # where an async exact lookup waits for the lock a scan holds: one thread of its own,
+        # so a repeat never queues behind the embedder's batches in the shared pool
+        self._exact_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpucache-exact")
+        self.coalescer = LookupCoalescer(self.lookup_batch, self.release,
+                                         window=s.lookup_window_seconds, max_batch=s.lookup_batch)
+        self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
+        self.shared: Replication = shared if shared is not None else LocalOnly()
+        self.shared.attach(self)  # last: a replication's threads apply other replicas' entries at once
+
+    @property
+    def batches(self) -> int:
+        """Lookup batches computed so far (the coalescer's count; a server exports it)."""
+        return self.coalescer.batches
+
+    # ----------------------------------------------------------------------------- upkeep
+
+    def invalidate(self, scope: str, prompt: str) -> bool:
+        """Remove the entry stored under exactly ``prompt`` in ``scope``, here and on every
+        replica; True if there was one here."""
+        with self.lock:
+            removed = self.table.remove(scope, prompt)
+        self.shared.removed(scope, prompt)  # and on every replica, wherever it was stored
+        return removed
+
+    def may_hold(self, scope: str, prompt: str) -> bool:
+        """Whether an entry may be stored under exactly ``prompt``, without the lock
+        (``SemanticCache.may_hold``)."""
+        return self.table.may_hold(scope, prompt)
+
+    def clear(self, scope: str | None) -> None:
+        with self.lock:
+            self.table.clear(scope)
+        self.shared.cleared(scope)
+
+    def close(self) -> None:
+        self.shared.close()
+        self._exact_pool.shutdown(wait=False)
+
+    def purge_expired(self) -> int:
+        with self.lock:
+            return self.table.purge_expired(self.now())
+
+    def live_entries(self) -> int:
+        """How many entries are stored and unexpired (expired ones are dropped first)."""
+        with self.lock:
+            self.table.purge_expired(self.now())
+            return len(self.table)
+
+    def stats(self) -> CacheStats:
+        with self.lock:
+            self.table.purge_expired(self.now())
+            return self.counters.snapshot(
+                entries=len(self.table),
+                scan_retries=self.store.scan_retries,
+                cpu_fallbacks=self.store.cpu_fallbacks,
+            )
+
+    # ----------------------------------------------------------------------------- snapshots
+
+    def capture(self) -> Snapshot:
+        """What ``SemanticCache.save`` writes: the live entries (least recently used first),
+        their vectors on the CPU, the settings, the counters and the admission sketch."""
+        with self.lock:
+            self.table.purge_expired(self.now())
+            entries = list(self.table)  # least recently used first
+            rows = [e.row for e in entries]
+            vectors = (
+                self.store.vectors(rows).cpu()
+                if rows else torch.empty((0, self.embedder.dim), dtype=torch.float32)
+            )
+            snapshot = Snapshot(
+                model=self.embedder.name,
+                dim=self.embedder.dim,
+                settings=self.settings.to_json(),
+                entries=[SnapshotEntry(e.scope, e.prompt, e.response, self.table.expires_at(e))
+                         for e in entries],
+                vectors=vectors,
+                stats=self.counters.to_json(),
+                admission=self.admission.state() if self.admission is not None else None,
+            )
+        return snapshot  # the file is written with no lock held
+
+    def restore(self, snapshot: Snapshot) -> None:
+        with self.lock:
+            now = self.now()
+            live = [i for i, e in enumerate(snapshot.entries) if e.expires_at > now]
+            live = live[-self.table.limit :]
+            by_scope: dict[str, list[int]] = {}
+            for i in live:
+                by_scope.setdefault(snapshot.entries[i].scope, []).append(i)
+            restored: dict[int, Entry] = {}
+            for scope, items in by_scope.items():
+                saved = [snapshot.entries[i] for i in items]
+                entries = self.table.restore(
+                    scope, [(e.prompt, e.response) for e in saved], snapshot.vectors[items],
+                    [e.expires_at for e in saved],
                 )
-            embedder = TransformerEmbedder(device=device)
-        if embedder.dim != snapshot.dim:
-            raise SnapshotError(
-                f"{path} holds {snapshot.dim}-dimensional vectors, the embedder makes {embedder.dim}"
-            )
-        if embedder.name != snapshot.model:
-            raise SnapshotError(
-                f"{path} was written with model {snapshot.model!r}, the embedder is {embedder.name!r}"
-            )
-        try:
-            saved = CacheSettings.from_json(snapshot.settings)
-        except (TypeError, ValueError) as exc:
-            raise SnapshotError(f"{path} is corrupt: bad settings ({exc})") from exc
-        if snapshot.admission is not None and "admission" not in overrides:
-            try:
-                overrides["admission"] = AdmissionPolicy.from_state(snapshot.admission)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise SnapshotError(f"{path} is corrupt: bad admission sketch ({exc})") from exc
-        cache = cls(embedder, device=device, settings=saved, **overrides)
-        cache._restore(snapshot)
-        return cache
+                restored.update(zip(items, entries))
+            self.table.reorder([restored[i] for i in live])  # least recently used stays first
+            self.counters = StatsCounter.from_json(snapshot.stats)
+            self.counters.expirations += len(snapshot.entries) - len(live)
+            self.table.stats = self.counters
+
+    # ----------------------------------------------------------------------------- state
+
+    def now(self) -> float:
+        """The cache's clock: the injected timer, but never earlier than a time already seen,
+        so a clock stepped backwards cannot bring an expired entry back."""
+        now = self.timer()
+        if now > self._clock:
+            self._clock = now
+        return self._clock
+
+    def put(self, items: list[tuple[str, str]], scope: str, ttl: float | None) -> int:
+        with self.lock:
+            items = [(p, r) for p, r in items if self.allowed(p, r, scope)]
+        if not items:
+            return 0
+        began = time.perf_counter()
+        vectors = self.embedder.encode([p for p, _ in items])  # no lock held
+        with self.lock:
+            self.counters.embedding(time.perf_counter() - began, len(items))
+            now = self.now()
+            stored = self.table.store(scope, items, vectors, _expiry(now, ttl), now)
+        self.shared.stored(scope, items, vectors, _expiry(now, ttl))
+        return stored
+
+    def lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Plan]:
+        """A plan per request from one embedder batch and one scan per scope (lookup.py)."""
+        return lookup_batch(self, requests)
+
+    async def alookup(self, request: LookupRequest) -> Plan:
+        """``_lookup_batch`` for one request, from the event loop: an exact repeat answered on
+        the spot where the lock is free, else after waiting for the lock in the exact tier's own
+        thread (``exact_plan``); otherwise in a worker thread,
+        batched with the requests that arrive within ``lookup_window_seconds``, and bounded by
+        ``lookup_timeout_seconds`` (``LookupTimeout``) (batching.py)."""
+        plan = exact_plan(self, request, wait=False)
+        if plan is LOCK_BUSY and all(self.table.may_hold(request.scope, p) for p in request.prompts):
+            # a scan or a store holds the lock, and every prompt looks stored: wait for the lock
+            # in a thread of the exact tier's own (never queued behind the embedder's batches),
+            # then look again. A prompt not stored goes to the coalescer at once.
+            loop = asyncio.get_running_loop()
+            plan = await loop.run_in_executor(self._exact_pool, exact_plan, self, request, True)
+        if isinstance(plan, Plan):
+            return plan
+        return await self.coalescer.submit(request, self.settings.lookup_timeout_seconds)
+
+    def release(self, plan: Plan) -> None:
+        """Give up a plan's claims, once: its caller is gone, and its waiters load for
+        themselves."""
+        mine, plan.claimed = plan.claimed, []
+        if mine:
+            self.flights.fail(mine, LoadAbandoned())
+        self.release_shared(plan)
+
+    def claim_shared(self, plan: Plan) -> list[str]:
+        """Between this call's local claims and its load: the claims across replicas (one
+        round trip). Returns the misses another replica is loading, for the flow to wait on
+        (``WaitShared``: on the event loop on async paths, never in a worker thread); the rest
+        this call loads, holding their shared claims until it stores or gives up."""
+        if not plan.claimed:
+            return []
+        prompts = [plan.prompt_of[k] for k in plan.claimed]
+        plan.shared_claims, others = self.shared.claim(plan.scope, prompts)
+        return others
+
+    def adopt_shared(self, plan: Plan, found: list[SharedEntry]) -> None:
+        """The entries another replica loaded for this call's misses: applied here, answered,
+        and handed to this replica's waiters; what did not arrive, this call loads."""
+        if not found:
+            return  # the other replica gave up or took too long: this call loads them
+        self.apply_replicated(found)
+        answers = {e.prompt: e.response for e in found}
+        plan.answers.update(answers)
+        done = {prompt_key(plan.scope, p): r for p, r in answers.items()}
+        with self.lock:
+            self.flights.resolve(done)  # this replica's waiters get the other replica's answer
+        plan.claimed = [k for k in plan.claimed if k not in done]
+
+    def release_shared(self, plan: Plan) -> None:
+        claims, plan.shared_claims = plan.shared_claims, {}
+        if claims:
+            self.shared.release(plan.scope, claims)
+
+    def finish(self, plan: Plan, responses: list[str | Unstored], ttl: float | None = None) -> None:
+        """Store what the loader returned (policy and admission permitting) and hand every
+        response to the calls waiting on it."""
+        loaded = plan.to_load
+        plan.answers.update(zip(loaded, responses))
+        position = {p: i for i, p in enumerate(plan.unique)}
+        unstored = [key for key, r in zip(plan.claimed, responses) if isinstance(r, Unstored)]
+        with self.lock:
+            keep = [
+                (p, r) for p, r in zip(loaded, responses)
+                if not isinstance(r, Unstored)
+                and self.allowed(p, r, plan.scope) and self.admitted(p, plan.scope)
+            ]
+            if keep:
+                rows = torch.tensor([position[p] for p, _ in keep], device=plan.vectors.device)
+                now = self.now()
+                expires_at = _expiry(now, self.settings.ttl if ttl is None else ttl)
+                self.table.store(plan.scope, keep, plan.vectors[rows], expires_at, now)
+            self.flights.resolve({key: r for key, r in zip(plan.claimed, responses)
+                                   if not isinstance(r, Unstored)})
+        if unstored:  # never handed to another caller: its waiters load their own
+            self.flights.fail(unstored, LoadAbandoned())
+        if keep:
+            self.shared.stored(plan.scope, keep, plan.vectors[rows], expires_at)
+        self.release_shared(plan)  # after the records: a waiting replica finds them
+
+    # ----------------------------------------------------------------------------- shared
+
+    # The ``Replica`` face (gpucache.cache.replication): how a replication applies what other
+    # replicas did. Public, and the only way in from outside the package.
+
+    def apply_replicated(self, entries: Sequence[SharedEntry]) -> None:
+        """Other replicas' entries, into this replica's index (no policy, admission or
+        publishing: they passed them where they were stored)."""
+        groups: dict[tuple[str, float], list[SharedEntry]] = {}
+        for entry in entries:  # one write per scope and expiry: a bootstrap is one batch
+            groups.setdefault((entry.scope, entry.expires_at), []).append(entry)
+        with self.lock:
+            now = self.now()
+            for (scope, expires_at), group in groups.items():
+                if expires_at > now:
+                    self.table.store(scope, [(e.prompt, e.response) for e in group],
+                                      torch.stack([e.vector for e in group]), expires_at, now)
+
+    def apply_replicated_removal(self, scope: str, prompt: str) -> None:
+        with self.lock:
+            self.table.remove(scope, prompt)
+
+    def apply_replicated_clear(self, scope: str | None) -> None:
+        with self.lock:
+            self.table.clear(scope)
+
+    def abort(self, plan: Plan, error: BaseException) -> None:
+        """Release this call's claims, handing ``error`` to their waiters. Takes only
+        single-flight's own lock (and queues the release of any claims across replicas): the
+        async drivers call it on the event loop."""
+        self.flights.fail(plan.claimed, error)
+        self.release_shared(plan)
+
+    def replay(self, answer: str) -> Iterator[str]:
+        size = self.settings.replay_chunk_chars
+        for start in range(0, len(answer), size):
+            yield answer[start : start + size]
+
+    def allowed(self, prompt: str, response: str, scope: str) -> bool:
+        decision = self.cache_policy.decide(prompt, response, scope)
+        if not decision.allowed:
+            self.counters.refusals[decision.reason] += 1
+            log.debug("cache policy refused to store %r: %s", prompt[:80], decision.reason)
+        return decision.allowed
+
+    def admitted(self, prompt: str, scope: str) -> bool:
+        if self.admission is None or self.admission.admits(scope, prompt):
+            return True
+        self.counters.admissions_deferred += 1
+        return False
 
 
-def _reporter(prompt: str, on_lookup: OnLookup) -> Callable[[Plan], None] | None:
-    """The flow's ``on_find`` for a caller's ``on_lookup(hit)``."""
-    if on_lookup is None:
-        return None
-    if not callable(on_lookup):
-        raise TypeError("on_lookup must be callable: on_lookup(hit or None)")
-    return lambda plan: on_lookup(plan.hits[prompt])
-
-
-def _ordered_hits(plan: Plan) -> list[Hit | None]:
-    return [plan.hits[p] for p in plan.prompts]
-
-
-def _one(response: object) -> str | Unstored:
-    if isinstance(response, Unstored):
-        return response
-    return check_response(response, "loader's response")
-
-
-def _check_callable(loader: object, shape: str) -> None:
-    if not callable(loader):
-        raise TypeError(f"loader must be callable: {shape}")
-
-
-def _check_batch(responses: object, expected: int) -> list[str]:
-    """A batch loader's answer: a list of ``expected`` str, or a clear error."""
-    if isinstance(responses, (str, bytes)) or not isinstance(responses, Iterable):
-        raise TypeError(f"loader must return a list of str, got {type(responses).__name__}")
-    responses = list(responses)
-    if len(responses) != expected:
-        raise ValueError(f"loader returned {len(responses)} responses for {expected} prompts")
-    return [r if isinstance(r, Unstored) else check_response(r, f"loader's response [{i}]")
-            for i, r in enumerate(responses)]
+def _expiry(now: float, ttl: float | None) -> float:
+    return NEVER if ttl is None else now + ttl

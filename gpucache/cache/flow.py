@@ -1,4 +1,4 @@
-"""The get-or-load state machine, written once, and its sync and async drivers.
+"""The get-or-load core machine, written once, and its sync and async drivers.
 
 A get-or-load call looks its prompts up, claims the misses nobody else is loading, runs the
 caller's loader on them, stores the answers, and hands them to every call that waited. When the
@@ -32,24 +32,58 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpucache.cache.flight import LoadAbandoned, Unstored
-from gpucache.cache.lookup import LookupRequest, Plan
+from gpucache.cache.lookup import Hit, LookupRequest, Plan
 from gpucache.cache.validation import check_response
 
 if TYPE_CHECKING:
-    from gpucache.cache.state import CacheState
+    from gpucache.cache.replication import Replication, SharedEntry
+    from gpucache.cache.settings import CacheSettings
+
+
+class FlowCore(Protocol):
+    """The operations a flow asks of a cache's core (``CacheCore`` in core.py is the one). A
+    protocol, so that this module needs nothing from the core's."""
+
+    settings: CacheSettings
+    shared: Replication
+
+    def lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Plan]: ...
+
+    async def alookup(self, request: LookupRequest) -> Plan: ...
+
+    def claim_shared(self, plan: Plan) -> list[str]: ...
+
+    def adopt_shared(self, plan: Plan, found: list[SharedEntry]) -> None: ...
+
+    def finish(self, plan: Plan, responses: list[str | Unstored], ttl: float | None = None) -> None: ...
+
+    def abort(self, plan: Plan, error: BaseException) -> None: ...
+
+    def replay(self, answer: str) -> Iterator[str]: ...
+
+
+# The caller's loaders, as the facade takes them; a loader may answer ``Unstored`` (served to
+# its caller, not kept).
+Loader = Callable[[str], "str | Unstored"]
+BatchLoader = Callable[[list[str]], Sequence["str | Unstored"]]
+StreamLoader = Callable[[str], Iterable[str]]
+AsyncLoader = Callable[[str], Awaitable["str | Unstored"]]
+AsyncBatchLoader = Callable[[list[str]], Awaitable[Sequence["str | Unstored"]]]
+AsyncStreamLoader = Callable[[str], Any]  # returns an async iterable (or an iterable) of chunks
+OnLookup = Callable[["Hit | None"], None] | None
 
 
 @dataclass(frozen=True)
 class Find:
     """Look a request up: a ``Plan``. Async drivers batch it with concurrent lookups."""
 
-    cache: CacheState
+    core: FlowCore
     request: LookupRequest
 
 
@@ -88,7 +122,7 @@ class WaitShared:
     or the other replica gave up or ``claim_wait`` passed. Async drivers poll on the event
     loop, so any number of such waits hold no worker thread that lookups need."""
 
-    cache: CacheState
+    core: FlowCore
     scope: str
     prompts: list[str]
 
@@ -113,63 +147,66 @@ def _abandoned(exc: BaseException) -> BaseException:
     return exc
 
 
-def _shared_claims(cache: CacheState, plan: Plan) -> Generator[Op, Any, None]:
+def _shared_claims(core: FlowCore, plan: Plan) -> Generator[Op, Any, None]:
     """Claim this call's misses across replicas; wait for those another replica is loading."""
-    others = yield Work(cache._claim_shared, (plan,))
+    others = yield Work(core.claim_shared, (plan,))
     if others:
-        found = yield WaitShared(cache, plan.scope, others)
-        yield Work(cache._adopt_shared, (plan, found))
+        found = yield WaitShared(core, plan.scope, others)
+        yield Work(core.adopt_shared, (plan, found))
 
 
-def get_or_load(cache: CacheState, prompts: list[str], scope: str, ttl: float | None = None) -> Flow:
+def get_or_load(core: FlowCore, prompts: list[str], scope: str, ttl: float | None = None) -> Flow:
     """Answers for ``prompts`` in input order, loading the misses this call claims (and storing
     them for ``ttl`` seconds, or the cache's default where None)."""
-    plan: Plan = yield Find(cache, LookupRequest(tuple(prompts), scope, cache.threshold, claim=True))
+    plan: Plan = yield Find(core, LookupRequest(tuple(prompts), scope, core.settings.threshold, claim=True))
     while True:
-        if plan.mine and cache.shared.remote:
-            yield from _shared_claims(cache, plan)  # another replica may be loading some
-        if plan.mine:
+        if plan.claimed and core.shared.remote:
+            yield from _shared_claims(core, plan)  # another replica may be loading some
+        if plan.claimed:
             try:
                 responses = yield Load(plan.to_load)  # the caller's code: no lock held
             except BaseException as exc:
-                cache._abort(plan, _abandoned(exc))
+                core.abort(plan, _abandoned(exc))
                 raise
-            yield Work(cache._finish, (plan, responses, ttl))
+            yield Work(core.finish, (plan, responses, ttl))
         retry = []
-        for key, future in plan.theirs.items():
+        for key, future in plan.loading_elsewhere.items():
             try:
-                plan.answers[plan.keys[key]] = yield Wait(future)  # its error is ours too
+                plan.answers[plan.prompt_of[key]] = yield Wait(future)  # its error is ours too
             except LoadAbandoned:
-                retry.append(plan.keys[key])
+                retry.append(plan.prompt_of[key])
         if not retry:
             return plan.ordered()
         again: Plan = yield Find(
-            cache, LookupRequest(tuple(retry), scope, cache.threshold, claim=True, count=False))
+            core, LookupRequest(tuple(retry), scope, core.settings.threshold, claim=True, count=False))
         plan = again.after(plan)
 
 
-def stream(cache: CacheState, prompt: str, scope: str, ttl: float | None = None) -> Flow:
+def stream(core: FlowCore, prompt: str, scope: str, ttl: float | None = None) -> Flow:
     """Returns ``Replay(answer)`` for a hit or another call's load; otherwise loads through
     ``LoadStream`` and stores the whole text once the stream completes."""
-    plan: Plan = yield Find(cache, LookupRequest((prompt,), scope, cache.threshold, claim=True))
-    while plan.theirs:  # another call is loading it: replay its answer when it completes
+    plan: Plan = yield Find(core, LookupRequest((prompt,), scope, core.settings.threshold, claim=True))
+    while plan.loading_elsewhere:  # another call is loading it: replay its answer when it completes
         try:
-            answer = yield Wait(next(iter(plan.theirs.values())))
+            answer = yield Wait(next(iter(plan.loading_elsewhere.values())))
         except LoadAbandoned:
             plan = yield Find(
-                cache, LookupRequest((prompt,), scope, cache.threshold, claim=True, count=False))
+                core, LookupRequest((prompt,), scope, core.settings.threshold, claim=True, count=False))
             continue
         return Replay(answer)
-    if plan.mine and cache.shared.remote:
-        yield from _shared_claims(cache, plan)  # another replica may be loading it
-    if not plan.mine:
-        return Replay(plan.answers[prompt])
+    if plan.claimed and core.shared.remote:
+        yield from _shared_claims(core, plan)  # another replica may be loading it
+    if not plan.claimed:  # a hit, or another replica's entry: a stored answer
+        answer = plan.answers[prompt]
+        if isinstance(answer, Unstored):
+            raise RuntimeError("gpucache bug: an Unstored answer found by a lookup")
+        return Replay(answer)
     try:
         text = yield LoadStream()
     except BaseException as exc:
-        cache._abort(plan, _abandoned(exc))
+        core.abort(plan, _abandoned(exc))
         raise
-    yield Work(cache._finish, (plan, [text], ttl))
+    yield Work(core.finish, (plan, [text], ttl))
     return None
 
 
@@ -215,25 +252,25 @@ class _Stepper:
         self._value, self._error = None, error
 
 
-def _call(op: Op, load: Callable[[list[str]], list[str]] | None = None) -> Any:
+def _call(op: Op, load: Callable[[list[str]], list[str | Unstored]] | None = None) -> Any:
     if isinstance(op, Find):
-        return op.cache._lookup_batch([op.request])[0]
+        return op.core.lookup_batch([op.request])[0]
     if isinstance(op, Work):
         return op.fn(*op.args)
     if isinstance(op, Wait):
         return op.future.result()
     if isinstance(op, WaitShared):
-        return op.cache.shared.wait_loaded(op.scope, op.prompts)
+        return op.core.shared.wait_loaded(op.scope, op.prompts)
     if isinstance(op, Load) and load is not None:
         return load(op.prompts)
     raise RuntimeError(f"gpucache bug: {op!r} has no driver here")
 
 
-async def _acall(op: Op, load: Callable[[list[str]], Awaitable[list[str]]] | None = None) -> Any:
+async def _acall(op: Op, load: Callable[[list[str]], Awaitable[list[str | Unstored]]] | None = None) -> Any:
     if isinstance(op, Find):
-        return await op.cache._alookup(op.request)
+        return await op.core.alookup(op.request)
     if isinstance(op, Work):
-        # Shielded: the work records or releases claims (``_finish`` hands a load's answer to
+        # Shielded: the work records or releases claims (``finish`` hands a load's answer to
         # its waiters). A caller cancelled while the job still queued for a worker thread
         # would cancel the job itself, and the claim it releases would be held for good, every
         # later caller of the prompt waiting on it. The job runs to its end either way.
@@ -241,7 +278,7 @@ async def _acall(op: Op, load: Callable[[list[str]], Awaitable[list[str]]] | Non
     if isinstance(op, Wait):
         return await wait(op.future)
     if isinstance(op, WaitShared):
-        return await op.cache.shared.await_loaded(op.scope, op.prompts)
+        return await op.core.shared.await_loaded(op.scope, op.prompts)
     if isinstance(op, Load) and load is not None:
         return await load(op.prompts)
     raise RuntimeError(f"gpucache bug: {op!r} has no driver here")
@@ -253,7 +290,7 @@ async def wait(future: Future[str]) -> str:
     return await asyncio.shield(asyncio.wrap_future(future))
 
 
-def run(flow: Flow, load: Callable[[list[str]], list[str]], on_find: OnFind | None = None) -> Any:
+def run(flow: Flow, load: Callable[[list[str]], list[str | Unstored]], on_find: OnFind | None = None) -> Any:
     """Drive ``flow`` on this thread."""
     step = _Stepper(flow, on_find)
     while step.next():
@@ -265,7 +302,7 @@ def run(flow: Flow, load: Callable[[list[str]], list[str]], on_find: OnFind | No
 
 
 async def arun(
-    flow: Flow, load: Callable[[list[str]], Awaitable[list[str]]], on_find: OnFind | None = None
+    flow: Flow, load: Callable[[list[str]], Awaitable[list[str | Unstored]]], on_find: OnFind | None = None
 ) -> Any:
     """Drive ``flow`` on the event loop: cache work in a worker thread, the rest awaited."""
     step = _Stepper(flow, on_find)
@@ -278,7 +315,7 @@ async def arun(
 
 
 def run_stream(
-    cache: CacheState, flow: Flow, chunks: Callable[[], Iterable[str]], on_find: OnFind | None = None
+    core: FlowCore, flow: Flow, chunks: Callable[[], Iterable[str]], on_find: OnFind | None = None
 ) -> Iterator[str]:
     """Drive a ``stream`` flow for a sync consumer, yielding the chunks it is to see. A
     consumer that stops reading raises GeneratorExit at a ``yield``; thrown into the flow, it
@@ -308,11 +345,11 @@ def run_stream(
             if hasattr(source, "close"):
                 source.close()
     if isinstance(step.result, Replay):
-        yield from cache._replay(step.result.answer)
+        yield from core.replay(step.result.answer)
 
 
 async def arun_stream(
-    cache: CacheState, flow: Flow, chunks: Callable[[], Any], on_find: OnFind | None = None
+    core: FlowCore, flow: Flow, chunks: Callable[[], Any], on_find: OnFind | None = None
 ) -> AsyncGenerator[str, None]:
     """``run_stream`` for an async consumer: ``chunks()`` may return an async iterable, an
     awaitable of one, or a plain iterable."""
@@ -355,7 +392,7 @@ async def arun_stream(
             continue
         going = step.next()
     if isinstance(step.result, Replay):
-        for chunk in cache._replay(step.result.answer):
+        for chunk in core.replay(step.result.answer):
             yield chunk
 
 

@@ -8,7 +8,7 @@ scan per distinct scope; each request keeps its own threshold, counts and claims
 answers are those it would have got alone.
 
 A request is a ``LookupRequest``; the result is a ``Plan``, which a get-or-load call carries
-through its load (state.py's ``_finish`` stores what the loader returned).
+through its load (``CacheCore.finish`` stores what the loader returned).
 """
 
 from __future__ import annotations
@@ -19,17 +19,46 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from gpucache.cache.flight import Unstored
 from gpucache.guard.verifier import ExplainingVerifier, Verdict
 from gpucache.keys import prompt_key
 
 if TYPE_CHECKING:
-    from gpucache.cache.state import CacheState
+    from gpucache.cache.entries import EntryTable
+    from gpucache.cache.flight import SingleFlight
+    from gpucache.cache.replication import Replication, SharedEntry
+    from gpucache.cache.settings import CacheSettings
+    from gpucache.cache.stats import StatsCounter
+    from gpucache.embedding.embedder import Embedder
+    from gpucache.guard.verifier import HitVerifier
+    from gpucache.index.store import ExactScanStore
+    from gpucache.policy.admission import AdmissionPolicy
 
 log = logging.getLogger("gpucache")
+
+
+class LookupState(Protocol):
+    """What a lookup reads and changes: the parts of a cache's core (``CacheCore`` in core.py
+    is the one). A protocol, so that this module needs nothing from the core's."""
+
+    lock: Any  # a threading.RLock: guards the table, the index and the counters
+    table: EntryTable
+    counters: StatsCounter
+    flights: SingleFlight[bytes, str]
+    embedder: Embedder
+    store: ExactScanStore
+    settings: CacheSettings
+    verifier: HitVerifier
+    admission: AdmissionPolicy | None
+    shared: Replication
+
+    def now(self) -> float: ...
+
+    def apply_replicated(self, entries: Sequence[SharedEntry]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,25 +95,26 @@ class LookupRequest:
 @dataclass
 class Plan:
     """What one call found and, for a get-or-load call, must do: the lookup fills it before
-    the loader runs, ``_finish`` stores what the loader returned, so the loader runs with no
-    lock held."""
+    the loader runs, ``CacheCore.finish`` stores what the loader returned, so the loader runs
+    with no lock held."""
 
     scope: str
     prompts: list[str]  # input order
     unique: list[str]  # distinct, first-seen order
     vectors: torch.Tensor  # (len(unique), D): embeddings of every prompt that missed the exact tier
     hits: dict[str, Hit | None] = field(default_factory=dict)
-    answers: dict[str, str] = field(default_factory=dict)
-    keys: dict[bytes, str] = field(default_factory=dict)
-    mine: list[bytes] = field(default_factory=list)  # misses this call loads
-    theirs: dict[bytes, Future[str]] = field(default_factory=dict)  # misses another call loads
+    answers: dict[str, str | Unstored] = field(default_factory=dict)  # Unstored: served, not kept
+    prompt_of: dict[bytes, str] = field(default_factory=dict)  # single-flight key -> its miss
+    claimed: list[bytes] = field(default_factory=list)  # keys of the misses this call loads
+    loading_elsewhere: dict[bytes, Future[str]] = field(default_factory=dict)  # another call loads
     shared_claims: dict[str, str] = field(default_factory=dict)  # prompt -> token of a replica-wide claim
 
     @property
     def to_load(self) -> list[str]:
-        return [self.keys[k] for k in self.mine]
+        """The misses this call claimed, as prompts: what its loader is given."""
+        return [self.prompt_of[k] for k in self.claimed]
 
-    def ordered(self) -> list[str]:
+    def ordered(self) -> list[str | Unstored]:
         return [self.answers[p] for p in self.prompts]
 
     def after(self, previous: Plan) -> Plan:
@@ -94,26 +124,26 @@ class Plan:
         return self
 
 
-def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[Plan]:
+def lookup_batch(core: LookupState, requests: Sequence[LookupRequest]) -> list[Plan]:
     """A ``Plan`` per request, in order, from one embedder call and one scan per scope."""
     plans = [Plan(r.scope, list(r.prompts), list(dict.fromkeys(r.prompts)), torch.empty(0)) for r in requests]
     need: dict[tuple[str, str], list[int]] = {}  # (scope, prompt) -> requests that need it
-    with state._lock:
-        now = state._now()
+    with core.lock:
+        now = core.now()
         for i, (request, plan) in enumerate(zip(requests, plans)):
             for prompt in plan.unique:
-                entry = state._table.exact(request.scope, prompt, now)
+                entry = core.table.exact(request.scope, prompt, now)
                 if entry is None:
                     need.setdefault((request.scope, prompt), []).append(i)
                 else:
                     plan.hits[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True,
                                             age=now - entry.stored_at)
     if need:
-        _exact_from_shared(state, plans, need)
+        _exact_from_shared(core, plans, need)
     texts = list(dict.fromkeys(prompt for _, prompt in need))
-    dim = state.embedder.dim
+    dim = core.embedder.dim
     began = time.perf_counter()
-    embedded = state.embedder.encode(texts) if texts else torch.zeros((0, dim))  # no lock held
+    embedded = core.embedder.encode(texts) if texts else torch.zeros((0, dim))  # no lock held
     embed_seconds = time.perf_counter() - began
     row_of = {text: i for i, text in enumerate(texts)}
     for plan in plans:  # (len(unique), D), zero rows for exact hits
@@ -125,24 +155,24 @@ def lookup_batch(state: CacheState, requests: Sequence[LookupRequest]) -> list[P
     by_scope: dict[str, list[str]] = {}
     for scope, prompt in need:
         by_scope.setdefault(scope, []).append(prompt)
-    with state._lock:
+    with core.lock:
         if texts:
-            state._stats.embedding(embed_seconds, len(texts))
-        now = state._now()
+            core.counters.embedding(embed_seconds, len(texts))
+        now = core.now()
         for scope, prompts in by_scope.items():
-            _search(state, scope, prompts, embedded[[row_of[p] for p in prompts]], now, requests, plans, need)
+            _search(core, scope, prompts, embedded[[row_of[p] for p in prompts]], now, requests, plans, need)
         for request, plan in zip(requests, plans):
             if request.claim:
-                _claim(state, request, plan, now)
+                _claim(core, request, plan, now)
             elif request.count:
-                _count(state, plan)
+                _count(core, plan)
     return plans
 
 
 LOCK_BUSY = object()  # exact_plan: the lock was held and the caller would not wait
 
 
-def exact_plan(state: CacheState, request: LookupRequest, wait: bool) -> Plan | None | object:
+def exact_plan(core: LookupState, request: LookupRequest, wait: bool) -> Plan | None | object:
     """The plan of a request whose every prompt the exact tier answers (repeats, which need
     no embedding), or None where one is not stored. ``wait`` False: only where the cache's
     lock is free at once, else ``LOCK_BUSY``; that is how the event loop asks, never waiting
@@ -151,42 +181,42 @@ def exact_plan(state: CacheState, request: LookupRequest, wait: bool) -> Plan | 
 
     Why: a repeat needs a dictionary lookup, yet through the coalescer it waits out the
     lookup window and a thread hop, and queues behind the embedder under load."""
-    if not state._lock.acquire(blocking=wait):
+    if not core.lock.acquire(blocking=wait):
         return LOCK_BUSY
     try:
-        now = state._now()
+        now = core.now()
         hits: dict[str, Hit | None] = {}
         for prompt in dict.fromkeys(request.prompts):
-            entry = state._table.exact(request.scope, prompt, now)
+            entry = core.table.exact(request.scope, prompt, now)
             if entry is None:
                 return None
             hits[prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True, age=now - entry.stored_at)
         plan = Plan(request.scope, list(request.prompts), list(hits), torch.empty(0), hits=hits)
         if request.claim:
-            _claim(state, request, plan, now)  # counts and sightings; nothing to claim
+            _claim(core, request, plan, now)  # counts and sightings; nothing to claim
         else:
             plan.answers = {p: hit.response for p, hit in hits.items() if hit is not None}
             if request.count:
-                _count(state, plan)
+                _count(core, plan)
         return plan
     finally:
-        state._lock.release()
+        core.lock.release()
 
 
-def _exact_from_shared(state: CacheState, plans: list[Plan], need: dict[tuple[str, str], list[int]]) -> None:
+def _exact_from_shared(core: LookupState, plans: list[Plan], need: dict[tuple[str, str], list[int]]) -> None:
     """Exact repeats that another replica stored and this one's tail has not applied yet,
     answered from the shared records (and kept here); ``need`` loses them."""
-    found = state.shared.fetch(list(need))
+    found = core.shared.fetch(list(need))
     if not found:
         return
-    state.apply_replicated(found)
+    core.apply_replicated(found)
     for entry in found:
         for i in need.pop((entry.scope, entry.prompt), []):
             plans[i].hits[entry.prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)
 
 
 def _search(
-    state: CacheState,
+    core: LookupState,
     scope: str,
     prompts: list[str],
     queries: torch.Tensor,
@@ -197,75 +227,75 @@ def _search(
 ) -> None:
     """One scan for every prompt of ``scope`` that missed the exact tier; each request that
     asked for a prompt verifies the candidates against its own threshold. Lock held."""
-    scope_id = state._table.scope_id(scope)
-    if scope_id is None or len(state.store) == 0:
+    scope_id = core.table.scope_id(scope)
+    if scope_id is None or len(core.store) == 0:
         for prompt in prompts:
             for i in need[(scope, prompt)]:
                 plans[i].hits[prompt] = None
         return
     began = time.perf_counter()
-    scores, rows = state.store.search(queries, state.top_k, scope_id, now)  # (Q, K)
+    scores, rows = core.store.search(queries, core.settings.top_k, scope_id, now)  # (Q, K)
     scores_host, rows_host = scores.cpu().tolist(), rows.cpu().tolist()  # one transfer
-    state._stats.scanning(time.perf_counter() - began)
+    core.counters.scanning(time.perf_counter() - began)
     for prompt, cand_scores, cand_rows in zip(prompts, scores_host, rows_host):
         for i in need[(scope, prompt)]:
-            plans[i].hits[prompt] = _verify(state, prompt, cand_scores, cand_rows, requests[i].threshold, now)
+            plans[i].hits[prompt] = _verify(core, prompt, cand_scores, cand_rows, requests[i].threshold, now)
 
 
 def _verify(
-    state: CacheState, prompt: str, scores: list[float], rows: list[int], threshold: float, now: float
+    core: LookupState, prompt: str, scores: list[float], rows: list[int], threshold: float, now: float
 ) -> Hit | None:
     """The best candidate above ``threshold`` that the verifier accepts, or None."""
     for similarity, row in zip(scores, rows):
         if row < 0 or similarity < threshold:
             break
-        entry = state._table.at_row(row)
-        verdict = _judge(state, entry.prompt, prompt, similarity)
+        entry = core.table.at_row(row)
+        verdict = _judge(core, entry.prompt, prompt, similarity)
         if not verdict.rejected:
-            state._table.touch(entry)
+            core.table.touch(entry)
             return Hit(entry.response, entry.prompt, min(similarity, 1.0), exact=False,
                        age=now - entry.stored_at)
-        state._stats.rejections[verdict.rule] += 1
+        core.counters.rejections[verdict.rule] += 1
         log.debug("verifier rejected %r for %r: %s", entry.prompt, prompt, verdict)
     return None
 
 
-def _judge(state: CacheState, cached: str, new: str, similarity: float) -> Verdict:
+def _judge(core: LookupState, cached: str, new: str, similarity: float) -> Verdict:
     """The verifier's decision on one candidate, evaluated once."""
-    verifier = state.verifier
+    verifier = core.verifier
     if isinstance(verifier, ExplainingVerifier):
         return verifier.explain(cached, new)
     return Verdict(not verifier.verify(cached, new, similarity), verifier.name)
 
 
-def _claim(state: CacheState, request: LookupRequest, plan: Plan, now: float) -> None:
+def _claim(core: LookupState, request: LookupRequest, plan: Plan, now: float) -> None:
     """Record sightings and claim the misses this call is to load. Lock held."""
     plan.answers = {p: hit.response for p, hit in plan.hits.items() if hit is not None}
     if request.count:
-        _count(state, plan)
-        if state.admission is not None:
+        _count(core, plan)
+        if core.admission is not None:
             for prompt in plan.prompts:  # every request is a sighting, hit or miss
-                state.admission.record(plan.scope, prompt)
+                core.admission.record(plan.scope, prompt)
     # The scan ran without the lock: a call that loaded one of these misses may have stored it
     # since. Re-read the exact tier before claiming, or that prompt would be loaded a second
     # time by a new leader.
     misses = [p for p in plan.unique if plan.hits[p] is None]
     for prompt in misses:
-        entry = state._table.exact(plan.scope, prompt, now)
+        entry = core.table.exact(plan.scope, prompt, now)
         if entry is not None:
             plan.answers[prompt] = entry.response
-    plan.keys = {prompt_key(plan.scope, p): p for p in misses if p not in plan.answers}
-    plan.mine, plan.theirs = state._flights.claim(plan.keys)
-    if plan.mine:
-        state._stats.loads += 1
+    plan.prompt_of = {prompt_key(plan.scope, p): p for p in misses if p not in plan.answers}
+    plan.claimed, plan.loading_elsewhere = core.flights.claim(plan.prompt_of)
+    if plan.claimed:
+        core.counters.loads += 1
 
 
-def _count(state: CacheState, plan: Plan) -> None:
+def _count(core: LookupState, plan: Plan) -> None:
     for prompt in plan.prompts:
         hit = plan.hits[prompt]
         if hit is None:
-            state._stats.misses += 1
+            core.counters.misses += 1
         elif hit.exact:
-            state._stats.exact_hits += 1
+            core.counters.exact_hits += 1
         else:
-            state._stats.semantic_hits += 1
+            core.counters.semantic_hits += 1

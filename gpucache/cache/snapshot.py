@@ -31,6 +31,9 @@ from typing import Any
 
 import torch
 
+from gpucache.cache.settings import CacheSettings
+from gpucache.policy.admission import AdmissionPolicy
+
 FORMAT = "gpucache-snapshot"
 VERSION = 1
 
@@ -202,3 +205,31 @@ def _header_metadata(data: bytes, path: object) -> dict[str, str]:
     if not isinstance(meta, dict):
         raise SnapshotError(f"{path} is not a gpucache snapshot (no metadata)")
     return {str(k): str(v) for k, v in meta.items()}
+
+
+def check_model(snapshot: Snapshot, model: str, dim: int | None, path: str | os.PathLike[str]) -> None:
+    """Refuse a snapshot written with another model (or, ``dim`` given, another dimension)
+    than the embedder that is to read it: its vectors would mean nothing to that model."""
+    if dim is None and snapshot.model != model:
+        raise SnapshotError(f"{path} was written with model {snapshot.model!r}: pass embedder= that model")
+    if dim is not None and snapshot.dim != dim:
+        raise SnapshotError(f"{path} holds {snapshot.dim}-dimensional vectors, the embedder makes {dim}")
+    if snapshot.model != model:
+        raise SnapshotError(f"{path} was written with model {snapshot.model!r}, the embedder is {model!r}")
+
+
+def saved_policies(
+    snapshot: Snapshot, path: str | os.PathLike[str]
+) -> tuple[CacheSettings, AdmissionPolicy | None]:
+    """The settings and the admission sketch a snapshot holds, each checked as it is decoded
+    (a crafted file gets a ``SnapshotError``, never a cache with settings out of range)."""
+    try:
+        settings = CacheSettings.from_json(snapshot.settings)
+    except (TypeError, ValueError) as exc:
+        raise SnapshotError(f"{path} is corrupt: bad settings ({exc})") from exc
+    if snapshot.admission is None:
+        return settings, None
+    try:
+        return settings, AdmissionPolicy.from_state(snapshot.admission)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SnapshotError(f"{path} is corrupt: bad admission sketch ({exc})") from exc

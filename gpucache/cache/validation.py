@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from gpucache.cache.flight import Unstored
 from gpucache.keys import DEFAULT_SCOPE
 
 
@@ -78,3 +79,26 @@ def check_positive_int(value: object, what: str) -> int:
     if value < 1:
         raise ValueError(f"{what} must be an int >= 1, got {value!r}")
     return value
+
+
+def check_loaded(response: object) -> str | Unstored:
+    """A loader's one answer: a str, or ``Unstored`` (served, not kept)."""
+    if isinstance(response, Unstored):
+        return response
+    return check_response(response, "loader's response")
+
+
+def check_loader(loader: object, shape: str) -> None:
+    if not callable(loader):
+        raise TypeError(f"loader must be callable: {shape}")
+
+
+def check_batch(responses: object, expected: int) -> list[str | Unstored]:
+    """A batch loader's answer: a list of ``expected`` str, or a clear error."""
+    if isinstance(responses, (str, bytes)) or not isinstance(responses, Iterable):
+        raise TypeError(f"loader must return a list of str, got {type(responses).__name__}")
+    responses = list(responses)
+    if len(responses) != expected:
+        raise ValueError(f"loader returned {len(responses)} responses for {expected} prompts")
+    return [r if isinstance(r, Unstored) else check_response(r, f"loader's response [{i}]")
+            for i, r in enumerate(responses)]

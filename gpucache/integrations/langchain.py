@@ -24,7 +24,7 @@ from langchain_core.caches import BaseCache
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, Generation
 
-from gpucache.cache.core import SemanticCache
+from gpucache.cache.semantic import SemanticCache
 from gpucache.cache.validation import check_scope
 
 

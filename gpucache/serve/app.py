@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
-from gpucache.cache.core import SemanticCache
+from gpucache.cache.semantic import SemanticCache
 from gpucache.cache.snapshot import SnapshotError
 from gpucache.serve.answers import error
 from gpucache.serve.keying import BadRequest, parse_json, request_key

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from gpucache.cache.core import SemanticCache
+    from gpucache.cache.semantic import SemanticCache
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 SIMILARITY_BUCKETS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.975, 0.99, 1.0)
@@ -101,5 +101,5 @@ class _CacheCollector(Collector):
         yield CounterMetricFamily(
             "gpucache_lookup_batches",
             "Batches the concurrent lookups shared (fewer than the lookups: they were coalesced)",
-            value=self.cache._coalescer.batches,
+            value=self.cache.core.batches,
         )

@@ -38,8 +38,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from gpucache.cache.batching import LookupTimeout
-from gpucache.cache.core import SemanticCache, Unstored
 from gpucache.cache.lookup import Hit as CacheHit
+from gpucache.cache.semantic import SemanticCache, Unstored
 from gpucache.serve import answers, wire
 from gpucache.serve.exchange import (
     PATHS,

@@ -153,7 +153,7 @@ class RedisShare:
         self._errors: tuple[type[BaseException], ...] = (redis_module.RedisError, OSError)
         # Redis or the way to it failing: the event waits and is written later. Anything else
         # (Redis refusing a command, a value that cannot be encoded) fails again on every try.
-        self._transient: tuple[type[BaseException], ...] = (
+        self._transient: tuple[type[Exception], ...] = (
             redis_module.ConnectionError, redis_module.TimeoutError, OSError)
         self._pending: deque[dict[str, Any]] = deque(maxlen=pending_max)
         self._wake = threading.Condition()

@@ -499,7 +499,7 @@ def bench_overhead(
     for first in range(0, n - len(near), 50_000):
         cache.warm([(f"{router.prefix}{i}", "x")
                     for i in range(first, min(n - len(near), first + 50_000))])
-    scope_id = cache._table.scope_id(check_scope(None))  # the default scope the fill went to
+    scope_id = cache.core.table.scope_id(check_scope(None))  # the default scope the fill went to
     if scope_id is None:
         raise RuntimeError("gpucache bug: the fill stored nothing in the default scope")
     runs: list[tuple[float, float, float]] = []  # (embed, scan, get_or_put_all) per run

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, TextIO
 
-from gpucache.cache.core import SemanticCache
+from gpucache.cache.semantic import SemanticCache
 
 
 @dataclass(frozen=True)

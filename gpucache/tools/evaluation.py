@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from gpucache.cache.core import SemanticCache
+from gpucache.cache.semantic import SemanticCache
 from gpucache.embedding.embedder import Embedder
 from gpucache.guard.lexical import ADDED_RULES, RULES, LexicalNearMissVerifier
 from gpucache.guard.verifier import HitVerifier, ThresholdOnly

@@ -33,7 +33,7 @@ def test_concurrent_lookups_share_one_embedder_call(fake_embedder):
     assert answers[:2] == ["a monoid in the category of endofunctors"] * 2  # exact, semantic
     assert answers[2:] == [f"loaded: question {i}" for i in range(10)]
     # one batch: the exact hit needs no embedding, the other eleven share one encode call
-    assert cache._coalescer.batches == 1
+    assert cache.core.batches == 1
     assert fake_embedder.calls - calls_before == 1  # stores reuse the lookup's vectors
     assert cache.stats().exact_hits == 1 and cache.stats().semantic_hits == 1
 
@@ -45,7 +45,7 @@ def test_a_full_batch_is_sent_before_its_window_closes(fake_embedder):
         return await asyncio.gather(*(cache.aget(f"prompt {i}") for i in range(8)))
 
     assert run(main()) == [None] * 8  # two full batches: neither waited out its second
-    assert cache._coalescer.batches == 2
+    assert cache.core.batches == 2
 
 
 def test_scopes_in_one_batch_never_see_each_others_entries(fake_embedder):
@@ -59,7 +59,7 @@ def test_scopes_in_one_batch_never_see_each_others_entries(fake_embedder):
 
     a, b, b_reworded = run(main())
     assert a.response == "tenant a's answer" and b is None and b_reworded is None
-    assert cache._coalescer.batches == 1
+    assert cache.core.batches == 1
 
 
 def test_each_caller_keeps_its_own_threshold(fake_embedder):
@@ -103,7 +103,7 @@ def test_a_lookup_past_its_timeout_claims_nothing_for_its_gone_caller(fake_embed
         return await cache.aget_or_put("slow question", loader)
 
     assert run(main()) == "loaded"
-    assert len(cache._flights) == 0
+    assert len(cache.core.flights) == 0
 
 
 def test_a_cancelled_caller_in_a_batch_leaves_the_others_their_answers(fake_embedder):
@@ -125,7 +125,7 @@ def test_a_cancelled_caller_in_a_batch_leaves_the_others_their_answers(fake_embe
         return second, await cache.aget_or_put("first", loader)
 
     assert run(main()) == ("loaded: second", "loaded: first")
-    assert len(cache._flights) == 0
+    assert len(cache.core.flights) == 0
 
 
 def test_an_embedder_failure_reaches_every_caller_of_the_batch(fake_embedder):
@@ -165,7 +165,7 @@ def test_an_exact_repeat_is_answered_on_the_spot_without_a_batch(fake_embedder):
     gets, loads, streamed = run(main())
     assert all(h.exact and h.response == "its answer" for h in gets)
     assert loads == ["its answer"] * 16 and streamed == "its answer"
-    assert cache._coalescer.batches == 0 and fake_embedder.calls == calls
+    assert cache.core.batches == 0 and fake_embedder.calls == calls
     assert cache.stats().exact_hits == 33
 
 
@@ -178,7 +178,7 @@ def test_a_repeat_waits_for_a_held_lock_off_the_loop_and_never_joins_a_batch(fak
     held, release = threading.Event(), threading.Event()
 
     def scan_in_progress():  # what a long scan does: hold the cache's lock
-        with cache._lock:
+        with cache.core.lock:
             held.set()
             release.wait(30)
 
@@ -195,7 +195,7 @@ def test_a_repeat_waits_for_a_held_lock_off_the_loop_and_never_joins_a_batch(fak
 
     hit, new = run(main())
     holder.join(30)
-    assert hit.exact and new is None and cache._coalescer.batches == 1
+    assert hit.exact and new is None and cache.core.batches == 1
 
 
 def test_a_lookup_whose_caller_gave_up_while_it_queued_is_never_computed(fake_embedder):

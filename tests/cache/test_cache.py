@@ -493,7 +493,7 @@ def test_concurrent_misses_on_one_prompt_call_the_loader_once(fake_embedder):
     ]
     for t in threads:
         t.start()
-    assert cache._flights.wait_for_joins(7, timeout=10)  # one loads, seven wait on it
+    assert cache.core.flights.wait_for_joins(7, timeout=10)  # one loads, seven wait on it
     gate.set()
     for t in threads:
         t.join(10)
@@ -524,7 +524,7 @@ def test_waiters_receive_the_loaders_error(fake_embedder):
     started.wait(5)
     second = threading.Thread(target=call)
     second.start()
-    assert cache._flights.wait_for_joins(1, timeout=10)  # the second waits on the first's load
+    assert cache.core.flights.wait_for_joins(1, timeout=10)  # the second waits on the first's load
     gate.set()
     first.join(10)
     second.join(10)

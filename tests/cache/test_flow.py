@@ -31,14 +31,14 @@ def steps(gen: flow.Flow, loader=lambda prompts: [p.upper() for p in prompts]):
 
 
 def test_a_miss_looks_up_loads_then_stores_and_a_hit_only_looks_up(cache):
-    kinds, answers = steps(flow.get_or_load(cache, ["what is a monad", "what is a monad"], "s"))
+    kinds, answers = steps(flow.get_or_load(cache.core, ["what is a monad", "what is a monad"], "s"))
     assert (kinds, answers) == (["Find", "Load", "Work"], ["WHAT IS A MONAD"] * 2)
-    kinds, answers = steps(flow.get_or_load(cache, ["what is a monad"], "s"))
+    kinds, answers = steps(flow.get_or_load(cache.core, ["what is a monad"], "s"))
     assert (kinds, answers) == (["Find"], ["WHAT IS A MONAD"])
 
 
 def test_a_stream_loads_a_miss_then_replays_it_as_a_hit(cache):
-    gen = flow.stream(cache, "tell me a joke", "s")
+    gen = flow.stream(cache.core, "tell me a joke", "s")
     op = gen.send(None)
     assert isinstance(op, flow.Find)
     op = gen.send(flow._call(op))
@@ -48,7 +48,7 @@ def test_a_stream_loads_a_miss_then_replays_it_as_a_hit(cache):
     with pytest.raises(StopIteration) as done:
         gen.send(flow._call(op))
     assert done.value.value is None
-    gen = flow.stream(cache, "tell me a joke", "s")
+    gen = flow.stream(cache.core, "tell me a joke", "s")
     op = gen.send(None)
     with pytest.raises(StopIteration) as done:
         gen.send(flow._call(op))
@@ -56,13 +56,13 @@ def test_a_stream_loads_a_miss_then_replays_it_as_a_hit(cache):
 
 
 def test_a_loader_error_thrown_into_the_flow_releases_the_claim(cache):
-    gen = flow.get_or_load(cache, ["p"], "s")
+    gen = flow.get_or_load(cache.core, ["p"], "s")
     assert isinstance(gen.send(None), flow.Find)
-    load = gen.send(flow._call(flow.Find(cache, LookupRequest(("p",), "s", 0.9, claim=True))))
-    assert isinstance(load, flow.Load) and len(cache._flights) == 1
+    load = gen.send(flow._call(flow.Find(cache.core, LookupRequest(("p",), "s", 0.9, claim=True))))
+    assert isinstance(load, flow.Load) and len(cache.core.flights) == 1
     with pytest.raises(KeyError):
         gen.throw(KeyError("the model is down"))
-    assert len(cache._flights) == 0
+    assert len(cache.core.flights) == 0
 
 
 def test_a_cancelled_waiter_leaves_the_load_and_the_other_waiters_alone(cache, monkeypatch):
@@ -167,7 +167,7 @@ def test_an_unstored_answer_reaches_its_caller_and_nothing_is_kept(cache):
     assert answers == ["an answer", Unstored("error")]
     assert cache.get("kept one").response == "an answer"
     assert cache.get("is the model up") is None and cache.get("not kept") is None
-    assert len(cache._flights) == 0  # every claim released
+    assert len(cache.core.flights) == 0  # every claim released
 
 
 def test_a_stream_that_ends_unstored_is_served_whole_and_kept_from_everyone(cache):
@@ -179,7 +179,7 @@ def test_a_stream_that_ends_unstored_is_served_whole_and_kept_from_everyone(cach
         yield Unstored()  # the loader's last item: not passed on
 
     assert list(cache.get_or_put_streaming("tell me a story", truncated)) == ["once upon ", "a time"]
-    assert cache.get("tell me a story") is None and len(cache._flights) == 0
+    assert cache.get("tell me a story") is None and len(cache.core.flights) == 0
 
     async def consume():
         async def agen(prompt):
@@ -211,7 +211,7 @@ def test_waiters_on_an_unstored_load_load_their_own_and_never_see_it(cache):
         leader = asyncio.create_task(cache.aget_or_put("a flaky question", loader))
         await started.wait()
         waiter = asyncio.create_task(cache.aget_or_put("a flaky question", loader))
-        assert await asyncio.to_thread(cache._flights.wait_for_joins, 1, 30)  # the waiter joined
+        assert await asyncio.to_thread(cache.core.flights.wait_for_joins, 1, 30)  # the waiter joined
         release.set()
         assert await leader == Unstored("the leader's private error")
         assert await waiter == "the waiter's own answer" and len(calls) == 2
@@ -246,7 +246,7 @@ def test_a_stream_closed_inside_a_cancelled_task_releases_its_claim_at_once(cach
             group.start_soon(consume)
             await started.wait()
             group.cancel_scope.cancel()
-        assert len(cache._flights) == 0
+        assert len(cache.core.flights) == 0
         assert await cache.aget_or_put("an endless question", lambda p: asyncio.sleep(0, "loaded")) == "loaded"
 
     asyncio.run(main())
@@ -261,13 +261,13 @@ def test_a_stream_cancelled_while_its_answer_is_handed_on_still_releases_its_cla
     from concurrent.futures import ThreadPoolExecutor
 
     finished = threading.Event()
-    real_finish = cache._finish
+    real_finish = cache.core.finish
 
     def finish(*args, **kwargs):
         real_finish(*args, **kwargs)
         finished.set()
 
-    cache._finish = finish
+    cache.core.finish = finish
     gate = threading.Event()
 
     async def main():
@@ -297,7 +297,7 @@ def test_a_stream_cancelled_while_its_answer_is_handed_on_still_releases_its_cla
         return handed_on
 
     assert run_async(main())
-    assert len(cache._flights) == 0
+    assert len(cache.core.flights) == 0
     assert cache.get("a question").response == "the only part"
 
 

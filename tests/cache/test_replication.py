@@ -52,7 +52,7 @@ def test_the_cache_tells_its_replication_and_takes_entries_through_its_public_fa
     vector = fake_embedder.encode(["stored elsewhere"])[0]
     shared = Recording([SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)])
     cache = make(fake_embedder, shared)
-    assert shared.replica is cache
+    assert shared.replica is cache.core  # the replica face: the core's apply_replicated*
     cache.put("mine", "my answer", scope="s")
     cache.invalidate("mine", scope="s")
     cache.clear("s")
@@ -60,7 +60,7 @@ def test_the_cache_tells_its_replication_and_takes_entries_through_its_public_fa
     # an exact repeat another replica stored, answered from it and kept here
     assert cache.get_or_put("stored elsewhere", lambda p: "loaded", scope="s") == "their answer"
     shared.elsewhere.clear()  # the other replica invalidated it: its removal arrives
-    cache.apply_replicated_removal("s", "stored elsewhere")
+    cache.core.apply_replicated_removal("s", "stored elsewhere")
     assert cache.get("stored elsewhere", scope="s") is None
 
 

@@ -1,0 +1,450 @@
+"""``SemanticCache``: answer a prompt from an earlier prompt that meant the same thing.
+
+One lookup: check input -> exact tier (scope, text) -> embed -> scan (top-K, in scope) ->
+candidates >= threshold, best first -> verifier -> serve | miss. A semantic candidate is served
+only when its full-precision cosine similarity is at or above ``threshold`` *and* the verifier
+accepts it; when the best is rejected the next ones above the threshold are tried, up to
+``top_k``. Scopes (tenants, models, system prompts) never see each other's entries: the scope
+is masked inside the scan.
+
+This module is the facade: it holds a ``CacheCore`` (core.py: the state and the operations on
+it), checks input, then runs the get-or-load flows (flow.py) on the core. The async API never
+takes the cache's lock on the event loop: whatever may wait on it runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from gpucache.cache import flow
+from gpucache.cache.batching import LookupTimeout
+from gpucache.cache.core import CacheCore
+from gpucache.cache.flight import LoadAbandoned, Unstored
+from gpucache.cache.lookup import Hit, LookupRequest, Plan
+from gpucache.cache.replication import Replication
+from gpucache.cache.settings import CacheSettings, read_settings_file
+from gpucache.cache.snapshot import (
+    check_model,
+    read_snapshot,
+    saved_policies,
+    write_snapshot,
+)
+from gpucache.cache.stats import CacheStats
+from gpucache.cache.validation import (
+    check_batch,
+    check_loaded,
+    check_loader,
+    check_prompt,
+    check_prompts,
+    check_response,
+    check_scope,
+    check_threshold,
+    check_ttl,
+)
+from gpucache.devices import DeviceLike
+from gpucache.embedding.embedder import DEFAULT_MODEL_NAME, Embedder, TransformerEmbedder
+from gpucache.guard.verifier import HitVerifier
+from gpucache.index.engines.base import ScanEngine
+from gpucache.index.store import ExactScanStore
+from gpucache.policy.admission import AdmissionPolicy
+from gpucache.policy.content import CachePolicy
+
+__all__ = ["Hit", "LoadAbandoned", "LookupTimeout", "SemanticCache", "Unstored"]
+
+
+
+class SemanticCache:
+    """A semantic cache of LLM responses.
+
+    Args:
+        embedder: turns prompts into unit vectors; None loads the packaged all-MiniLM-L6-v2
+            (``TransformerEmbedder``) on ``device``.
+        verifier: the last word on every candidate above the threshold (``HitVerifier``);
+            None uses ``LexicalNearMissVerifier``; ``ThresholdOnly()`` lets similarity decide.
+        device: where the index's vectors live: "auto" (CUDA when present), "cpu", "cuda[:N]".
+        timer: the clock for expiry, in seconds; injectable for tests.
+        cache_policy: may an answer be stored at all (``CachePolicy``), on every write path;
+            None uses ``ContentPolicy()``; ``StoreEverything()`` turns the checks off.
+        admission: is an answer worth storing (``AdmissionPolicy``), on the writes after a
+            miss only; None stores every miss.
+        engine: the index's scan engine (``gpucache.index.engines``); None chooses one for the
+            device and storage dtype.
+        shared: a ``Replication`` (``gpucache.cache.replication``), such as ``RedisShare``
+            (``gpucache.share.redis``): this cache's entries are shared with the other replicas
+            on the same Redis or Valkey; None (``LocalOnly``) keeps them to this process.
+        settings: the scalar settings (``CacheSettings``); None takes the defaults.
+        **options: single settings by name, replacing those of ``settings``: ``threshold``,
+            ``top_k``, ``capacity``, ``ttl``, ``quantization``... (``CacheSettings`` documents
+            each; an unknown name is a TypeError listing them).
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        *,
+        verifier: HitVerifier | None = None,
+        device: DeviceLike = "auto",
+        timer: Callable[[], float] = time.time,
+        cache_policy: CachePolicy | None = None,
+        admission: AdmissionPolicy | None = None,
+        engine: ScanEngine | None = None,
+        shared: Replication | None = None,
+        settings: CacheSettings | None = None,
+        **options: Any,
+    ) -> None:
+        self._core = CacheCore(
+            embedder, verifier=verifier, device=device, timer=timer, cache_policy=cache_policy,
+            admission=admission, engine=engine, shared=shared, settings=settings, **options,
+        )
+
+    # ----------------------------------------------------------------------------- views
+
+    @property
+    def core(self) -> CacheCore:
+        """The state under this facade and the operations on it (``CacheCore``): for the
+        package's drivers (a server's metrics) and for tests that watch single-flight. Input
+        handed to it is not checked; applications use the methods here."""
+        return self._core
+
+    @property
+    def settings(self) -> CacheSettings:
+        """Every scalar setting (``CacheSettings``); the most asked-for have views below."""
+        return self._core.settings
+
+    @property
+    def threshold(self) -> float:
+        return self._core.settings.threshold
+
+    @property
+    def top_k(self) -> int:
+        return self._core.settings.top_k
+
+    @property
+    def capacity(self) -> int:
+        return self._core.settings.capacity
+
+    @property
+    def ttl(self) -> float | None:
+        return self._core.settings.ttl
+
+    @property
+    def quantization(self) -> str:
+        """The index's storage mode: "fp32", "fp16", "bf16" or "int8"."""
+        return self._core.store.quantization
+
+    @property
+    def scan_paths(self) -> dict[str, str]:
+        """How a quantized CPU index answers each query bucket, as measured on this machine
+        ("quantized" rows then the exact rescore, or the exact fp32 "copy"); empty for fp32
+        storage and on CUDA (``ExactScanStore.scan_paths``)."""
+        return self._core.store.scan_paths
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._core.embedder
+
+    @property
+    def verifier(self) -> HitVerifier:
+        return self._core.verifier
+
+    @property
+    def device(self) -> torch.device:
+        return self._core.device
+
+    @property
+    def shared(self) -> Replication:
+        """How entries are shared with other replicas (``LocalOnly`` where they are not)."""
+        return self._core.shared
+
+    @property
+    def timer(self) -> Callable[[], float]:
+        """The clock for expiry (the injected one), in seconds."""
+        return self._core.timer
+
+    @property
+    def admission(self) -> AdmissionPolicy | None:
+        """What decides whether a miss's answer is worth storing (None: every one is)."""
+        return self._core.admission
+
+    @property
+    def cache_policy(self) -> CachePolicy:
+        """What may be stored at all, on every write path (``ContentPolicy`` by default)."""
+        return self._core.cache_policy
+
+    @property
+    def store(self) -> ExactScanStore:
+        """The index: vectors, scopes and expiries, scanned for the nearest entries."""
+        return self._core.store
+
+    def __repr__(self) -> str:
+        return (
+            f"SemanticCache(entries={len(self._core.table)}, threshold={self.threshold}, "
+            f"verifier={self.verifier.name!r}, device={self.device})"
+        )
+
+    # ----------------------------------------------------------------------------- reads
+
+    def get(self, prompt: str, *, scope: str | None = None, threshold: float | None = None) -> Hit | None:
+        """The cached answer for ``prompt`` in ``scope``, or None on a miss."""
+        return self.get_all([check_prompt(prompt)], scope=scope, threshold=threshold)[0]
+
+    def get_all(
+        self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
+    ) -> list[Hit | None]:
+        """``get`` for a whole list: one embedder batch and one scan; results in input order."""
+        request = self._request(prompts, scope, threshold)
+        return _ordered_hits(self._core.lookup_batch([request])[0])
+
+    async def aget(
+        self, prompt: str, *, scope: str | None = None, threshold: float | None = None
+    ) -> Hit | None:
+        """``get`` for asyncio: embedding and scanning run in a worker thread."""
+        return (await self.aget_all([check_prompt(prompt)], scope=scope, threshold=threshold))[0]
+
+    async def aget_all(
+        self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
+    ) -> list[Hit | None]:
+        """``get_all`` for asyncio: the event loop keeps serving while the batch is embedded, and
+        lookups from concurrent calls share one batch where ``lookup_window_seconds`` is set."""
+        return _ordered_hits(await self._core.alookup(self._request(prompts, scope, threshold)))
+
+    # ----------------------------------------------------------------------------- writes
+
+    def put(
+        self, prompt: str, response: str, *, scope: str | None = None, ttl: float | None = None
+    ) -> bool:
+        """Store ``response`` for ``prompt``; replaces an existing entry for the same prompt.
+
+        Returns False when the cache policy refuses it (counted in ``stats().refusals``).
+        Admission does not apply: a caller saying "store this" is not traffic.
+        """
+        prompt = check_prompt(prompt)
+        response = check_response(response)
+        scope = check_scope(scope)
+        ttl = self.ttl if ttl is None else check_ttl(ttl)
+        return self._core.put([(prompt, response)], scope, ttl) == 1
+
+    def warm(self, pairs: Iterable[tuple[str, str]], *, scope: str | None = None) -> int:
+        """Store many (prompt, response) pairs with one embedder call; returns how many stored.
+
+        A prompt given twice keeps its last response. Pairs the cache policy refuses are
+        skipped (and counted); admission does not apply.
+        """
+        scope = check_scope(scope)
+        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+            raise TypeError("pairs must be an iterable of (prompt, response) tuples")
+        latest: dict[str, str] = {}
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise TypeError(f"pairs[{i}] must be a (prompt, response) pair, got {pair!r:.80}")
+            prompt = check_prompt(pair[0], f"pairs[{i}][0]")
+            latest[prompt] = check_response(pair[1], f"pairs[{i}][1]")
+        return self._core.put(list(latest.items()), scope, self.ttl)
+
+    def get_or_put(
+        self, prompt: str, loader: flow.Loader, *, scope: str | None = None, ttl: float | None = None,
+        on_lookup: flow.OnLookup = None,
+    ) -> str:
+        """The cached answer for ``prompt``, or ``loader(prompt)``'s, which is then stored
+        (when the cache policy allows it and the admission policy admits it).
+
+        Concurrent misses on the same (scope, prompt) call the loader once. A loader that
+        raises stores nothing; its exception reaches the caller unchanged. A loaded answer lives
+        ``ttl`` seconds (the cache's default where None). ``on_lookup(hit)``,
+        where given, is called once the lookup is done, before any load: with the ``Hit`` that
+        answers, or None for a miss (a server says which in its response headers).
+
+        A loader may return ``Unstored(value)`` instead of a str: an answer to serve this caller
+        but not to keep (an error, a truncated answer). It comes back as it is, nothing is
+        stored, and the calls waiting on this load run their own.
+        """
+        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
+        check_loader(loader, "loader(prompt) -> str")
+        return flow.run(flow.get_or_load(self._core, [prompt], scope, ttl),
+                        lambda missed: [check_loaded(loader(missed[0]))], _reporter(prompt, on_lookup))[0]
+
+    def get_or_put_all(
+        self, prompts: Sequence[str], loader: flow.BatchLoader, *, scope: str | None = None
+    ) -> list[str]:
+        """Answers for every prompt, calling ``loader`` once with all the distinct misses.
+
+        ``loader(missed_prompts) -> responses`` gets the distinct misses in first-seen order and
+        must return one str per prompt, in the same order; otherwise ``ValueError``/``TypeError``
+        and nothing is stored. Duplicates in ``prompts`` share one load. Results come back in
+        input order. Misses that another call is already loading are waited for, not reloaded.
+        A loader that raises stores nothing from the batch, and its error reaches the caller.
+        """
+        prompts, scope = check_prompts(prompts), check_scope(scope)
+        check_loader(loader, "loader(prompts) -> list of responses")
+        return flow.run(flow.get_or_load(self._core, prompts, scope),
+                        lambda missed: check_batch(loader(list(missed)), len(missed)))
+
+    def get_or_put_streaming(
+        self, prompt: str, loader: flow.StreamLoader, *, scope: str | None = None,
+        ttl: float | None = None, on_lookup: flow.OnLookup = None,
+    ) -> Iterator[str]:
+        """Stream the answer for ``prompt``: a hit is replayed in ``replay_chunk_chars`` chunks;
+        a miss passes ``loader(prompt)``'s chunks through as they arrive.
+
+        The full response is stored only after the loader's stream completes, through the cache
+        policy and admission. A consumer that stops reading (closes the iterator) or a loader
+        that raises stores nothing; the loader's error reaches the consumer unchanged. Input is
+        checked when this is called; the lookup and the load start at the first ``next()``, so
+        an iterator that is never started holds nothing and blocks no one. ``ttl`` and
+        ``on_lookup`` as in ``get_or_put``; ``on_lookup`` is called before the first chunk.
+        A loader that yields ``Unstored()`` (as its last item; it is not passed on) has its
+        chunks served and nothing stored, as ``get_or_put``'s loader that returns it.
+        """
+        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
+        check_loader(loader, "loader(prompt) -> iterable of str chunks")
+        core = self._core
+        return flow.run_stream(core, flow.stream(core, prompt, scope, ttl), lambda: loader(prompt),
+                               _reporter(prompt, on_lookup))
+
+    async def aget_or_put(
+        self, prompt: str, loader: flow.AsyncLoader, *, scope: str | None = None,
+        ttl: float | None = None, on_lookup: flow.OnLookup = None,
+    ) -> str:
+        """``get_or_put`` with an async loader (``async def loader(prompt) -> str``)."""
+        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
+        check_loader(loader, "async loader(prompt) -> str")
+
+        async def load_one(missed: list[str]) -> list[str | Unstored]:
+            return [check_loaded(await loader(missed[0]))]
+
+        return (await flow.arun(flow.get_or_load(self._core, [prompt], scope, ttl), load_one,
+                                _reporter(prompt, on_lookup)))[0]
+
+    async def aget_or_put_all(
+        self, prompts: Sequence[str], loader: flow.AsyncBatchLoader, *, scope: str | None = None
+    ) -> list[str]:
+        """``get_or_put_all`` with an async batch loader."""
+        prompts, scope = check_prompts(prompts), check_scope(scope)
+        check_loader(loader, "async loader(prompts) -> list of responses")
+
+        async def load_batch(missed: list[str]) -> list[str | Unstored]:
+            return check_batch(await loader(list(missed)), len(missed))
+
+        return await flow.arun(flow.get_or_load(self._core, prompts, scope), load_batch)
+
+    def aget_or_put_streaming(
+        self, prompt: str, loader: flow.AsyncStreamLoader, *, scope: str | None = None,
+        ttl: float | None = None, on_lookup: flow.OnLookup = None,
+    ) -> AsyncGenerator[str, None]:
+        """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
+        of chunks (an async generator, say); a plain iterable is accepted too. Use it with
+        ``async for``. Input is checked when this is called, the lookup starts at the first
+        ``__anext__``."""
+        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
+        check_loader(loader, "loader(prompt) -> async iterable of str chunks")
+        core = self._core
+        return flow.arun_stream(core, flow.stream(core, prompt, scope, ttl), lambda: loader(prompt),
+                                _reporter(prompt, on_lookup))
+
+    # ----------------------------------------------------------------------------- upkeep
+
+    def invalidate(self, prompt: str, *, scope: str | None = None) -> bool:
+        """Remove the entry stored under exactly ``prompt`` in ``scope``; True if there was one."""
+        return self._core.invalidate(check_scope(scope), check_prompt(prompt))
+
+    def may_hold(self, prompt: str, *, scope: str | None = None) -> bool:
+        """True where an entry is stored under exactly ``prompt`` in ``scope`` (it may have
+        expired): answered without the lock, so an event loop may ask while a scan runs. For
+        admission decisions (a server under load still takes exact repeats), never for serving."""
+        return self._core.may_hold(check_scope(scope), check_prompt(prompt))
+
+    def clear(self, scope: str | None = None) -> None:
+        """Remove every entry, or only those of ``scope`` when one is given."""
+        self._core.clear(None if scope is None else check_scope(scope))
+
+    def close(self) -> None:
+        """Stop what runs in the background (the share's threads, the exact tier's thread);
+        the cache itself needs no closing."""
+        self._core.close()
+
+    def purge_expired(self) -> int:
+        """Drop expired entries now (they are never served either way); returns how many."""
+        return self._core.purge_expired()
+
+    def __len__(self) -> int:
+        return self._core.live_entries()
+
+    def stats(self) -> CacheStats:
+        """The counters: hits by tier, misses, loads, rejections by rule, refusals, timings."""
+        return self._core.stats()
+
+    # ----------------------------------------------------------------------------- snapshots
+
+    def save(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> None:
+        """Write the cache to one file, atomically (see ``gpucache.cache.snapshot``): entries,
+        vectors, settings, counters and the admission sketch. Expired entries are left out.
+        ``key``: sign the file, so that ``load`` with the same key refuses any other."""
+        write_snapshot(self._core.capture(), path, key)  # file I/O with no lock held
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        embedder: Embedder | None = None,
+        device: DeviceLike = "auto",
+        *,
+        key: bytes | None = None,
+        **overrides: Any,
+    ) -> SemanticCache:
+        """A cache from a snapshot written by ``save``, on ``device`` (any device: vectors are
+        stored on the CPU). ``overrides`` replace saved settings or add collaborators
+        (``verifier=``, ``cache_policy=``, ``timer=``...). Entries already expired are dropped.
+
+        Raises ``SnapshotError`` for a missing, corrupt, truncated or other-version file, for
+        one written with another model or dimension than ``embedder``'s, and, with ``key``,
+        for one not signed with that key (``save(path, key=...)``).
+        """
+        snapshot = read_snapshot(path, key)
+        if embedder is None:
+            check_model(snapshot, DEFAULT_MODEL_NAME, None, path)  # before loading a model
+            embedder = TransformerEmbedder(device=device)
+        check_model(snapshot, embedder.name, embedder.dim, path)
+        saved, admission = saved_policies(snapshot, path)
+        if admission is not None:
+            overrides.setdefault("admission", admission)
+        cache = cls(embedder, device=device, settings=saved, **overrides)
+        cache._core.restore(snapshot)
+        return cache
+
+    @classmethod
+    def from_config(
+        cls, path: str | os.PathLike[str], embedder: Embedder | None = None, **collaborators: Any
+    ) -> SemanticCache:
+        """A cache with the settings of a TOML settings file: its ``[cache]`` table
+        (``CacheSettings``) and its ``[guard]`` table (the soft rules switched off), as
+        ``gpucache calibrate`` writes them. ``collaborators`` as for the constructor; a
+        ``verifier=`` given here replaces the file's guard."""
+        settings, guard = read_settings_file(path)
+        collaborators.setdefault("verifier", guard.build())
+        return cls(embedder, settings=settings, **collaborators)
+
+    def _request(
+        self, prompts: Sequence[str], scope: str | None, threshold: float | None
+    ) -> LookupRequest:
+        """A plain lookup's request (no claims), its input checked."""
+        return LookupRequest(tuple(check_prompts(prompts)), check_scope(scope),
+                             self.threshold if threshold is None else check_threshold(threshold),
+                             claim=False)
+
+
+def _reporter(prompt: str, on_lookup: flow.OnLookup) -> Callable[[Plan], None] | None:
+    """The flow's ``on_find`` for a caller's ``on_lookup(hit)``."""
+    if on_lookup is None:
+        return None
+    if not callable(on_lookup):
+        raise TypeError("on_lookup must be callable: on_lookup(hit or None)")
+    return lambda plan: on_lookup(plan.hits[prompt])
+
+
+def _ordered_hits(plan: Plan) -> list[Hit | None]:
+    return [plan.hits[p] for p in plan.prompts]

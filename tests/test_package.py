@@ -1,0 +1,121 @@
+"""The package as a whole: how its modules depend on each other, read from their source.
+
+Why: a module that reads another's private names, or two modules that import each other, make
+every change to one a change to both. These tests read the source (``ast``), so they hold for
+imports made only for type checking and inside functions too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gpucache"
+MAX_LINES = 450
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module of the package that ``path`` imports, wherever the import statement is."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        out.update(n for n in names if n in known)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _package_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {name: _imports(path, modules) for name, path in modules.items()}
+    for name in graph:  # a package's __init__ importing its own modules is not a dependency back
+        graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    return graph
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_modules_of_the_package_import_each_other_even_for_type_checking():
+    assert _cycles(_package_graph()) == []
+
+
+def _private_reads(path: Path) -> list[str]:
+    """``x._name`` where ``x`` is not ``self``/``cls`` and this module does not define
+    ``_name`` itself (as ``self._name = ...``, a method or a class attribute), nor is ``x``
+    torch (whose private operators the CPU paths call by design, each with a probe)."""
+    tree = ast.parse(path.read_text())
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+    reads = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        base = ast.unparse(node.value)
+        if base in ("self", "cls") or base.split(".")[0] == "torch" or node.attr in own:
+            continue
+        reads.append(f"{path.name}:{node.lineno} {base}.{node.attr}")
+    return reads
+
+
+def test_the_private_name_finder_finds_a_reach_in(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f(cache):\n    return cache._table\n")
+    assert _private_reads(module) == ["m.py:2 cache._table"]
+    module.write_text("class A:\n    def __init__(self):\n        self._t = 1\n    def g(self, o):\n"
+                      "        return o._t\n")
+    assert _private_reads(module) == []  # its own class's name, on another instance
+
+
+def test_no_module_reads_another_modules_private_names():
+    reads = [r for path in _modules().values() for r in _private_reads(path)]
+    assert reads == []
