@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from gpucache import SemanticCache
-from gpucache.tools.demo import load_workload, run_demo
-from gpucache.tools.local_model import LocalModel
+from gpucache.demo.local_model import LocalModel
+from gpucache.demo.replay import load_workload, run_demo
 
 
 def main() -> None:

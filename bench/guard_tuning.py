@@ -1,15 +1,15 @@
 """The verifier on the tuning half: what each rule stops and costs, and the pairs it gets wrong.
 
 The loop the guard's rules, word lists and table were tuned with. It only ever reads the
-"tune" half of each file (``gpucache.tools.evaluation.half_of``); the report half is left to
-``gpucache eval``, which quotes it, so no figure in the report was fitted to its own rows.
+"tune" half of each file (``half_of`` in labelled_pairs.py); the report half is left to
+``bench/false_hits.py``, which quotes it, so no figure in the report was fitted to its own rows.
 Similarities are embedded once per file and kept in ``--cache`` between runs.
 
     python bench/guard_tuning.py data/llm_prompts.jsonl ../shared/data/qqp.jsonl \\
         --whole data/llm_prompts_tuning.jsonl --show added --show rewording
 
 ``--whole`` files are tuning data only (``data/llm_prompts_tuning.jsonl``: written for tuning,
-never measured by ``gpucache eval``), so they are read whole.
+never measured by ``bench/false_hits.py``), so they are read whole.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from labelled_pairs import read_jsonl, select_half
+
 from gpucache.cache.settings import DEFAULT_THRESHOLD
 from gpucache.guard.lexical import LexicalNearMissVerifier
-from gpucache.tools.evaluation import read_jsonl, select_half
 
 
 def similarities(path: Path, rows: list[dict[str, object]], cache: Path) -> list[float]:

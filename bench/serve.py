@@ -7,7 +7,7 @@ The load comes from wrk (Debian's package: ``apt-get install wrk``), which keeps
 generator's own cost small on a small machine; its script checks every answer's
 ``x-gpucache`` header, so a cell counts only the answers of the tier it names.
 
-Everything runs on 127.0.0.1: the stand-in upstream (gpucache/tools/upstream.py, answering after
+Everything runs on 127.0.0.1: the stand-in upstream (tests/standin_upstream.py, answering after
 ``--token-delay`` seconds per word, so a miss costs what a small model would) and the proxy
 (``gpucache serve`` with its defaults, the packaged model on this machine's device) each in a
 process of its own, and the load from this one, bounded in requests and time.
@@ -41,6 +41,9 @@ from importlib import resources
 from pathlib import Path
 
 import httpx
+
+# the stand-in model server, test support (an OpenAI-compatible upstream that answers at once)
+STANDIN = Path(__file__).resolve().parents[1] / "tests" / "standin_upstream.py"
 
 CONCURRENCY = (1, 16, 64)
 
@@ -269,7 +272,7 @@ def main() -> None:
 
     up_port = free_port()
     upstream = start(
-        [sys.executable, "-m", "gpucache.tools.upstream", "--port", str(up_port),
+        [sys.executable, str(STANDIN), "--port", str(up_port),
          "--token-delay", str(args.token_delay)],
         f"http://127.0.0.1:{up_port}/v1/models",
     )

@@ -3,7 +3,7 @@ what it answered. Tenancy, the passthrough, streams and cache controls, as a mat
 
     python3 bench/serve_safety.py --out bench/reports/serve-safety.md
 
-Everything runs on 127.0.0.1: the stand-in upstream (gpucache/tools/upstream.py) and two proxies
+Everything runs on 127.0.0.1: the stand-in upstream (tests/standin_upstream.py) and two proxies
 (``gpucache serve``: one as deployed by default, one behind a gateway with
 ``--trust-namespace-header --require-auth``), each in a process of its own. Requests go out as
 a client would send them: httpx, the official ``openai`` client for streams, and a raw socket for
@@ -23,6 +23,9 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve import free_port, proxy_command, start, stop  # noqa: E402
+
+# the stand-in model server, test support (an OpenAI-compatible upstream that answers at once)
+STANDIN = Path(__file__).resolve().parents[1] / "tests" / "standin_upstream.py"
 
 SECRET = "a-stable-secret-for-the-safety-matrix"
 
@@ -85,7 +88,7 @@ def main() -> None:
     os.environ["GPUCACHE_NAMESPACE_SECRET"] = SECRET  # the proxies started below inherit it
     up_port, proxy_port, gate_port = free_port(), free_port(), free_port()
     upstream = start(
-        [sys.executable, "-m", "gpucache.tools.upstream", "--port", str(up_port)],
+        [sys.executable, str(STANDIN), "--port", str(up_port)],
         f"http://127.0.0.1:{up_port}/v1/models",
     )
     serve = proxy_command(up_port)

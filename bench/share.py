@@ -32,8 +32,8 @@ import redis
 import torch
 
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly
+from gpucache.demo.replay import StandInModel, load_workload
 from gpucache.share.redis import RedisShare
-from gpucache.tools.demo import StandInModel, load_workload
 
 
 class RandomEmbedder:

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gpucache.tools.local_model import LocalModel
+from gpucache.demo.local_model import LocalModel
 
 
 def make_app(model: LocalModel, most_tokens: int) -> Starlette:

@@ -1,13 +1,13 @@
-"""The ``gpucache`` command: ``demo`` (the main job), ``serve`` (the caching proxy), ``eval``
-(the false-hit benchmark), ``bench``, ``info``.
+"""The ``gpucache`` command: ``demo`` (the main job), ``serve`` (the caching proxy),
+``calibrate`` (the threshold and soft rules from your own labelled pairs), ``info``.
 
     gpucache demo [--model standin|smollm2] [--device auto] [--batch-size 16] [--limit N]
-    gpucache eval PAIRS.jsonl [...] [--held-apart PAIRS.jsonl ...] [--replay INTENTS.jsonl]
-                  [--half report|tune|all] [--out REPORT.md]
     gpucache calibrate PAIRS.jsonl [--budget 0.01] [--out gpucache.toml]
-    gpucache bench [--quick] [--device all|cpu|cuda] [--out bench/reports/bench.md]
     gpucache serve --upstream http://127.0.0.1:8000/v1 [--config gpucache.toml] [--<setting> ...]
     gpucache info [--config gpucache.toml]
+
+The benchmarks that write the repository's reports (the false-hit benchmark, the speed
+benchmark, the serving benchmark) are scripts under bench/, not commands of the library.
 """
 
 from __future__ import annotations
@@ -104,12 +104,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from gpucache import SemanticCache
-    from gpucache.tools.demo import StandInModel, load_workload, run_demo
+    from gpucache.demo.replay import StandInModel, load_workload, run_demo
 
     hf_logging.disable_progress_bar()
     model: Any = StandInModel(seconds_per_word=args.seconds_per_word)
     if args.model == "smollm2":
-        from gpucache.tools.local_model import LocalModel, MissingModel
+        from gpucache.demo.local_model import LocalModel, MissingModel
 
         started = time.perf_counter()
         print("loading SmolLM2-135M-Instruct (packaged GGUF, fp32 on the CPU) ...", file=sys.stderr)
@@ -134,67 +134,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     report.render(sys.stdout)
     if args.model == "smollm2":
         print(f"  answers capped at     {args.max_new_tokens} new tokens (greedy)")
-    return 0
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    import shlex
-    from pathlib import Path
-
-    import torch
-    import transformers
-    from transformers.utils import logging as hf_logging
-
-    from gpucache import LexicalNearMissVerifier, TransformerEmbedder
-    from gpucache.cache.settings import DEFAULT_THRESHOLD, DEFAULT_TOP_K
-    from gpucache.tools.evaluation import (
-        evaluate_pairs,
-        plot_curves,
-        render_report,
-        replay_intents,
-    )
-
-    hf_logging.disable_progress_bar()
-    embedder = TransformerEmbedder(device=args.device)
-    verifier = LexicalNearMissVerifier()
-    results = []
-    for path, half in [(p, args.half) for p in args.pairs] + [(p, "all") for p in args.held_apart]:
-        started = time.perf_counter()
-        name = Path(path).stem + (" (held apart)" if half == "all" and args.half != "all" else "")
-        results.append(evaluate_pairs(path, embedder, verifier, name=name, half=half))
-        print(f"{path}: {results[-1].pairs} pairs in {time.perf_counter() - started:.0f} s",
-              file=sys.stderr)
-    replay = []
-    if args.replay:
-        grid = sorted({0.80, 0.85, DEFAULT_THRESHOLD, 0.90})
-        settings = [(t, 1, g) for t in grid for g in (False, True)]
-        settings += [(DEFAULT_THRESHOLD, k, True) for k in (2, 4)]
-        replay = replay_intents(args.replay, embedder, verifier, settings, half=args.half)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plot = out.with_suffix(".png")
-    plotted = plot_curves(results, plot) if results else False
-    about = (
-        f"Model {embedder.name} on {embedder.device} ({embedder.dtype}"
-        + (f", matmuls in {embedder.autocast_dtype}" if embedder.autocast_dtype else "")
-        + f"); torch {torch.__version__}, "
-        f"transformers {transformers.__version__}; verifier {verifier.name}."
-    )
-    command = "gpucache eval " + " ".join(shlex.quote(str(p)) for p in args.pairs)
-    if args.held_apart:
-        command += " --held-apart " + " ".join(shlex.quote(str(p)) for p in args.held_apart)
-    if args.replay:
-        command += f" --replay {shlex.quote(str(args.replay))}"
-    if args.half != "report":
-        command += f" --half {args.half}"
-    command += f" --out {shlex.quote(str(args.out))}"
-    text = render_report(
-        results, replay, threshold=DEFAULT_THRESHOLD, top_k=DEFAULT_TOP_K, command=command,
-        about=about, plot=plot.name if plotted else None, half=args.half,
-    )
-    out.write_text(text, encoding="utf-8")
-    print(text)
-    print(f"wrote {out}" + (f" and {plot}" if plotted else ""), file=sys.stderr)
     return 0
 
 
@@ -271,34 +210,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    import shlex
-    from pathlib import Path
-
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from gpucache.tools.benchmark import run_bench, write
-
-    hf_logging.disable_progress_bar()
-    if args.device == "all":
-        devices = [torch.device("cpu")] + (
-            [torch.device("cuda")] if torch.cuda.is_available() else []
-        )
-    else:
-        from gpucache.devices import resolve_device
-
-        devices = [resolve_device(args.device)]
-    repeat = args.repeat or (2 if args.quick else 5)
-    reports = run_bench(devices, quick=args.quick, repeat=repeat)
-    command = "gpucache bench" + (" --quick" if args.quick else "") + (
-        f" --device {args.device}" if args.device != "all" else "") + f" --out {shlex.quote(args.out)}"
-    for path in write(reports, Path(args.out), command):
-        print(f"wrote {path}", file=sys.stderr)
-    print(Path(args.out).read_text())
-    return 0
-
-
 def serve_config(args: argparse.Namespace) -> Any:
     """The ``ServeSettings`` of ``gpucache serve``: its flags over the ``GPUCACHE_*``
     environment over the ``--config`` file over the defaults (gpucache.serve.sources);
@@ -346,19 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the longest answer SmolLM2 writes, in tokens (default 48)")
     demo.set_defaults(run=_cmd_demo)
 
-    ev = sub.add_parser("eval", help="false-hit benchmark over labelled pairs and intents")
-    ev.add_argument("pairs", nargs="*", help="JSONL files of {a, b, label} pairs")
-    ev.add_argument("--replay", default=None, help="JSONL file of {text, label} intent queries")
-    ev.add_argument("--half", default="report", choices=["report", "tune", "all"],
-                    help="which half of each file to measure (default: report, the half no "
-                    "rule or default was tuned on)")
-    ev.add_argument("--held-apart", nargs="*", default=[], metavar="PAIRS",
-                    help="JSONL pair files kept apart from all tuning, measured whole")
-    ev.add_argument("--out", default="bench/reports/semantic-false-hits.md",
-                    help="report path (a PNG plot is written beside it)")
-    ev.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
-    ev.set_defaults(run=_cmd_eval)
-
     cal = sub.add_parser("calibrate", help="choose the threshold and soft rules from your labelled pairs")
     cal.add_argument("pairs", help="JSONL of {a, b, label}: 1 the same request, 0 a different one")
     cal.add_argument("--budget", type=float, default=0.01,
@@ -369,14 +267,6 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     cal.add_argument("--model", default=None, help="the embedding model (default: the packaged one)")
     cal.set_defaults(run=_cmd_calibrate)
-
-    bench = sub.add_parser("bench", help="GPU-vs-CPU benchmark: embedder, scan, end to end")
-    bench.add_argument("--quick", action="store_true", help="small sizes: a smoke test for CI")
-    bench.add_argument("--device", default="all", help="all (default: cpu and cuda), cpu, cuda")
-    bench.add_argument("--repeat", type=int, default=None, help="timed runs per measurement")
-    bench.add_argument("--out", default="bench/reports/bench.md",
-                       help="report path (JSON and PNG are written beside it)")
-    bench.set_defaults(run=_cmd_bench)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible caching proxy in front of a model server")
     serve.add_argument("--config", default=None, metavar="TOML",

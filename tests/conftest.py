@@ -98,7 +98,7 @@ def outputs_under_hash_seeds(code: str, stdin: str = "", seeds=("0", "1", "12345
     output does not depend on Python's per-process string hashing."""
     outputs = set()
     for seed in seeds:
-        env = {**os.environ, "PYTHONHASHSEED": seed}
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.pathsep.join(sys.path)}
         out = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True,
                              text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stderr

@@ -1,5 +1,5 @@
 """Test parts for the proxy: a real uvicorn server run in a thread on 127.0.0.1, and the stand-in
-upstream (gpucache/tools/upstream.py)."""
+upstream (tests/standin_upstream.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import threading
 from typing import Any
 
 import uvicorn
-
-from gpucache.tools.upstream import answer_to, make_upstream
+from standin_upstream import answer_to, make_upstream
 
 __all__ = ["Served", "answer_to", "free_port", "make_upstream"]
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "gpucache"
 MAX_LINES = 450
 
@@ -119,3 +121,16 @@ def test_the_private_name_finder_finds_a_reach_in(tmp_path):
 def test_no_module_reads_another_modules_private_names():
     reads = [r for path in _modules().values() for r in _private_reads(path)]
     assert reads == []
+
+
+def test_every_package_of_the_tree_is_installed_with_the_library():
+    """pyproject.toml lists the packages by name: one added to the tree and not listed there
+    would be missing from an installed (non-editable) gpucache."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = PACKAGE.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    in_tree = {".".join(p.parent.relative_to(root).parts) for p in (root / "gpucache").rglob("__init__.py")}
+    assert in_tree | {"gpucache.kernels"} == listed
+    assert config["package-dir"] == {"gpucache.kernels": "kernels"}
+    assert (root / "kernels" / "__init__.py").exists()

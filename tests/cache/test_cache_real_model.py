@@ -91,7 +91,7 @@ def test_near_misses_above_the_threshold_are_refused_and_counted(real_embedder, 
 def test_quantized_storage_serves_what_fp32_serves(real_embedder, mode):
     """Quantized rows only choose candidates; the fp32 rescore decides. Through the real model,
     with enough entries that int8 rows share their block's scale with other prompts."""
-    from gpucache.tools.demo import load_workload
+    from gpucache.demo.replay import load_workload
 
     prompts = list(dict.fromkeys(item.prompt for item in load_workload()))
     entries, asks = prompts[::2], prompts[1::2]  # the demo's paraphrases fall on both sides

@@ -7,9 +7,9 @@ import torch
 
 import gpucache.embedding.embedder as embedder_module
 from gpucache import Embedder, TransformerEmbedder
+from gpucache.demo.replay import load_workload
 from gpucache.devices import cpu_has_native_bf16
 from gpucache.embedding.embedder import AGREEMENT_MIN, default_model_path
-from gpucache.tools.demo import load_workload
 
 TEXTS = [
     "How do I reset my password?",
@@ -83,7 +83,7 @@ def test_batches_follow_token_length_within_the_row_and_token_caps():
 
 def test_sorting_by_tokens_pads_less_than_sorting_by_characters(real_embedder):
     """The demo prompts, batched as sentence-transformers would (characters) and as here."""
-    from gpucache.tools.demo import load_workload
+    from gpucache.demo.replay import load_workload
 
     prompts = [item.prompt for item in load_workload()][:304]
     lengths = [len(ids) for ids in real_embedder._tokenizer(prompts)["input_ids"]]

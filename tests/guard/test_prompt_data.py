@@ -6,8 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from gpucache.tools.evaluation import half_of, read_jsonl
+from labelled_pairs import half_of, read_jsonl
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 DEV, HELD = DATA / "llm_prompts.jsonl", DATA / "llm_prompts_heldout.jsonl"

@@ -1,18 +1,22 @@
-"""The benchmark's --quick mode runs end to end and reports what it measured."""
+"""The speed benchmark (bench/speed.py): its --quick mode runs end to end and reports what it
+measured; its timing harness and report read right."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
+
+SPEED = Path(__file__).resolve().parents[2] / "bench" / "speed.py"
 
 
 def test_bench_quick_writes_a_report(tmp_path):
     out = tmp_path / "bench.md"
     result = subprocess.run(
-        [sys.executable, "-m", "gpucache", "bench", "--quick", "--device", "cpu", "--repeat", "1",
+        [sys.executable, str(SPEED), "--quick", "--device", "cpu", "--repeat", "1",
          "--out", str(out)],
         capture_output=True, text=True, timeout=900,
     )
@@ -54,9 +58,8 @@ def test_bench_quick_writes_a_report(tmp_path):
 
 
 def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):
+    import speed_timing as bench
     import torch
-
-    import gpucache.tools.benchmark as bench
 
     monkeypatch.setattr(bench, "BLOCK_SECONDS", 0.0)  # exactly the runs asked for
     log: list[str] = []
@@ -79,9 +82,8 @@ def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):
 
 
 def test_fast_engines_run_until_the_block_has_taken_long_enough(monkeypatch):
+    import speed_timing as bench
     import torch
-
-    import gpucache.tools.benchmark as bench
 
     monkeypatch.setattr(bench, "BLOCK_RUNS", 7)
     monkeypatch.setattr(bench, "BLOCK_SECONDS", 10.0)  # never reached: capped by BLOCK_RUNS
@@ -91,7 +93,7 @@ def test_fast_engines_run_until_the_block_has_taken_long_enough(monkeypatch):
 
 
 def test_the_report_compares_each_mode_with_faiss_and_the_gpu_with_the_cpu():
-    from gpucache.tools.benchmark import BenchReport, ScanResult, render
+    from speed import BenchReport, ScanResult, render
 
     versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "12", "transformers": "5",
                 "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
@@ -119,9 +121,10 @@ def test_int8_compute_is_a_fraction_of_the_int8_matmul_rate():
     """The roofline of an int8 batch is the machine's int8 matmul where the store multiplies
     in int8 (a CPU with torch._int_mm), and fp32 where it widens the rows."""
     import torch
+    from speed import BenchReport, ScanResult, render
+    from speed_timing import machine_limits, matmul_rate
 
     from gpucache.index.probes import CpuPaths
-    from gpucache.tools.benchmark import BenchReport, ScanResult, machine_limits, matmul_rate, render
 
     assert matmul_rate(torch.device("cpu"), torch.int8, 1, 64) > 0
     _, rates = machine_limits(torch.device("cpu"), 1, quick=True)
@@ -142,7 +145,7 @@ def test_int8_compute_is_a_fraction_of_the_int8_matmul_rate():
 def test_a_single_query_is_a_fraction_of_the_read_rate_measured_beside_it():
     """On a shared machine the read bandwidth moves minute to minute: Q = 1 is compared with a
     plain read timed in the same blocks, not with the machine figure from the run's start."""
-    from gpucache.tools.benchmark import BenchReport, ScanResult, render
+    from speed import BenchReport, ScanResult, render
 
     versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "-", "transformers": "5",
                 "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}

@@ -1,7 +1,7 @@
 """An OpenAI-compatible upstream for tests and benchmarks: it answers deterministically, and can
 stream, fail, stall and count, standing in for a model server (vLLM, llama.cpp...).
 
-    python -m gpucache.tools.upstream --port 8000 [--token-delay 0.002]
+    python3 tests/standin_upstream.py --port 8000 [--token-delay 0.002]
 
 Its behaviour is chosen by markers in the prompt, so one server serves every test:
     [500]   answers 500 with an OpenAI error body and Retry-After: 7

@@ -1,20 +1,21 @@
-"""The false-hit benchmark's arithmetic, on small files written here."""
+"""The false-hit benchmark (bench/false_hits.py, bench/labelled_pairs.py): its arithmetic, on
+small files written here."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
-from gpucache import LexicalNearMissVerifier, ThresholdOnly
-from gpucache.tools.evaluation import (
+from false_hits import render_report
+from labelled_pairs import (
     PairResult,
     ablation_variants,
     evaluate_pairs,
-    render_report,
     replay_intents,
     word_jaccard,
 )
+
+from gpucache import LexicalNearMissVerifier, ThresholdOnly
 
 
 def write_jsonl(path, rows):
@@ -119,21 +120,20 @@ def test_word_jaccard():
 
 def test_the_split_is_keyed_balanced_and_the_same_in_every_process():
     from conftest import outputs_under_hash_seeds
-
-    from gpucache.tools.evaluation import half_of
+    from labelled_pairs import half_of
 
     ids = [f"set:{n}" for n in range(2000)]
     halves = [half_of(i) for i in ids]
     assert set(halves) == {"tune", "report"}
     assert 900 <= halves.count("report") <= 1100
     assert [half_of(i) for i in ids] == halves  # a row stays in its half
-    code = ("from gpucache.tools.evaluation import half_of\n"
+    code = ("from labelled_pairs import half_of\n"
             "print(''.join(half_of(f'set:{n}')[0] for n in range(200)))")
     assert len(outputs_under_hash_seeds(code)) == 1
 
 
 def test_the_halves_partition_a_file(tmp_path):
-    from gpucache.tools.evaluation import select_half
+    from labelled_pairs import select_half
 
     rows = [{"a": f"q{n}", "b": f"r{n}", "label": n % 2, "id": f"t:{n}"} for n in range(50)]
     rows.append({"a": "no id", "b": "here", "label": 1})  # named by its file and line
@@ -147,7 +147,7 @@ def test_the_halves_partition_a_file(tmp_path):
 
 
 def test_a_half_is_measured_alone_and_an_empty_half_is_an_error(tmp_path, fake_embedder):
-    from gpucache.tools.evaluation import half_of
+    from labelled_pairs import half_of
 
     rows = [dict(p, id=f"p:{n}") for n, p in enumerate(PAIRS)]
     path = write_jsonl(tmp_path / "pairs.jsonl", rows)

@@ -1,4 +1,4 @@
-"""The demo's local model (gpucache/tools/local_model.py): greedy batched generation where each
+"""The demo's local model (gpucache/demo/local_model.py): greedy batched generation where each
 prompt gets its own continuation and padding does not leak between prompts, checked on a tiny
 randomly initialised Llama built here (no download); and the message when the extra is missing."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gpucache.cli import main
-from gpucache.tools import local_model
-from gpucache.tools.local_model import LocalModel, MissingModel
+from gpucache.demo import local_model
+from gpucache.demo.local_model import LocalModel, MissingModel
 
 
 @pytest.fixture(scope="module")
