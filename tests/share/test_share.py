@@ -429,7 +429,7 @@ def test_a_poison_event_holds_back_nothing_after_it(server, replicas):
     assert a.shared.stats.poisoned == 1
     assert a.shared.wait_for(lambda st: st.pending == 0, timeout=10)
     # a record key that is not a hash (another program's key in the prefix): HSET fails there
-    redis.Redis.from_url(server.url).set(a.shared._record_key("default", "A refused prompt"), "a string")
+    redis.Redis.from_url(server.url).set(a.shared.keys.record("default", "A refused prompt"), "a string")
     a.put("A refused prompt", "never shared")
     for i in range(3):
         a.put(f"after the poison {i}", f"answer {i}")
@@ -526,8 +526,8 @@ def test_with_a_secret_only_signed_records_and_events_are_applied(server, replic
     plant(server, "t", "planted", planted, {"op": "put", "origin": "attacker", "scope": "tenant",
                                             "record": "t:e:planted"})
     forger = RedisShare(server.url, prefix="t", secret=b"a-secret-nobody-shares")
-    forged = forger._signed({**planted, "prompt": "What is the root password?"})
-    plant(server, "t", "forged", forged, forger._signed({"op": "put", "origin": "attacker", "scope": "tenant",
+    forged = forger.signer.signed({**planted, "prompt": "What is the root password?"})
+    plant(server, "t", "forged", forged, forger.signer.signed({"op": "put", "origin": "attacker", "scope": "tenant",
                                                           "record": "t:e:forged"}))
     plant(server, "t", "x", {}, {"op": "clear", "origin": "attacker", "scope": "tenant", "all": "1"})
     a.put("An entry after the planted ones", "served", scope="tenant")
