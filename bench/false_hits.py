@@ -56,8 +56,8 @@ def render_report(
             "or the report half by a keyed hash of its id (`half_of` "
             "in bench/labelled_pairs.py). The verifier's rules, word lists and table and the "
             "defaults were tuned on the tuning half (`bench/guard_tuning.py`), so the report "
-            "half is out of sample. Files marked *held apart* were never used for tuning at all and are measured "
-            "whole.", "",
+            "half is out of sample. Files marked *held apart* were never used for tuning at all "
+            "and are measured whole.", "",
         ]
     out += [
         "A pair is served when its cosine similarity is at or above the threshold and, with the",

@@ -499,11 +499,12 @@ def test_a_reworded_long_prompt_is_not_an_added_request():
 
 
 def test_the_shipped_table_loads_and_stays_clear_of_the_rules_own_words():
-    from gpucache.guard.words import _TABLE, DIRECTIONAL, NEGATIONS, QUESTION_WORDS
+    from gpucache.guard.parsing import TABLE
+    from gpucache.guard.words import DIRECTIONAL, NEGATIONS, QUESTION_WORDS
 
-    assert len(set(_TABLE.values())) >= 100 and len(_TABLE) > len(set(_TABLE.values()))
+    assert len(set(TABLE.values())) >= 100 and len(TABLE) > len(set(TABLE.values()))
     reserved = DIRECTIONAL | NEGATIONS | QUESTION_WORDS
-    clashes = [key for key in _TABLE if reserved.intersection(key) and len(key) == 1]
+    clashes = [key for key in TABLE if reserved.intersection(key) and len(key) == 1]
     assert clashes == []  # a lone table word never stands for a directional or negation word
 
 
@@ -536,7 +537,7 @@ def test_every_table_entry_reads_as_its_class_and_only_its_class(entries):
     ("colour, , color\n", "two or more entries"),
 ])
 def test_a_broken_table_is_refused_with_its_line(text, message):
-    from gpucache.guard.words import parse_table
+    from gpucache.guard.parsing import parse_table
 
     with pytest.raises(ValueError, match=message):
         parse_table(text)
@@ -565,7 +566,7 @@ def test_grammatical_forms_and_phrasal_verbs_are_one_word(cached, new):
 
 
 def test_a_table_reads_phrases_longest_first():
-    from gpucache.guard.words import parse_table
+    from gpucache.guard.parsing import parse_table
 
     table = parse_table("# comment\nregex, regular expression  # inline comment\nusd, us dollar, dollar\n")
     assert table[("regular", "expression")] == "regex" and table[("dollar",)] == "usd"
@@ -573,10 +574,10 @@ def test_a_table_reads_phrases_longest_first():
 
 
 def test_clauses_moved_whole_are_told_from_words_scrambled():
-    from gpucache.guard.lexical import _clauses_moved
+    from gpucache.guard.shapes import clauses_moved
 
-    assert _clauses_moved([4, 5, 6, 0, 1, 2])  # two runs of three words: clauses swapped
-    assert _clauses_moved([6, 7, 8, 3, 4, 5, 0, 1, 2])  # three clauses, reversed
-    assert not _clauses_moved([1, 0, 2, 3, 4, 5])  # one word out of place
-    assert not _clauses_moved([3, 4, 0, 1, 2])  # a run of two words is a phrase, not a clause
-    assert not _clauses_moved([9, 10, 11, 6, 7, 8, 3, 4, 5, 0, 1, 2])  # four blocks: too many
+    assert clauses_moved([4, 5, 6, 0, 1, 2])  # two runs of three words: clauses swapped
+    assert clauses_moved([6, 7, 8, 3, 4, 5, 0, 1, 2])  # three clauses, reversed
+    assert not clauses_moved([1, 0, 2, 3, 4, 5])  # one word out of place
+    assert not clauses_moved([3, 4, 0, 1, 2])  # a run of two words is a phrase, not a clause
+    assert not clauses_moved([9, 10, 11, 6, 7, 8, 3, 4, 5, 0, 1, 2])  # four blocks: too many

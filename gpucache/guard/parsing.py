@@ -1,0 +1,320 @@
+"""How the lexical verifier reads a prompt: the table of interchangeable words
+(interchangeable.txt), the normaliser and tokeniser, numbers, and ``parse``: a prompt's content
+words, numbers, polar and directional words and their positions, memoised. Everything is a pure
+function of the text: no floating point, no ``hash()``, no torch. The word lists are in
+words.py; the rules that judge two parsed prompts in lexical.py and shapes.py.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+from importlib import resources
+from typing import NamedTuple
+
+from gpucache.guard.words import (
+    DIRECTIONAL,
+    FRAMING,
+    MAX_PHRASE_WORDS,
+    NEGATIONS,
+    NUMBER_WORDS,
+    ORDINAL_WORDS,
+    POLAR,
+    SCALES,
+    SOFT_NUMBERS,
+    SPECIAL,
+    STOPWORDS,
+    TABLE_FILE,
+    stem,
+)
+
+_SUFFIXES = {"k": "thousand", "bn": "billion"}  # not "m": metres as often as millions
+_SCALED = re.compile(r"(\d+(?:\.\d+)?)(k|bn)")
+_PLAIN = re.compile(r"\d+(?:\.\d+)?")
+_TOKEN = re.compile(r"[^\W_]+(?:['.][^\W_]+)*|\^\d+|[$€£¥₹%#+@&]")
+_POWER = re.compile(r"\s*(?:\^|\*\*)\s*(\d+)")  # "x^2", "x ** 2" -> "x ^2"
+_SUPERSCRIPTS = str.maketrans({"²": " ^2", "³": " ^3"})
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+_ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
+_GROUPED = re.compile(r"(?<=\d)[,_ ](?=\d{3}\b)")
+_QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'", "´": "'"})
+
+
+def parse_table(text: str) -> dict[tuple[str, ...], str]:
+    """The interchangeable-words table: each entry, as its tuple of stemmed words, -> the token
+    its class is read as (the first entry, its words joined by "_").
+
+    One class per line, entries separated by commas, "#" starts a comment. A word or phrase in
+    two classes is an error: its reading would depend on the order of the file.
+    """
+    table: dict[tuple[str, ...], str] = {}
+    where: dict[tuple[str, ...], int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        entries = [e.strip().casefold() for e in line.split(",")]
+        if len(entries) < 2 or not all(entries):
+            raise ValueError(f"table line {n}: a class needs two or more entries: {line!r}")
+        canonical = "_".join(entries[0].split())
+        for entry in entries:
+            key = tuple(stem(w) for w in entry.split())
+            if not 1 <= len(key) <= MAX_PHRASE_WORDS:
+                raise ValueError(f"table line {n}: {entry!r} has more than "
+                                 f"{MAX_PHRASE_WORDS} words")
+            if key in where and where[key] != n:
+                raise ValueError(f"table line {n}: {entry!r} is already in the class on line "
+                                 f"{where[key]}")
+            where[key] = n
+            table[key] = canonical
+    return table
+
+
+TABLE = parse_table(resources.files(__package__).joinpath(TABLE_FILE).read_text("utf-8"))
+PHRASE_STARTS = frozenset(key[0] for key in TABLE if len(key) > 1)
+# The framing words as the rules see them: stemmed and read through the table ("show" is
+# read as "demonstrate").
+FRAMING_READ = frozenset(TABLE.get((stem(w),), stem(w)) for w in FRAMING)
+EXPOSITION = frozenset(
+    TABLE.get((stem(w),), stem(w)) for w in "explain tell summarize define".split()
+)
+stem_memo = lru_cache(maxsize=65536)(stem)
+
+
+def _read_through_table(tokens: list[str]) -> list[str]:
+    """Tokens with every table entry replaced by its class's token, longest phrase first."""
+    out: list[str] = []
+    i, n = 0, len(tokens)
+    while i < n:
+        tok = tokens[i]
+        stem = stem_memo(tok) if len(tok) <= 64 else tok
+        width, canonical = 1, TABLE.get((stem,), tok)
+        if stem in PHRASE_STARTS:
+            for wide in range(min(MAX_PHRASE_WORDS, n - i), 1, -1):
+                phrase = TABLE.get(tuple(stem_memo(t) for t in tokens[i : i + wide]))
+                if phrase is not None:
+                    width, canonical = wide, phrase
+                    break
+        out.append(canonical)
+        i += width
+    return out
+
+
+class Parsed(NamedTuple):
+    """A prompt reduced to what the rules compare."""
+
+    norm: str
+    tokens: tuple[str, ...]  # every token, stemmed, negations folded to "not"
+    surface: frozenset[str]  # every token as written and stemmed, for the antonym lists
+    content: tuple[str, ...]  # tokens that are not stopwords, negations or directional words
+    core: tuple[str, ...]  # content less the polarity words, sorted
+    bag: tuple[str, ...]  # content, sorted (a multiset compared in one tuple comparison)
+    directions: tuple[str, ...]  # the directional words that have an object, sorted
+    skeleton: tuple[str, ...]  # content and directional words, in order
+    numbers: tuple[str, ...]  # sorted normalised numbers (hard)
+    soft_numbers: tuple[str, ...]  # numbers from words that are also pronouns ("one")
+    negations: int
+    polarity: tuple[tuple[int, int], ...]  # sorted (pair, pole)
+    attachments: tuple[tuple[str, str], ...]  # sorted (directional word, its object)
+
+
+def _canonical(tok: str) -> str:
+    """The form a token is compared in: numbers by value, other words stemmed."""
+    if tok in NUMBER_WORDS:
+        return NUMBER_WORDS[tok]
+    if _DIGITS.fullmatch(tok):
+        return _number(tok)
+    scaled = _SCALED.fullmatch(tok)
+    if scaled:  # "10k" is the number 10000 wherever it is compared
+        return _number(str(Decimal(scaled.group(1)) * SCALES[_SUFFIXES[scaled.group(2)]]))
+    if tok in SPECIAL or tok in STOPWORDS:
+        return tok
+    return stem(tok)
+
+
+def _number(text: str) -> str:
+    try:
+        value = Decimal(text).normalize()
+    except InvalidOperation:  # pragma: no cover - the regex only passes digits
+        return text
+    return format(value, "f")
+
+
+# What a token is to the rules; "without" is directional ("coffee with/without sugar") and
+# not counted as a negation.
+_CONTENT, _DIRECTIONAL, _NEGATION, _STOPWORD = "content", "directional", "negation", "stopword"
+_TokenInfo = tuple[str, tuple[str, ...], bool, str, tuple[tuple[int, int], ...]]
+
+
+def _token_uncached(tok: str) -> _TokenInfo:
+    """(canonical form, numbers it carries, whether they are soft, its kind, its polarity
+    poles) of one token. Memoised for ordinary words (``token_memo``), since prompts reuse a
+    small vocabulary and this is the inner loop of parsing."""
+    canonical = _canonical(tok)
+    if canonical in DIRECTIONAL:
+        kind = _DIRECTIONAL
+    elif canonical in NEGATIONS:
+        kind = _NEGATION
+    elif canonical in STOPWORDS:
+        kind = _STOPWORD
+    else:
+        kind = _CONTENT
+    polar = tuple(POLAR.get(canonical, ()))
+    if tok.startswith("^"):  # a power: "^2" is "squared", never the number 2
+        return canonical, (tok,), False, kind, polar
+    ordinal = _ORDINAL.match(tok)
+    if ordinal:
+        return canonical, (f"#{int(ordinal.group(1))}",), False, kind, polar
+    if tok in ORDINAL_WORDS:
+        return canonical, (ORDINAL_WORDS[tok],), False, kind, polar
+    if tok in SOFT_NUMBERS:
+        return canonical, (NUMBER_WORDS[tok],), True, kind, polar
+    if tok in NUMBER_WORDS:
+        return canonical, (NUMBER_WORDS[tok],), False, kind, polar
+    if not tok.isalpha():
+        scaled = _SCALED.fullmatch(tok)
+        if scaled:  # "10k", "2.5m": the suffix scales the number
+            value = Decimal(scaled.group(1)) * SCALES[_SUFFIXES[scaled.group(2)]]
+            return canonical, (_number(str(value)),), False, kind, polar
+        return canonical, tuple(_number(d) for d in _DIGITS.findall(tok)), False, kind, polar
+    return canonical, (), False, kind, polar
+
+
+MEMO_MAX_CHARS = 4096  # longer prompts are parsed in full each time, never kept in the memo
+
+
+def parse(prompt: str, table: bool = True) -> Parsed:
+    """The parsed prompt, read through the table of interchangeable words unless ``table`` is
+    False; memoised for prompts of ordinary length only, so a few megabyte-long prompts cannot
+    pin gigabytes in the memo."""
+    if len(prompt) > MEMO_MAX_CHARS:
+        return _parse_uncached(prompt, table)
+    return parse_memo(prompt, table)
+
+
+def _parse_uncached(prompt: str, table: bool = True) -> Parsed:
+    if prompt.isascii():
+        norm = prompt.casefold()
+    else:
+        norm = unicodedata.normalize("NFKC", prompt.translate(_SUPERSCRIPTS))
+    norm = norm.translate(_QUOTES).casefold()
+    if "," in norm or "_" in norm or " " in norm:
+        norm = _GROUPED.sub("", norm)
+    if "^" in norm or "**" in norm:
+        norm = _POWER.sub(r" ^\1", norm)
+    raw = _TOKEN.findall(norm)
+    if "'" in norm:
+        raw = _split_contractions(raw)
+    return _build(_read_through_table(raw) if table else raw, raw)
+
+
+parse_memo = lru_cache(maxsize=4096)(_parse_uncached)
+token_memo = lru_cache(maxsize=65536)(_token_uncached)
+
+
+def _split_contractions(raw: list[str]) -> list[str]:
+    tokens: list[str] = []
+    for tok in raw:
+        if tok.endswith("n't") or tok == "n't":
+            base = {"ca": "can", "wo": "will", "sha": "shall"}.get(tok[:-3], tok[:-3])
+            if base:
+                tokens.append(base)
+            tokens.append("not")
+            continue
+        if "'" in tok:
+            head, _, tail = tok.partition("'")
+            tokens.append(head)
+            if tail not in ("s", "re", "ve", "ll", "d", "m", "t"):
+                tokens.append(tail)
+            continue
+        tokens.append(tok)
+    return tokens
+
+
+def _build(tokens: list[str], written: list[str]) -> Parsed:
+    """One pass over the tokens (read through the table; ``written`` are the tokens before
+    that, kept for the antonym lists): this runs once per new prompt on every candidate check."""
+    numbers: list[str] = []
+    soft: list[str] = []
+    stemmed: list[str] = []
+    content: list[str] = []
+    skeleton: list[str] = []
+    attachments: list[tuple[str, str]] = []
+    polarity: list[tuple[int, int]] = []
+    pending: list[str] = []  # directional words waiting for their object
+    negations = 0
+    after_number = False  # the token before was a plain number ("ten" of "ten thousand")
+    for tok in tokens:
+        canonical, hard, is_soft, kind, polar = (
+            token_memo(tok) if len(tok) <= 64 else _token_uncached(tok)
+        )
+        if tok in SCALES and after_number and numbers:
+            # "ten thousand" is 10000, as "10,000" and "10k" are; "a thousand" stays 1000. The
+            # number before is rewritten in place: one number, one word, to every rule
+            old, numbers[-1] = numbers[-1], _number(str(Decimal(numbers[-1]) * SCALES[tok]))
+            for words in (stemmed, content, skeleton):
+                if words and words[-1] == old:
+                    words[-1] = numbers[-1]
+            after_number = False
+            continue
+        stemmed.append(canonical)
+        if hard:
+            (soft if is_soft else numbers).extend(hard)
+        after_number = bool(hard) and not is_soft and len(hard) == 1 and _PLAIN.fullmatch(hard[0]) is not None
+        if polar:
+            polarity += polar
+        if kind == _CONTENT:
+            content.append(canonical)
+            skeleton.append(canonical)
+            if pending:
+                attachments += [(d, canonical) for d in pending]
+                pending = []
+        elif kind == _DIRECTIONAL:
+            pending.append(canonical)
+            skeleton.append(canonical)
+        elif kind == _NEGATION:
+            negations += 1
+    bag = sorted(content)
+    return Parsed(
+        norm=" ".join(stemmed),
+        tokens=tuple(stemmed),
+        surface=frozenset(tokens).union(stemmed, written, map(stem_memo, written)),
+        content=tuple(content),
+        core=tuple(t for t in bag if t not in POLAR),
+        bag=tuple(bag),
+        directions=tuple(sorted(d for d, _ in attachments)),
+        skeleton=tuple(skeleton),
+        numbers=tuple(sorted(numbers)),
+        soft_numbers=tuple(sorted(soft)),
+        negations=negations,
+        polarity=tuple(sorted(polarity)),
+        attachments=tuple(sorted(attachments)),
+    )
+
+
+def numbers_of(p: Parsed, other: Parsed) -> tuple[str, ...]:
+    """The numbers of ``p`` the numbers rule compares with ``other``'s. A soft number ("one",
+    also a pronoun) counts only where the hard numbers differ, so that "one" can stand for a
+    "1" the other side writes, while "buy a new one" beside the same "8 GB" and "2015" stays a
+    pronoun."""
+    if p.numbers != other.numbers and (other.numbers or other.soft_numbers):
+        return tuple(sorted(p.numbers + p.soft_numbers))
+    return p.numbers
+
+
+def exchanged(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | None:
+    """The two words, if b is a with exactly two single words exchanged ("dog bites man").
+
+    A phrase moved as a unit ("from London" to the end) is not an exchange: a rewording does
+    that. Two words trading places while the frame around them stays is a different question.
+    """
+    if len(a) != len(b):
+        return None
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(diff) == 2:
+        i, j = diff
+        if a[i] == b[j] and a[j] == b[i]:
+            return a[i], a[j]
+    return None
