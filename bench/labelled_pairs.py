@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from gpucache.cache.semantic import SemanticCache
-from gpucache.embedding.embedder import Embedder
+from gpucache.embedding.model import Embedder
 from gpucache.guard.lexical import ADDED_RULES, RULES, LexicalNearMissVerifier
 from gpucache.guard.verifier import HitVerifier, ThresholdOnly
 

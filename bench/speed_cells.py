@@ -38,7 +38,8 @@ def bench_embedder(device: torch.device, prompts: list[str], repeat: int) -> dic
     """Our embedder against sentence-transformers on the same model and prompts, and against
     itself in plain fp32 where the default took a faster dtype: all timed together
     (``timed_together``), so the ratios do not carry a shared machine's drift between them."""
-    from gpucache.embedding.embedder import TransformerEmbedder, default_model_path
+    from gpucache.embedding.embedder import TransformerEmbedder
+    from gpucache.embedding.model import default_model_path
 
     ours = TransformerEmbedder(device=device)
     engines: dict[str, Callable[[], Any]] = {"gpucache": lambda: ours.encode(prompts)}
@@ -285,7 +286,8 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
     reaches them alike; the ratios to the yardstick are of medians from the same rounds."""
     from gpucache import SemanticCache, StoreEverything
     from gpucache.demo.replay import load_workload
-    from gpucache.embedding.embedder import TransformerEmbedder, default_model_path
+    from gpucache.embedding.embedder import TransformerEmbedder
+    from gpucache.embedding.model import default_model_path
 
     router = _FillRouter(TransformerEmbedder(device=device))
     base = list(dict.fromkeys(item.prompt for item in load_workload()))[: count + 1]

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from gpucache.cache.snapshot import SnapshotError
     from gpucache.cache.stats import CacheStats
     from gpucache.devices import resolve_device
-    from gpucache.embedding.embedder import Embedder, TransformerEmbedder
+    from gpucache.embedding.embedder import TransformerEmbedder
+    from gpucache.embedding.model import Embedder
     from gpucache.guard.lexical import LexicalNearMissVerifier
     from gpucache.guard.verifier import ExplainingVerifier, HitVerifier, ThresholdOnly, Verdict
     from gpucache.index.kernel_choice import ScanKernelChooser
@@ -37,7 +38,7 @@ _LAZY = {
     "CacheSettings": "gpucache.cache.settings",
     "CacheStats": "gpucache.cache.stats",
     "ContentPolicy": "gpucache.policy.content",
-    "Embedder": "gpucache.embedding.embedder",
+    "Embedder": "gpucache.embedding.model",
     "ExactScanStore": "gpucache.index.store",
     "ExplainingVerifier": "gpucache.guard.verifier",
     "Hit": "gpucache.cache.semantic",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from gpucache.embedding.embedder import default_model_path
+from gpucache.embedding.model import default_model_path
 
 
 def main(target: str) -> None:

@@ -123,6 +123,29 @@ def test_no_module_reads_another_modules_private_names():
     assert reads == []
 
 
+def _private_imports(path: Path) -> list[str]:
+    """``from gpucache.x import _name``: a name another module keeps to itself."""
+    return [f"{path.name}:{node.lineno} {node.module}.{alias.name}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpucache")
+            for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+
+
+def test_no_module_imports_another_modules_private_names(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from gpucache.guard.words import _stem, STOPWORDS\n")
+    assert _private_imports(module) == ["m.py:1 gpucache.guard.words._stem"]  # the finder finds
+    assert [i for path in _modules().values() for i in _private_imports(path)] == []
+
+
+def test_no_module_of_the_package_is_longer_than_a_reader_holds_at_once():
+    """A module over the limit does more than one part's work: split it where its parts meet."""
+    lengths = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    kernels = PACKAGE.parent / "kernels"
+    lengths.update({f"kernels.{p.stem}": len(p.read_text().splitlines()) for p in kernels.glob("*.py")})
+    assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
+
+
 def test_every_package_of_the_tree_is_installed_with_the_library():
     """pyproject.toml lists the packages by name: one added to the tree and not listed there
     would be missing from an installed (non-editable) gpucache."""

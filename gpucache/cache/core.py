@@ -39,7 +39,8 @@ from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import Snapshot, SnapshotEntry
 from gpucache.cache.stats import CacheStats, StatsCounter
 from gpucache.devices import DeviceLike, resolve_device
-from gpucache.embedding.embedder import Embedder, TransformerEmbedder
+from gpucache.embedding.embedder import TransformerEmbedder
+from gpucache.embedding.model import Embedder
 from gpucache.guard.lexical import LexicalNearMissVerifier
 from gpucache.guard.verifier import HitVerifier
 from gpucache.index.engines.base import ScanEngine

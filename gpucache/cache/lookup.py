@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from gpucache.cache.replication import Replication, SharedEntry
     from gpucache.cache.settings import CacheSettings
     from gpucache.cache.stats import StatsCounter
-    from gpucache.embedding.embedder import Embedder
+    from gpucache.embedding.model import Embedder
     from gpucache.guard.verifier import HitVerifier
     from gpucache.index.store import ExactScanStore
     from gpucache.policy.admission import AdmissionPolicy

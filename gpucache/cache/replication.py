@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from gpucache.embedding.embedder import Embedder
+    from gpucache.embedding.model import Embedder
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ from gpucache.cache.validation import (
     check_ttl,
 )
 from gpucache.devices import DeviceLike
-from gpucache.embedding.embedder import DEFAULT_MODEL_NAME, Embedder, TransformerEmbedder
+from gpucache.embedding.embedder import TransformerEmbedder
+from gpucache.embedding.model import DEFAULT_MODEL_NAME, Embedder
 from gpucache.guard.verifier import HitVerifier
 from gpucache.index.engines.base import ScanEngine
 from gpucache.index.store import ExactScanStore
@@ -182,10 +183,8 @@ class SemanticCache:
         return self._core.store
 
     def __repr__(self) -> str:
-        return (
-            f"SemanticCache(entries={len(self._core.table)}, threshold={self.threshold}, "
-            f"verifier={self.verifier.name!r}, device={self.device})"
-        )
+        return (f"SemanticCache(entries={len(self._core.table)}, threshold={self.threshold}, "
+                f"verifier={self.verifier.name!r}, device={self.device})")
 
     # ----------------------------------------------------------------------------- reads
 

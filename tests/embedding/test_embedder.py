@@ -9,7 +9,8 @@ import gpucache.embedding.embedder as embedder_module
 from gpucache import Embedder, TransformerEmbedder
 from gpucache.demo.replay import load_workload
 from gpucache.devices import cpu_has_native_bf16
-from gpucache.embedding.embedder import AGREEMENT_MIN, default_model_path
+from gpucache.embedding.embedder import AGREEMENT_MIN
+from gpucache.embedding.model import default_model_path
 
 TEXTS = [
     "How do I reset my password?",

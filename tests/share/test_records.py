@@ -26,7 +26,10 @@ def as_read(fields):
     return {k.encode(): as_bytes(v) for k, v in fields.items()}
 
 
-def record(signer=Signer(None), *, model="m", dim=4, vector=None, **overrides):
+UNSIGNED = Signer(None)
+
+
+def record(signer=UNSIGNED, *, model="m", dim=4, vector=None, **overrides):
     vector = np.arange(dim, dtype="<f4") / 10 if vector is None else vector
     fields = entry_fields("tenant", "What is my PIN?", "1234", 1e12, model, dim,
                           vector.astype("<f4").tobytes(), "origin", "5.0")
