@@ -72,13 +72,16 @@ def _latency_lines(latency: dict[str, Any]) -> list[str]:
              f"{'on' if how.get('lean') else 'off'}, packed weights "
              f"{'on' if how.get('packed') else 'off'}, single-text path "
              f"{'on' if how.get('single_text_path') else 'off'}), {latency['count']} "
-             "calls of each kind, one at a time, interleaved in rounds (semantic hits served: "
-             f"{latency['semantic_hits']}).", "",
-             "| call | p50 ms | p99 ms | p50 / sentence-transformers batch-1 p50 |",
-             "|---|---:|---:|---:|"]
+             "calls of each kind, one at a time, interleaved in rounds; \"served as\" counts what "
+             "each call of a row came to.", "",
+             "| call | p50 ms | p99 ms | p50 / sentence-transformers batch-1 p50 | served as |",
+             "|---|---:|---:|---:|---|"]
+    outcomes = latency.get("outcomes", {})
     for name, ms in latency["ms"].items():
         ratio = f"{ms['p50'] / yardstick['p50']:.2f}x" if yardstick else "-"
-        lines.append(f"| {name} | {ms['p50']:.2f} | {ms['p99']:.2f} | {ratio} |")
+        kinds = outcomes.get(name)
+        served = ", ".join(f"{n} {kind}" for kind, n in kinds.items() if n) if kinds else "-"
+        lines.append(f"| {name} | {ms['p50']:.2f} | {ms['p99']:.2f} | {ratio} | {served} |")
     return lines + [""]
 
 

@@ -276,6 +276,18 @@ class _FillRouter:
 NEAR_PER_PROMPT = 2  # stored entries near each prompt of the overhead batch
 
 
+def _kind(hit: Any) -> str:
+    """What a lookup came to: "miss", "exact" or "semantic"."""
+    return "miss" if hit is None else "exact" if hit.exact else "semantic"
+
+
+def _looked_up(cache: Any, prompt: str) -> str:
+    """``get_or_put`` with an instant loader, and what its lookup came to."""
+    seen: list[Any] = []
+    cache.get_or_put(prompt, lambda p: "fresh", on_lookup=seen.append)
+    return _kind(seen[0])
+
+
 def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
     """One lookup at a time, as a proxy at low concurrency sees it: p50 and p99 milliseconds
     of ``get`` of a new prompt (a miss), ``get_or_put`` of a reworded stored prompt (a semantic
@@ -287,7 +299,6 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
     from gpucache import SemanticCache, StoreEverything
     from gpucache.demo.replay import load_workload
     from gpucache.embedding.embedder import TransformerEmbedder
-    from gpucache.embedding.model import default_model_path
 
     router = _FillRouter(TransformerEmbedder(device=device))
     base = list(dict.fromkeys(item.prompt for item in load_workload()))[: count + 1]
@@ -306,41 +317,34 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
     cache = filled()
     # the same lookup from a full-precision store, beside the default's storage mode
     fp32 = filled(quantization="fp32") if cache.quantization != "fp32" else None
+    # each cache call returns what the cache did ("miss", "exact", "semantic"), so the report
+    # says how many calls of a row were what the row is named for, counted row by row
     calls: dict[str, Callable[[int], object]] = {
-        "get (miss)": lambda i: cache.get(f"{base[i]} (asked {i})"),
-        "get_or_put (semantic hit)": lambda i: cache.get_or_put(f"Please, {base[i]}",
-                                                               lambda p: "fresh"),
-        "get_or_put (miss)": lambda i: cache.get_or_put(f"{base[i]} (new {i})", lambda p: "fresh"),
+        "get (miss)": lambda i: _kind(cache.get(f"{base[i]} (asked {i})")),
+        "get_or_put (semantic hit)": lambda i: _looked_up(cache, f"Please, {base[i]}"),
+        "get_or_put (miss)": lambda i: _looked_up(cache, f"{base[i]} (new {i})"),
         "gpucache embedder encode, batch 1": lambda i: router.real.encode([f"{base[i]} (e {i})"]),
     }
     if fp32 is not None:
-        calls["get (miss), fp32 store"] = lambda i: fp32.get(f"{base[i]} (fp32 {i})")
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        pass
-    else:
-        st = SentenceTransformer(str(default_model_path()), device=str(device))
-        calls["sentence-transformers encode, batch 1"] = (
-            lambda i: st.encode([f"{base[i]} (st {i})"], convert_to_tensor=True))
+        calls["get (miss), fp32 store"] = lambda i: _kind(fp32.get(f"{base[i]} (fp32 {i})"))
     for call in calls.values():  # warm-up (first calls allocate), on a prompt of its own
         call(count)
     millis: dict[str, list[float]] = {name: [] for name in calls}
+    outcomes: dict[str, dict[str, int]] = {}
     for i in range(count):
         for name, call in calls.items():
             start = time.perf_counter()
-            call(i)
+            outcome = call(i)
             sync(device)
             millis[name].append(1000 * (time.perf_counter() - start))
-    served = cache.stats()
+            if isinstance(outcome, str):
+                row = outcomes.setdefault(name, {"miss": 0, "exact": 0, "semantic": 0})
+                row[outcome] += 1
     embedder = router.real
-    lean = getattr(embedder, "_lean", None)
-    out: dict[str, Any] = {"n": n, "count": count, "semantic_hits": served.semantic_hits,
+    out: dict[str, Any] = {"n": n, "count": count, "outcomes": outcomes,
                            "quantization": cache.quantization,
-                           "embedder": {"lean": bool(getattr(embedder, "uses_lean", False)),
-                                        "packed": bool(lean is not None and lean.packed),
-                                        "single_text_path": getattr(embedder, "_single", None)
-                                        is not None},
+                           "embedder": {"lean": embedder.uses_lean, "packed": embedder.packed,
+                                        "single_text_path": embedder.single_text_path},
                            "ms": {}}
     for name, values in millis.items():
         values.sort()

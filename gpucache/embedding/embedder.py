@@ -261,6 +261,16 @@ class TransformerEmbedder:
         return self._lean is not None
 
     @property
+    def packed(self) -> bool:
+        """Whether the lean encoder's Linear weights are packed for the CPU's matrix library."""
+        return self._lean is not None and self._lean.packed
+
+    @property
+    def single_text_path(self) -> bool:
+        """Whether one text is tokenized on the short path (``tokenizers`` directly)."""
+        return self._single is not None
+
+    @property
     def path(self) -> str:
         """The forward path this embedder took at load, in words: which pass, the matmuls'
         dtype, and on the CPU whether the Linear weights are packed (the probes above decide

@@ -13,7 +13,7 @@ import torch
 SPEED = Path(__file__).resolve().parents[2] / "bench" / "speed.py"
 
 
-def test_bench_quick_writes_a_report(tmp_path):
+def test_bench_quick_writes_a_report(tmp_path, real_embedder):
     out = tmp_path / "bench.md"
     result = subprocess.run(
         [sys.executable, str(SPEED), "--quick", "--device", "cpu", "--repeat", "1",
@@ -46,7 +46,12 @@ def test_bench_quick_writes_a_report(tmp_path):
     assert "| vs FAISS same precision |" in text and "FAISS's OpenMP pool set to" in text
     latency = data[0]["latency"]
     assert set(latency["ms"]) >= {"get (miss)", "get_or_put (semantic hit)", "get_or_put (miss)"}
-    assert latency["semantic_hits"] >= latency["count"]  # the hits were hits
+    outcomes, count = latency["outcomes"], latency["count"]
+    for name in ("get (miss)", "get_or_put (miss)"):  # a row named for misses timed misses only
+        assert outcomes[name] == {"miss": count, "exact": 0, "semantic": 0}
+    semantic = outcomes["get_or_put (semantic hit)"]  # counted for its own row, and reported
+    assert sum(semantic.values()) == count and semantic["semantic"] > 0 and semantic["exact"] == 0
+    assert f"| {semantic['semantic']} semantic" in text
     assert all(0 < v["p50"] <= v["p99"] for v in latency["ms"].values())
     assert "### One lookup at a time" in text
     from gpucache.index.store import resolve_quantization
@@ -54,7 +59,9 @@ def test_bench_quick_writes_a_report(tmp_path):
     assert latency["quantization"] == resolve_quantization("auto", torch.device("cpu"), 384)
     if latency["quantization"] != "fp32":  # the default's storage beside a full-precision one
         assert "get (miss), fp32 store" in latency["ms"]
-    assert latency["embedder"]["lean"] and latency["embedder"]["single_text_path"]
+    # the report says which path the embedder took, as the embedder itself says
+    assert latency["embedder"] == {"lean": real_embedder.uses_lean, "packed": real_embedder.packed,
+                                   "single_text_path": real_embedder.single_text_path}
 
 
 def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):

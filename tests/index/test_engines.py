@@ -207,7 +207,8 @@ def test_int8_rows_are_widened_within_the_budget():
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_a_k_beyond_the_kernels_tiles_goes_to_the_torch_engine():
     """A quantized store over-fetches 4k + 16 candidates: top_k = 20 asks the kernel for 96,
-    more than it keeps per tile (64)."""
+    more than it keeps per tile (64). Through a cache (a lookup that scans: the prompt is not
+    stored as written, so the exact tier cannot answer) and on the engine alone."""
     from conftest import FakeEmbedder
 
     from gpucache import SemanticCache, StoreEverything, ThresholdOnly
@@ -215,8 +216,10 @@ def test_a_k_beyond_the_kernels_tiles_goes_to_the_torch_engine():
     cache = SemanticCache(FakeEmbedder(dim=32), device="cpu", quantization="fp16", top_k=20,
                           scan_kernel="triton", verifier=ThresholdOnly(), cache_policy=StoreEverything())
     cache.warm((f"stored question number {i}", str(i)) for i in range(300))
-    hit = cache.get("stored question number 7")
-    assert hit is not None and hit.response == "7"
+    scans = cache.stats().scans
+    hit = cache.get("Stored question, number 7?")  # the same words: the same fake embedding
+    assert hit is not None and hit.response == "7" and not hit.exact
+    assert cache.stats().scans == scans + 1
     rows = stored_rows("fp16", unit_rows(300, 32, 1), [0] * 300, [math.inf] * 300)
     queries = unit_rows(3, 32, 2)
     scores, found = TritonEngine().scan(rows, ScanJob(queries, 96, 0, 0.0, 300), host_buffer)
