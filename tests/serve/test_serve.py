@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 
@@ -253,21 +253,31 @@ def lookup_batches(proxy) -> float:
     raise AssertionError("no gpucache_lookup_batches_total in /metrics")
 
 
-def test_sixty_four_concurrent_clients_make_one_upstream_call_per_distinct_prompt(proxy, upstream):
-    prompts = [f"[slow] Concurrent question number {i} about topic {i}" for i in range(8)]
-    batches_before = lookup_batches(proxy)
+def test_sixty_four_concurrent_clients_share_one_lookup_batch_and_one_upstream_call_per_prompt(
+        upstream, real_embedder):
+    """A batch is sent when it holds ``lookup_batch`` lookups or its window passes; here the
+    window is the longest allowed (1 s), far longer than 64 local requests take to arrive, so the
+    64 lookups are exactly one batch, sent as the 64th arrives (looked up one by one, they would
+    be 64 batches). Single-flight then loads each of the 8 distinct prompts once."""
+    prompts = [f"[slow] Gathered question number {i} about subject {i}" for i in range(8)]
+    app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET),
+                     cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_batch=64,
+                                                         lookup_window_seconds=1.0,
+                                                         lookup_timeout_seconds=120.0))
+    with Served(app) as served:
+        assert lookup_batches(served) == 0
 
-    async def main():
-        c = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0,
-                               default_headers={"x-gpucache-namespace": "t-burst"})
-        async with c:
-            return await asyncio.gather(*(c.chat.completions.create(
-                model="smol", messages=[{"role": "user", "content": prompts[i % 8]}]) for i in range(64)))
+        async def main():
+            c = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="k", max_retries=0, timeout=120,
+                                   default_headers={"x-gpucache-namespace": "t-burst"})
+            async with c:
+                return await asyncio.gather(*(c.chat.completions.create(
+                    model="smol", messages=[{"role": "user", "content": prompts[i % 8]}]) for i in range(64)))
 
-    answers = asyncio.run(main())
-    assert [a.choices[0].message.content for a in answers] == [answer_to(prompts[i % 8]) for i in range(64)]
-    assert [upstream_calls(upstream, p) for p in prompts] == [1] * 8
-    assert lookup_batches(proxy) - batches_before < 64  # lookups that arrived together shared batches
+        answers = asyncio.run(main())
+        assert [a.choices[0].message.content for a in answers] == [answer_to(prompts[i % 8]) for i in range(64)]
+        assert [upstream_calls(upstream, p) for p in prompts] == [1] * 8
+        assert lookup_batches(served) == 1
 
 
 def test_metrics_count_what_happened(proxy):
@@ -367,20 +377,28 @@ def test_a_cache_that_fails_fails_open(upstream, fake_embedder):
 def test_sigterm_finishes_and_saves_the_snapshot_which_the_next_start_serves(upstream, tmp_path):
     snapshot, port = tmp_path / "cache.gpucache", free_port()
     command = [sys.executable, "-m", "gpucache", "serve", "--upstream", f"{upstream.url}/v1",
-               "--port", str(port), "--snapshot", str(snapshot), "--log-level", "warning"]
+               "--port", str(port), "--snapshot", str(snapshot), "--log-level", "info"]
     env = {**os.environ, "GPUCACHE_NAMESPACE_SECRET": "a-stable-secret-of-some-length"}
 
     def start():
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # a process start-up: poll its readiness endpoint
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    return process
-            except httpx.HTTPError:
-                time.sleep(0.2)  # stall: the process is still loading the model
-        process.kill()
-        raise AssertionError(process.stdout.read().decode() if process.stdout else "did not start")
+        """The server process, once it says it serves: its log line is the event waited on
+        (within two minutes, the model's load included); its output is drained throughout."""
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
+        ready, lines = threading.Event(), []
+
+        def drain():
+            for line in process.stdout:
+                lines.append(line)
+                if "Uvicorn running on" in line:
+                    ready.set()
+            ready.set()  # it exited: the wait ends, and the check below says so
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not ready.wait(120) or process.poll() is not None:
+            process.kill()
+            raise AssertionError("".join(lines) or "the server did not start")
+        return process
 
     served = type("S", (), {"url": f"http://127.0.0.1:{port}"})
     process = start()
