@@ -82,11 +82,11 @@ MUST_REJECT = [
     ("What are the advantages of remote work?", "What are the disadvantages of remote work?", "antonym"),
     ("How do I deposit a cheque?", "How do I withdraw a cheque?", "antonym"),
     ("Set an alarm for 7 am", "Set an alarm for 7 pm", "antonym"),
-    ("Convert Celsius to Fahrenheit", "Convert Fahrenheit to Celsius", "direction"),
+    ("Convert Kelvin to Rankine", "Convert Rankine to Kelvin", "direction"),
     ("How do I follow someone on Twitter?", "How do I unfollow someone on Twitter?", "antonym"),
     ("Why is my upload speed slow?", "Why is my download speed slow?", "antonym"),
     # reordered around a directional word
-    ("Translate this from English to French", "Translate this from French to English", "direction"),
+    ("Render this paragraph from Markdown to HTML", "Render this paragraph from HTML to Markdown", "direction"),
     ("Is Python faster than Java?", "Is Java faster than Python?", "direction"),
     ("How many cups in a liter?", "How many liters in a cup?", "direction"),
     ("Exchange rate from USD to JPY", "Exchange rate from JPY to USD", "direction"),
@@ -329,7 +329,7 @@ TABLE_STILL_REJECTS = [
     ("How do I make my laptop faster?", "How do I make my laptop quieter?", "substitution"),
     ("How do I sort the indices of an array?", "How do I sort the vertices of a graph?", "substitution"),
     ("Define entropy", "Define enthalpy", "substitution"),
-    ("Convert 8 pounds to kilograms", "Convert 8 kg to lbs", "direction"),
+    ("Convert 12 ounces to grams", "Convert 12 g to oz", "direction"),
     ("What are the advantages of solar panels?", "What are the disadvantages of solar panels?", "antonym"),
     ("Write a brief summary of the war", "Write a detailed summary of the war", "substitution"),
     ("How do I get rid of moles in my lawn?", "How do I attract moles to my lawn?", "substitution"),
@@ -364,11 +364,13 @@ def test_must_accept(cached, new):
     assert V.verify(cached, new, 0.9) is True
 
 
-def test_the_table_is_large_and_covers_every_rule():
-    assert len(MUST_REJECT) + len(MUST_ACCEPT) >= 100
-    rules = {rule for _, _, rule in MUST_REJECT}
-    assert rules == {"symbols", "payload", "numbers", "negation", "polarity", "antonym", "direction",
-                     "swapped", "question-word", "crossed", "reordered", "substitution", "added"}
+@pytest.mark.parametrize("cached, new, rule", MUST_REJECT)
+def test_each_rule_rejects_its_examples_alone(cached, new, rule):
+    """A rule stands on its own: with every other rule switched off it still rejects what it
+    is written for (``gpucache calibrate`` switches soft rules off one set at a time, so no
+    rule may lean on an earlier one having run)."""
+    alone = LexicalNearMissVerifier(skip=set(RULES) - {rule})
+    assert alone.explain(cached, new).rule == rule
 
 
 def test_the_rules_are_the_seeds_four_and_the_named_additions():
@@ -430,8 +432,19 @@ def test_verdict_names_the_words_involved():
     assert V.explain("a", "a") == Verdict(False, "identical")
 
 
-def test_name_is_stable():
-    assert LexicalNearMissVerifier.name == "lexical-near-miss"
+def test_every_set_of_rules_switched_off_has_a_name_of_its_own():
+    """The name labels a verifier's rejections in reports and metrics: two verifiers that
+    judge differently never share one, and one set of rules, in any order, has one name."""
+    import itertools
+
+    names = {}
+    for n in range(len(RULES) + 1):
+        for skipped in itertools.combinations(RULES, n):
+            name = LexicalNearMissVerifier(skip=skipped).name
+            assert name == LexicalNearMissVerifier(skip=reversed(skipped)).name
+            names.setdefault(name, skipped)
+    assert len(names) == 2 ** len(RULES)
+    assert LexicalNearMissVerifier(table=False).name not in names
 
 
 @pytest.mark.parametrize("module", ["gpucache.guard.lexical", "gpucache.policy.admission",
