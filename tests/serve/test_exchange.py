@@ -1,0 +1,36 @@
+"""An exchange's Cache-Control (gpucache/serve/exchange.py), as HTTP means it."""
+
+from __future__ import annotations
+
+from gpucache.cache.lookup import Hit
+from gpucache.serve.exchange import MAX_DELTA_SECONDS, CacheControl
+from gpucache.serve.tenancy import Refusal
+
+
+def hit(age: float) -> Hit:
+    return Hit("an answer", "a prompt", 1.0, exact=True, age=age)
+
+
+def test_max_age_is_the_age_a_request_accepts_not_a_lifetime():
+    control = CacheControl.parse("max-age=60")
+    assert control == CacheControl(max_age=60) and control.reads and not control.no_store
+    assert control.fresh(hit(59.5)) and control.fresh(hit(60)) and not control.fresh(hit(60.5))
+    assert not control.fresh(hit(float("inf")))  # an answer of unknown age is never fresh
+    assert CacheControl().fresh(hit(float("inf")))  # no max-age: any age
+
+
+def test_no_cache_and_max_age_zero_read_nothing_and_no_store_stores_nothing():
+    assert not CacheControl.parse("no-cache").reads
+    assert not CacheControl.parse("max-age=0").reads
+    both = CacheControl.parse("No-Store, no-cache")
+    assert both.no_store and not both.reads
+
+
+def test_a_huge_max_age_is_capped_as_rfc_9111_says_and_a_malformed_one_is_a_400():
+    assert CacheControl.parse("max-age=10000000000000000").max_age == MAX_DELTA_SECONDS
+    assert CacheControl.parse("max-age=" + "9" * 10_000).max_age == MAX_DELTA_SECONDS  # past int()'s digits
+    assert CacheControl.parse("max-age=" + "0" * 5_000 + "7").max_age == 7  # leading zeros are zeros
+    for bad in ("max-age=-1", "max-age=1.5", 'max-age="5"', "max-age=", "max-age=١٢"):
+        refused = CacheControl.parse(bad)
+        assert isinstance(refused, Refusal) and refused.status == 400, bad
+    assert CacheControl.parse("private, must-revalidate") == CacheControl()  # unknown: ignored
