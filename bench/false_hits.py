@@ -166,7 +166,7 @@ def _rule_yield_section(results: Sequence[PairResult], threshold: float) -> list
 
 
 def _ablation_section(results: Sequence[PairResult], threshold: float) -> list[str]:
-    """The default against the verifier with one rule off (or only the seed's rules), file by
+    """The default against the verifier with one rule off (or only the founding rules), file by
     file: the evidence a deployment needs to switch a rule off, and the limits of the rules."""
     with_ablation = [r for r in results if r.ablation]
     if not with_ablation:
@@ -175,7 +175,7 @@ def _ablation_section(results: Sequence[PairResult], threshold: float) -> list[s
            "Guarded false hits / hits, and the ratio to threshold-only at the same hit rate, "
            "with one rule switched off (`LexicalNearMissVerifier(skip=(rule,))`), without the "
            "table of interchangeable words (`table=False`), or with every addition off (the "
-           "seed's rules alone, without the table). A rule whose removal raises a file's ratio "
+           "founding rules alone, without the table). A rule whose removal raises a file's ratio "
            "acts worse than a higher threshold on that file.", "",
            "| verifier | " + " | ".join(r.name for r in with_ablation) + " |",
            "|---|" + "---|" * len(with_ablation)]

@@ -196,7 +196,7 @@ def evaluate_pairs(
 
 def ablation_variants() -> dict[str, LexicalNearMissVerifier]:
     """The verifier variants the report compares with the default: each rule switched off
-    on its own, the table of interchangeable words left out, and the seed's rules alone
+    on its own, the table of interchangeable words left out, and the founding rules alone
     (every addition off, the table too)."""
     variants = {f"without {rule}": LexicalNearMissVerifier(skip=(rule,)) for rule in RULES}
     variants["without the table"] = LexicalNearMissVerifier(table=False)

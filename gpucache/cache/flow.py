@@ -20,7 +20,7 @@ A driver runs the operations and knows nothing of the logic. The sync drivers ca
 place. The async drivers run ``Work`` in a worker thread, hand ``Find`` to the cache's lookup
 coalescer (which batches concurrent lookups and runs them in a worker thread, batching.py) and
 await the rest, so nothing on the event loop ever waits on the cache's lock, which a scan holds
-(DESIGN.md, contract 12). The only
+for milliseconds (a server's every other request would wait with it). The only
 lock taken on the loop is single-flight's own, held for a dict operation and never across a
 scan.
 

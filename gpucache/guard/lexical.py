@@ -10,8 +10,8 @@ everything else through to the similarity threshold.
 
 Both prompts are normalised (NFKC, lowercase, curly quotes straightened, digit groupings such
 as "1,000" joined), tokenised, stripped of stopwords and reduced by a light suffix stemmer. Then
-the rules below run in order; the first that fires rejects (seed 000_267dccf0cb1adcd2, plus
-the named additions measured in bench/reports/semantic-false-hits.md):
+the rules below run in order; the first that fires rejects (the four founding rules the project
+started from, marked by nothing, and the additions, marked [addition]):
 
     symbols       both prompts hold operators or symbols, and they differ
                   ("x >= 5" / "x <= 5", "a && b" / "a || b")                 -> reject  [addition]
@@ -69,9 +69,10 @@ from gpucache.guard.words import (
     QUESTION_WORDS,
 )
 
-# The rules in the order they run. The seed's four (numbers; negation and polarity; direction;
-# substitution) and the additions the false-hit report measured; any of them can be switched off
-# (``LexicalNearMissVerifier(skip=...)``), which the report uses to show what each one buys.
+# The rules in the order they run: the founding rules the project started from (``SEED_RULES``:
+# numbers; negation and polarity; direction; substitution) and the additions; any of them can be
+# switched off (``LexicalNearMissVerifier(skip=...)``), which the false-hit report uses to show
+# what each one buys.
 SEED_RULES = ("numbers", "negation", "polarity", "direction", "substitution")
 ADDED_RULES = ("symbols", "payload", "antonym", "question-word", "swapped", "crossed", "reordered",
                "added")

@@ -124,7 +124,7 @@ def coordinated(tokens: tuple[str, ...], x: str, y: str) -> bool:
 def crossed(pa: Parsed, pb: Parsed) -> tuple[str, str] | None:
     """Two shared content words on opposite sides of a directional word in each prompt, in
     opposite order, where the rest of the prompts differ ("how much is 100 EUR in USD" /
-    "convert 100 USD to EUR"): the seed's direction rule for prompts that are not otherwise
+    "convert 100 USD to EUR"): the founding direction rule for prompts that are not otherwise
     identical. A phrase moved whole keeps its directional word ("from London to Paris" /
     "to Paris from London") and does not count."""
     shared = set(pa.content) & set(pb.content)
@@ -252,7 +252,7 @@ def one_increasing_subsequence(xs: list[int]) -> set[int]:
 
 
 def substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, str]]:
-    """The substitutions aligning a to b, if that is all it takes (seed rule 4), else []."""
+    """The substitutions aligning a to b, if that is all it takes (the founding substitution rule), else []."""
     if not a or not b:
         return []
     # Common prefix and suffix first (linear), so two long prompts that differ in a few words

@@ -76,7 +76,7 @@ ANTONYM_PAIRS = [
 
 # Words that ask the same question in any prompt: swapping one for another of its class is a
 # rewording, not a substitution ("the best laptop" / "a good laptop", "movie" / "film"). Short
-# on purpose: every other one-word swap still rejects (the seed's conservative default), and a
+# on purpose: every other one-word swap still rejects (the founding rules' conservative default), and a
 # class joins only when no question changes with the word. Measured in the false-hit report.
 INTERCHANGEABLE_CLASSES = [
     "good best great top nice excellent finest greatest awesome ideal",

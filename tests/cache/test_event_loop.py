@@ -1,4 +1,4 @@
-"""The async API never blocks its event loop (DESIGN.md, contract 12).
+"""The async API never blocks its event loop: no await waits on a lock that a scan can hold.
 
 One thread runs long scans over a large store, holding the cache's lock for each; meanwhile an
 asyncio ticker on the loop keeps its period, while small async calls wait for that lock in

@@ -1,4 +1,5 @@
-"""LexicalNearMissVerifier: the seed's rules, one table of hand-written cases, determinism."""
+"""LexicalNearMissVerifier (gpucache/guard/lexical.py): the founding rules and the additions, one
+table of hand-written cases, determinism."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ LONG_QUESTION = (
 
 # (cached prompt, new prompt, the rule that must reject it)
 MUST_REJECT = [
-    # the seed's own examples
+    # the founding rules' own examples
     ("convert 10 miles to km", "convert 10 km to miles", "direction"),
     ("reset my password", "reset my username", "substitution"),
     ("What is 5 + 5?", "What is 50 + 5?", "numbers"),
@@ -69,7 +70,7 @@ MUST_REJECT = [
     ("Log in", "Log out", "polarity"),
     ("Is the temperature above zero?", "Is the temperature below zero?", "polarity"),
     ("Are there more cats than dogs?", "Are there fewer cats than dogs?", "polarity"),
-    # antonyms (an addition to the seed)
+    # antonyms (an addition to the founding rules)
     ("How do I enable two factor authentication?", "How can I disable two factor authentication?", "antonym"),
     ("How do I add a user to a group in Linux?", "How can I remove a user from a Linux group?", "antonym"),
     ("Best time to buy a car", "Best time to sell a car", "antonym"),
@@ -94,18 +95,18 @@ MUST_REJECT = [
     ("Merge branch main into feature", "Merge branch feature into main", "direction"),
     ("Is Messi better than Ronaldo?", "Is Ronaldo better than Messi?", "direction"),
     ("Copy files from the server to my laptop", "Copy files from my laptop to the server", "direction"),
-    # two words traded places (an addition to the seed)
+    # two words traded places (an addition to the founding rules)
     ("Alice sent Bob the report", "Bob sent Alice the report", "swapped"),
     ("The film was directed by Smith and produced by Jones", "The film was produced by Smith and directed by Jones", "swapped"),
     ("dog bites man", "man bites dog", "swapped"),
-    # a different wh-thing asked (an addition to the seed)
+    # a different wh-thing asked (an addition to the founding rules)
     ("Who wrote Pride and Prejudice?", "When was Pride and Prejudice published?", "question-word"),
     ("Where is the Eiffel Tower?", "Why is the Eiffel Tower famous?", "question-word"),
     ("When does the store open?", "Where does the store open?", "question-word"),
-    # shared words cross a directional word while the rest differs (an addition to the seed)
+    # shared words cross a directional word while the rest differs (an addition to the founding rules)
     ("How much is 100 EUR in USD?", "Convert 100 USD to EUR", "crossed"),
     ("How long does it take to drive from Boston to New York?", "Driving time New York to Boston", "crossed"),
-    # most words shared, some moved (an addition to the seed)
+    # most words shared, some moved (an addition to the founding rules)
     ("In 2018 the Utah House of Representatives passed a bill to legalize the right to grow and try medical marijuana plants",
      "In 2018 the House of Representatives of Utah passed a bill to grow the right to try and marijuana plants", "crossed"),
     ("The Villa Pesquera facilities are owned by the Municipality of Ponce but operated by the fishermen themselves",
@@ -155,10 +156,10 @@ MUST_REJECT = [
     ("What time does the store open on Sunday?", "What time does the store open on Saturday?", "substitution"),
     ("Git undo last commit", "Git amend last commit", "substitution"),
     ("Install docker on Ubuntu", "Install docker on Debian", "substitution"),
-    # conservative by design (the seed): a one-word synonym swap costs a miss, never a wrong answer
+    # conservative by design (the founding rules): a one-word synonym swap costs a miss, never a wrong answer
     ("How do I cancel my subscription?", "How do I end my subscription?", "substitution"),
     ("How do I merge two dictionaries in Python?", "How can I combine two dicts in Python?", "substitution"),
-    # one prompt asks for more: a qualifier, a clause, an instruction (an addition to the seed)
+    # one prompt asks for more: a qualifier, a clause, an instruction (an addition to the founding rules)
     ("How do I bake bread?", "How do I bake bread in a cast iron pot?", "added"),
     ("Write a poem about the sea", "Write a poem about the sea for my grandmother's funeral", "added"),
     ("Explain recursion", "Can you explain recursion to me with an example?", "added"),
@@ -373,7 +374,7 @@ def test_each_rule_rejects_its_examples_alone(cached, new, rule):
     assert alone.explain(cached, new).rule == rule
 
 
-def test_the_rules_are_the_seeds_four_and_the_named_additions():
+def test_the_rules_are_the_founding_rules_and_the_named_additions():
     assert set(RULES) == {rule for _, _, rule in MUST_REJECT}
     assert set(SEED_RULES) | set(ADDED_RULES) == set(RULES)
     assert not set(SEED_RULES) & set(ADDED_RULES)
@@ -494,7 +495,7 @@ def test_the_added_rule_names_the_words_and_the_side():
     assert str(verdict) == 'reject (added): only in the new prompt: "without sudo"'
     assert verdict.words == ("sudo",)
     both = V.explain(LONG_QUESTION + " Reply as a table.", LONG_QUESTION + " Reply as a poem.")
-    assert both.rule == "substitution"  # a one-word swap stays the seed rule's
+    assert both.rule == "substitution"  # a one-word swap stays the founding rule's
     longer = V.explain(LONG_QUESTION + " Give the answer as a short table of suspects.",
                        LONG_QUESTION + " Then write the incident summary for customers.")
     assert longer.rule == "added"
@@ -557,7 +558,7 @@ def test_a_broken_table_is_refused_with_its_line(text, message):
 
 
 def test_without_the_table_prompts_are_read_as_written():
-    """``table=False`` is the report's ablation of the table: the seed's substitution rule
+    """``table=False`` is the report's ablation of the table: the founding substitution rule
     then refuses what the table joins, and the verifier says so in its name."""
     plain = LexicalNearMissVerifier(table=False)
     assert plain.explain("Write a haiku about autumn", "Compose a haiku about autumn").rule == "substitution"
