@@ -130,7 +130,7 @@ def run_bench(
 
 
 def render(reports: list[BenchReport], command: str) -> str:
-    lines = ["# gpucache bench", "", f"Reproduce: `{command}`", ""]
+    lines = ["# gpucache speed benchmark", "", f"Reproduce: `{command}`", ""]
     for r in reports:
         v = r.versions
         lines += [
