@@ -1,4 +1,5 @@
-"""Request bodies (gpucache/serve/keying.py): JSON refused past a nesting limit."""
+"""Request bodies (gpucache/serve/keying.py): the scope and the text of a request, the requests
+bypassed, JSON refused past a nesting limit."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from gpucache.serve.keying import MAX_JSON_DEPTH, BadRequest, parse_json
+from gpucache.serve.keying import MAX_JSON_DEPTH, BadRequest, parse_json, request_key
 
 
 def test_nesting_past_the_limit_is_a_bad_request_at_any_depth():
@@ -19,3 +20,66 @@ def test_nesting_past_the_limit_is_a_bad_request_at_any_depth():
             parse_json(("[" * depth + "]" * depth).encode())
     with pytest.raises(BadRequest, match="not valid JSON"):
         parse_json(b"{not json")
+
+
+def chat_body(text="What is the capital of France?", **fields):
+    return {"model": "smol", "messages": [{"role": "user", "content": text}], **fields}
+
+
+def test_only_the_last_user_text_is_compared_and_everything_else_scopes_it():
+    key = request_key("chat", chat_body(), "tenant")
+    assert key.text == "What is the capital of France?" and key.bypass is None
+    assert key.scope.startswith("tenant/")
+    # the same request reworded shares the scope: only the text differs
+    assert request_key("chat", chat_body("Tell me France's capital"), "tenant").scope == key.scope
+    others = [
+        request_key("chat", chat_body(), "another-tenant"),
+        request_key("completions", {"model": "smol", "prompt": "What is the capital of France?"}, "tenant"),
+        request_key("chat", {**chat_body(), "model": "other"}, "tenant"),
+        request_key("chat", chat_body(temperature=0), "tenant"),
+        request_key("chat", chat_body(temperature=0.7), "tenant"),
+        request_key("chat", chat_body(a_field_nobody_knows=1), "tenant"),
+        request_key("chat", {"model": "smol", "messages": [{"role": "system", "content": "Answer in French."},
+                                                            {"role": "user", "content": "What is the capital of France?"}]},
+                    "tenant"),
+    ]
+    scopes = [k.scope for k in others]
+    assert key.scope not in scopes and len(set(scopes)) == len(scopes)
+
+
+def test_transport_fields_never_split_a_scope():
+    key = request_key("chat", chat_body(), "t")
+    streamed = request_key("chat", chat_body(stream=True, stream_options={"include_usage": True}, user="u1"), "t")
+    assert streamed.scope == key.scope and streamed.stream and streamed.include_usage
+
+
+@pytest.mark.parametrize("body, reason", [
+    (chat_body(n=2), "n"),
+    (chat_body(logprobs=True), "logprobs"),
+    (chat_body("?"), "short-text"),
+    ({"model": "smol", "messages": [{"role": "user", "content": "Hi there"},
+                                    {"role": "assistant", "content": "Hello"}]}, "last-message-not-user"),
+    (chat_body([{"type": "image_url", "image_url": {"url": "data:,"}}]), "non-text-content"),
+])
+def test_requests_a_cache_cannot_stand_for_are_bypassed_with_their_reason(body, reason):
+    key = request_key("chat", body, "t")
+    assert key.bypass == reason and key.text is None
+    with pytest.raises(RuntimeError):
+        _ = key.semantic_text
+
+
+def test_text_parts_are_joined_and_one_prompt_in_a_list_is_a_prompt():
+    parts = [{"type": "text", "text": "Translate:"}, {"type": "text", "text": "good morning"}]
+    assert request_key("chat", chat_body(parts), "t").text == "Translate:\ngood morning"
+    assert request_key("completions", {"model": "m", "prompt": ["Once upon"]}, "t").text == "Once upon"
+    assert request_key("completions", {"model": "m", "prompt": ["a", "b"]}, "t").bypass == "several-prompts"
+
+
+@pytest.mark.parametrize("body, param", [
+    ([], None), ({"messages": []}, "model"), (chat_body(stream="yes"), "stream"),
+    ({"model": "m", "messages": []}, "messages"), ({"model": "m", "messages": ["hi"]}, "messages[0]"),
+])
+def test_a_body_of_the_wrong_shape_is_a_bad_request_naming_the_field(body, param):
+    with pytest.raises(BadRequest) as raised:
+        request_key("chat", body, "t")
+    assert raised.value.param == param
