@@ -252,7 +252,8 @@ def one_increasing_subsequence(xs: list[int]) -> set[int]:
 
 
 def substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, str]]:
-    """The substitutions aligning a to b, if that is all it takes (the founding substitution rule), else []."""
+    """The substitutions aligning a to b, if that is all it takes (the founding substitution
+    rule), else []."""
     if not a or not b:
         return []
     # Common prefix and suffix first (linear), so two long prompts that differ in a few words
