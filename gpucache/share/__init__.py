@@ -1,1 +1,3 @@
-"""Replicas sharing entries through Redis or Valkey (redis.py); needs the ``share`` extra."""
+"""Replicas sharing entries through Redis or Valkey: ``RedisShare`` (redis.py), over the record
+format (records.py), the link (link.py) and the writing and tailing threads (writer.py,
+tail.py); needs the ``share`` extra. ``ReplicationSettings`` (settings.py) imports without it."""
