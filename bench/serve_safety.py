@@ -12,6 +12,7 @@ paths that a client library would tidy before sending.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -84,7 +85,9 @@ def stream(url: str, text: str, **kwargs: object) -> str:
 
 
 def main() -> None:
-    out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "bench/reports/serve-safety.md"
+    parser = argparse.ArgumentParser(description="the proxy asked each hostile case, as a client would")
+    parser.add_argument("--out", default="bench/reports/serve-safety.md", help="the report written")
+    out = parser.parse_args().out
     os.environ["GPUCACHE_NAMESPACE_SECRET"] = SECRET  # the proxies started below inherit it
     up_port, proxy_port, gate_port = free_port(), free_port(), free_port()
     upstream = start(
