@@ -157,3 +157,24 @@ def test_every_package_of_the_tree_is_installed_with_the_library():
     assert in_tree | {"gpucache.kernels"} == listed
     assert config["package-dir"] == {"gpucache.kernels": "kernels"}
     assert (root / "kernels" / "__init__.py").exists()
+
+
+def _layout_names() -> set[str]:
+    """The file names the README's layout section mentions."""
+    import re
+
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Layout"):]
+    block = section[section.index("```") + 3:]
+    block = block[: block.index("```")]
+    return set(re.findall(r"[\w-]+\.(?:py|txt)\b", block))
+
+
+def test_the_readmes_layout_names_every_module_and_only_modules_that_exist():
+    named = _layout_names()
+    tree = {p.name for p in (PACKAGE.parent).rglob("*") if not {".git", ".venv"} & set(p.parts)}
+    assert sorted(named - tree) == []  # nothing named that is gone
+    modules = {p.name for p in PACKAGE.rglob("*.py")
+               if p.name not in ("__init__.py", "__main__.py") and p.parent.name != "engines"}
+    modules |= {p.name for p in (PACKAGE.parent / "bench").glob("*.py")}
+    assert sorted(modules - named) == []  # nothing in the tree left unsaid (engines are named by kind)
