@@ -42,7 +42,7 @@ from gpucache.devices import DeviceLike, resolve_device
 from gpucache.embedding.embedder import TransformerEmbedder
 from gpucache.embedding.model import Embedder
 from gpucache.guard.lexical import LexicalNearMissVerifier
-from gpucache.guard.verifier import HitVerifier
+from gpucache.guard.verifier import HitVerifier, ReadsRequests
 from gpucache.index.engines.base import ScanEngine
 from gpucache.index.interface import NEVER
 from gpucache.index.store import ExactScanStore
@@ -217,13 +217,23 @@ class CacheCore:
             self._clock = now
         return self._clock
 
+    def embedded(self, prompts: Sequence[str]) -> list[str]:
+        """The texts the semantic tier embeds for ``prompts``: each prompt's request as the
+        verifier reads it (``ReadsRequests``: framing dropped, shorthand written out), so a
+        chatty wrapper and the bare request land together; the prompt itself for a verifier
+        that reads prompts as written. The exact tier always keys the prompt as sent."""
+        verifier = self.verifier
+        if isinstance(verifier, ReadsRequests):
+            return [verifier.request(p) for p in prompts]
+        return list(prompts)
+
     def put(self, items: list[tuple[str, str]], scope: str, ttl: float | None) -> int:
         with self.lock:
             items = [(p, r) for p, r in items if self.allowed(p, r, scope)]
         if not items:
             return 0
         began = time.perf_counter()
-        vectors = self.embedder.encode([p for p, _ in items])  # no lock held
+        vectors = self.embedder.encode(self.embedded([p for p, _ in items]))  # no lock held
         with self.lock:
             self.counters.embedding(time.perf_counter() - began, len(items))
             now = self.now()

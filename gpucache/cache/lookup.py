@@ -58,6 +58,8 @@ class LookupState(Protocol):
 
     def now(self) -> float: ...
 
+    def embedded(self, prompts: Sequence[str]) -> list[str]: ...
+
     def apply_replicated(self, entries: Sequence[SharedEntry]) -> None: ...
 
 
@@ -143,7 +145,8 @@ def lookup_batch(core: LookupState, requests: Sequence[LookupRequest]) -> list[P
     texts = list(dict.fromkeys(prompt for _, prompt in need))
     dim = core.embedder.dim
     began = time.perf_counter()
-    embedded = core.embedder.encode(texts) if texts else torch.zeros((0, dim))  # no lock held
+    # no lock held; what is embedded is each prompt's request text (the verifier's reading)
+    embedded = core.embedder.encode(core.embedded(texts)) if texts else torch.zeros((0, dim))
     embed_seconds = time.perf_counter() - began
     row_of = {text: i for i, text in enumerate(texts)}
     for plan in plans:  # (len(unique), D), zero rows for exact hits

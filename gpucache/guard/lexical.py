@@ -1,53 +1,56 @@
-"""LexicalNearMissVerifier: reject a candidate that is a minimal edit of the cached prompt.
+"""LexicalNearMissVerifier: refuse a candidate when the two prompts differ in a named way.
 
-Why a lexical guard: a sentence embedding averages meaning over the words, so a prompt and a
-small edit of it that changes the question ("convert 10 miles to km" / "convert 10 km to
-miles", "reset my password" / "reset my username") score 0.9 and above, often higher than a
-true rewording. What gives a near-miss away is its shape: almost the same words, with a few
-swapped, negated, renumbered or reordered. A rewording looks different: other words, other
-lengths, insertions and deletions. So the verifier looks for the shape of a near-miss and lets
-everything else through to the similarity threshold.
-
-Both prompts are normalised (NFKC, lowercase, curly quotes straightened, digit groupings such
-as "1,000" joined), tokenised, stripped of stopwords and reduced by a light suffix stemmer. Then
-the rules below run in order; the first that fires rejects (the four founding rules the project
-started from, marked by nothing, and the additions, marked [addition]):
+Why: a sentence embedding averages meaning over the words, so a prompt and a small edit of it
+that changes the question ("convert 10 miles to km" / "convert 10 km to miles", "reset my
+password" / "reset my username") score 0.9 and above, often higher than a true rewording. An
+earlier design refused edits by their *shape* (any word substituted, added or moved), and
+natural rewordings have those shapes too: typos, shorthand, greetings and thanks, synonyms,
+reordered clauses. So this verifier first reads what each prompt asks (request.py: framing at
+the ends dropped, shorthand written out, misspellings mended), matches the two prompts' words
+to each other (differences.py: same word, stem, the interchangeable table, a misspelling one
+edit from the other side's word) and then refuses only where what is left unmatched, or what
+changed place, is a difference it can name. Everything else passes to the similarity
+threshold. The rules, in the order they run (the founding rules the project started from are
+unmarked, the additions marked [addition]); the first that fires decides:
 
     symbols       both prompts hold operators or symbols, and they differ
-                  ("x >= 5" / "x <= 5", "a && b" / "a || b")                 -> reject  [addition]
-    payload       both prompts quote or show code, and the payloads differ  -> reject  [addition]
-                  (the same payload: the rules below judge the instructions
-                  alone, "Summarize: '...'" / "Give me a summary of this: '...'"; payload.py)
-    identical     the normalised prompts are equal                        -> accept
-    numbers       the numbers differ ("5" vs "50", "two" vs "four")       -> reject
-    negation      a negation appears on one side only                     -> reject
-    polarity      same content words, a polarity word swapped ("to"/"from") -> reject
-    antonym       a strong opposite on each side ("enable"/"disable")     -> reject  [addition]
-    question-word each side asks a different wh-thing ("who" vs "when")     -> reject  [addition]
-    direction     same content words reordered around a directional word  -> reject
-    swapped       same content words, two of them traded places            -> reject  [addition]
-                  (two words joined by "or"/"and" trade places freely: "Python or Java")
-    crossed       shared words swap sides of a directional word elsewhere  -> reject  [addition]
-    reordered     most content words shared (>= 5, Jaccard >= 0.6), some moved -> reject  [addition]
-    substitution  content words align with only substitutions of <= 2 words each, no
-                  insertions or deletions, and at least one word in common -> reject
-                  (two forms of one word, "movie"/"movies", and words of one interchangeable
-                  class, "good"/"best", are not substitutions)                     [addition]
-    added         one prompt asks for more: content words only it has (a qualifier, a
-                  clause, an instruction), beside words both share; or each side has its
-                  own words in one run beside a long shared part (a different closing
-                  instruction). Framing and politeness do not count.        -> reject  [addition]
+                  ("x >= 5" / "x <= 5", "a && b" / "a || b")                     [addition]
+    payload       both prompts quote or show code, and the payloads differ      [addition]
+                  (the same payload: the rules below judge the instructions alone)
+    identical     the normalised requests are equal                          -> accept
+    numbers       the numbers differ ("5" / "50", "two" / "four", "-1" / "1")
+    negation      a negation of the request on one side only
+    polarity      same content words, a polarity word swapped ("to" / "from")
+    antonym       a strong opposite on each side ("enable" / "disable")        [addition]
+    confusable    words a letter apart that mean different things ("desert" /
+                  "dessert", "mg" / "mcg"): confusables.txt                    [addition]
+    question-word each side asks a different wh-thing ("who" / "when")          [addition]
+    direction     same content words reordered around a directional word
+    swapped       same content words, two of them traded places               [addition]
+    voice         who did what to whom exchanged across active and passive     [addition]
+    roles         a shared word hangs from another shared word in each prompt, through
+                  a directional word, and from different ones ("born in Paris, moved to
+                  London" / "born in London, moved to Paris")                  [addition]
+    crossed       two shared words swap sides of a role word (to, from, into, than, by, per)
+                  in prompts of at most eight content words each              [addition]
+    relation      "X percent of Y" / "what percent of Y is X"; "and" / "or"  [addition]
+    entity, deliverable, audience, tone, time
+                  a word of that kind (categories.txt; or a name written with a capital)
+                  that only one prompt has                                     [addition]
+    constraint    a span only one prompt has, opened by a restricting word
+                  ("without eggs", "for a vegan", "on Windows", "that sounds French")
+                                                                               [addition]
+    reordered     a near-identical edit (at most two words differ on each side beside a
+                  shared one) of eight shared words or more, some moved one by one rather
+                  than in whole clauses                                        [addition]
+    substitution  a near-identical edit whose content words align by substitution only
+    added         a near-identical edit where one prompt asks for one or two words more
+                                                                               [addition]
 
-Before any rule, both prompts are read through a table of interchangeable words and phrases
-(interchangeable.txt: spelling variants, abbreviations and units, instruction verbs), so
-"colour"/"color", "regex"/"regular expression" and "x squared"/"x^2" are the same words to
-every rule.
-
-It is conservative by design: a one-word synonym swap ("cancel" vs "end") is also rejected and
-costs a miss, never a wrong answer. Any rule can be switched off (``skip``); the report's
-ablation table gives, per benchmark file, the false hits and hits that costs. Everything here is
-a pure function of the two strings: no floating point, no ``hash()``, no torch, so every process
-and machine gives the same verdict.
+The last three are shape checks, kept for the band where they were written:
+outside it they abstain. Any rule can be switched off (``skip``). Everything here is a pure
+function of the two strings and shipped data: no floating point, no ``hash()``, no torch, so
+every process and machine gives the same verdict.
 """
 
 from __future__ import annotations
@@ -55,35 +58,50 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from gpucache.guard import shapes
+from gpucache.guard import differences, shapes
 from gpucache.guard.parsing import (
+    EXPOSITION,
+    FRAMING_READ,
+    Parsed,
     exchanged,
     numbers_of,
     parse,
     parse_memo,
     token_memo,
 )
-from gpucache.guard.payload import operators, split
+from gpucache.guard.payload import grouping, operators, split
+from gpucache.guard.request import dictionary, request_memo, request_text
 from gpucache.guard.verifier import Verdict
-from gpucache.guard.words import (
-    QUESTION_WORDS,
-)
+from gpucache.guard.words import CONFUSABLE, QUESTION_WORDS
 
 # The rules in the order they run: the founding rules the project started from (``SEED_RULES``:
 # numbers; negation and polarity; direction; substitution) and the additions; any of them can be
 # switched off (``LexicalNearMissVerifier(skip=...)``), which the false-hit report uses to show
 # what each one buys.
+# The added rule judges short requests only: beside two to four shared content words, one or two
+# more are a qualifier ("a funny limerick about a cat"); beside more, they are as often how
+# someone else puts the same request.
+ADDED_MIN_SHARED, ADDED_MAX_SHARED = 2, 4
+# The reordered rule judges long near-identical sentences only (eight shared content words or
+# more): there single words moved one by one are a scrambled near-miss; in a short request a
+# moved word is how another user puts it ("the seller cancelled my order" / "my order was
+# cancelled by the seller").
+REORDER_MIN_SHARED = 8
 SEED_RULES = ("numbers", "negation", "polarity", "direction", "substitution")
-ADDED_RULES = ("symbols", "payload", "antonym", "question-word", "swapped", "crossed", "reordered",
-               "added")
-RULES = ("symbols", "payload", "numbers", "negation", "polarity", "antonym", "question-word",
-         "direction", "swapped", "crossed", "reordered", "substitution", "added")
+NAMED_KINDS = differences.KINDS[:-1]  # entity, deliverable, audience, tone, time
+ADDED_RULES = ("symbols", "payload", "antonym", "confusable", "question-word", "swapped", "voice",
+               "roles",
+               "crossed", "relation", *NAMED_KINDS, "constraint", "reordered", "added")
+RULES = ("symbols", "payload", "numbers", "negation", "polarity", "antonym", "confusable",
+         "question-word", "direction", "swapped", "voice", "roles", "crossed", "relation", *NAMED_KINDS,
+         "constraint", "reordered", "substitution", "added")
 
 
 def clear_caches() -> None:
     """Forget parsed prompts and tokens (for benchmarks that time a cold verifier)."""
     parse_memo.cache_clear()
     token_memo.cache_clear()
+    request_memo.cache_clear()
 
 
 class LexicalNearMissVerifier:
@@ -112,6 +130,7 @@ class LexicalNearMissVerifier:
             raise ValueError(f"unknown rules {unknown}; the rules are {', '.join(RULES)}")
         self.skip = skipped
         self.table = bool(table)
+        dictionary()  # loaded here, once per process, never on a lookup's path
         left_out = [r for r in RULES if r in skipped] + ([] if self.table else ["table"])
         if left_out:
             self.name = f"lexical-near-miss-without-{'-'.join(left_out)}"
@@ -125,10 +144,17 @@ class LexicalNearMissVerifier:
     def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
         return not self.explain(cached_prompt, new_prompt).rejected
 
+    def request(self, prompt: str) -> str:
+        """What the cache embeds of a prompt for its semantic tier: the request without its
+        framing (request.py), so a chatty wrapper does not fall below the threshold."""
+        return request_text(prompt)
+
     def explain(self, cached_prompt: str, new_prompt: str) -> Verdict:
         """Which rule decides this pair, and the words involved."""
         skip = self.skip
         ops_a, ops_b = operators(cached_prompt), operators(new_prompt)
+        if ops_a and ops_b:  # operators on both sides: their grouping is part of them
+            ops_a, ops_b = ops_a + grouping(cached_prompt), ops_b + grouping(new_prompt)
         if ops_a and ops_b and ops_a != ops_b and "symbols" not in skip:
             return Verdict(True, "symbols", f"symbols differ: {' '.join(ops_a)} vs {' '.join(ops_b)}",
                            ops_a + ops_b)
@@ -139,11 +165,62 @@ class LexicalNearMissVerifier:
                 return Verdict(True, "payload", "the quoted or code payloads differ")
             # one payload, two instructions: the rules below judge the instructions
             cached_prompt, new_prompt = split_a.instruction, split_b.instruction
-        a, b = parse(cached_prompt, self.table), parse(new_prompt, self.table)
+        text_a, text_b = differences.reconcile(request_text(cached_prompt), request_text(new_prompt))
+        a, b = parse(text_a, self.table), parse(text_b, self.table)
         if a.norm == b.norm:
+            signs_a, signs_b = differences.signed_numbers(text_a), differences.signed_numbers(text_b)
+            if signs_a != signs_b and "numbers" not in self.skip:
+                return Verdict(True, "numbers", f"signs differ: {' '.join(signs_a) or '-'} vs "
+                               f"{' '.join(signs_b) or '-'}", signs_a + signs_b)
             return Verdict(False, "identical")
+        norm = lambda t: parse(t, self.table).norm  # noqa: E731
+        extra = differences.extra_segments(text_a, text_b, norm)
+        if extra is not None:
+            return self._extra(extra[0], extra[1])
+        rests = differences.differing_segments(text_a, text_b, norm)
+        if rests is not None:
+            return self._instructions(*rests)
+        return self._named(text_a, text_b, a, b) or Verdict(False, "rewording")
+
+    def _instructions(self, rest_a: str, rest_b: str) -> Verdict:
+        """The two prompts share sentences and differ in the others: those are judged alone,
+        and where they share no content word at all they ask for different things ("...
+        Explain the indexing options." / "... Suggest a schema change.")."""
+        a, b = parse(rest_a, self.table), parse(rest_b, self.table)
+        named = self._named(rest_a, rest_b, a, b)
+        if named is not None:
+            return named
+        words_a = set(a.content) - FRAMING_READ
+        words_b = set(b.content) - FRAMING_READ
+        if words_a and words_b and not words_a & words_b and "added" not in self.skip:
+            return Verdict(True, "added", f'each prompt asks its own: "{rest_a}" / "{rest_b}"',
+                           tuple(sorted(words_a | words_b)))
+        return Verdict(False, "rewording")
+
+    def _extra(self, where: str, sentences: list[str]) -> Verdict:
+        """One prompt is the other with whole sentences more. Before the request they are
+        context ("I've been at this for 2 hours and it isn't working."): a number or a "not" in
+        them changes nothing asked, but a name or a qualifier does ("I'm vegan."). After it,
+        they ask for more ("Include the commands you would run.")."""
+        text = " ".join(sentences)
+        p = parse(text, self.table)
+        if where == "tail" and "added" not in self.skip and any(w not in FRAMING_READ for w in p.content):
+            return Verdict(True, "added", f'only one prompt goes on to ask: "{text}"', p.content)
+        names = differences.capitalised(text) | differences.capitalised(" " + text)
+        for kind, word in differences.named_kinds(p.content, names):
+            if kind in ("entity", "constraint", "audience") and kind not in self.skip:
+                return Verdict(True, kind, f"the context only one prompt gives names a {kind}: {word}",
+                               (word,))
+        return Verdict(False, "context")
+
+    def _named(self, text_a: str, text_b: str, a: Parsed, b: Parsed) -> Verdict | None:
+        """The first rule that names a difference between the two requests, or None."""
+        skip = self.skip
         nums_a, nums_b = numbers_of(a, b), numbers_of(b, a)
-        if nums_a != nums_b and "numbers" not in skip:
+        signs_a, signs_b = differences.signed_numbers(text_a), differences.signed_numbers(text_b)
+        if (nums_a != nums_b or signs_a != signs_b) and "numbers" not in skip:
+            if nums_a == nums_b:
+                nums_a, nums_b = signs_a, signs_b
             diff_a = sorted((Counter(nums_a) - Counter(nums_b)).elements())
             diff_b = sorted((Counter(nums_b) - Counter(nums_a)).elements())
             return Verdict(
@@ -161,6 +238,11 @@ class LexicalNearMissVerifier:
         opposite = shapes.split_antonym(a.surface, b.surface) if "antonym" not in skip else None
         if opposite:
             return Verdict(True, "antonym", f"opposites: {opposite[0]} vs {opposite[1]}", opposite)
+        diff = differences.align(a, b)
+        confused = _confused(diff) if "confusable" not in skip else None
+        if confused:
+            return Verdict(True, "confusable", f"different words a letter apart: {confused[0]} vs "
+                           f"{confused[1]}", confused)
         asks_a = QUESTION_WORDS.intersection(a.tokens)
         asks_b = QUESTION_WORDS.intersection(b.tokens)
         if asks_a and asks_b and not asks_a & asks_b and "question-word" not in skip:
@@ -180,33 +262,87 @@ class LexicalNearMissVerifier:
             # parser sets aside ("Is Rust faster than Go?": "go" is a stopword, and a name)
             in_tokens = exchanged(a.tokens, b.tokens)
             swap = exchanged(a.skeleton, b.skeleton) or in_tokens
-            if swap and not shapes.coordinated(a.tokens, *swap):
+            if swap and not shapes.coordinated(a.tokens, *swap) and not shapes.adverb(*swap):
                 return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
             if in_tokens:
-                # word for word the same prompt but for "A or B" / "B or A": the later rules
-                # would read the exchange as words moved
+                # word for word the same prompt but for "A or B" / "B or A"
                 return Verdict(False, "rewording")
+        roles = differences.voice_roles(a, b) if "voice" not in skip else None
+        if roles:
+            return Verdict(True, "voice", f"who does what to whom: {roles[0]} / {roles[1]} "
+                           "exchanged across the voice of the verb", roles)
+        role = differences.roles_changed(a, b) if "roles" not in skip else None
+        if role:
+            return Verdict(True, "roles", f"{role[0]} hangs from {role[1]} in the cached prompt and "
+                           f"from {role[2]} in the new one", (role[0],))
         crossed = shapes.crossed(a, b) if "crossed" not in skip else None
         if crossed:
             return Verdict(
-                True, "crossed", f"{crossed[0]} and {crossed[1]} swap sides of a directional word",
-                crossed,
+                True, "crossed", f"{crossed[0]} and {crossed[1]} swap sides of a role word", crossed,
             )
-        moved = shapes.reordered(a, b) if "reordered" not in skip else ()
-        if moved:
-            shown = " ".join(moved)
-            return Verdict(True, "reordered", f"shared words moved: {shown}", moved)
+        if "relation" not in skip:
+            if differences.percent_relation(text_a, text_b):
+                return Verdict(True, "relation", "a percentage given on one side, asked on the other",
+                               ("percent",))
+            if differences.coordination_changed(a, b):
+                return Verdict(True, "relation", "'and' against 'or'", ("and", "or"))
+        # a name told by its capital alone ("Nintendo 3DS games" / "3DS games") counts where it
+        # replaces another word or the edit is near-identical: capitals are typed loosely, and
+        # a question asked at more length often names what the shorter one leaves implied
+        names = differences.capitalised(text_a) | differences.capitalised(text_b)
+        if not (diff.near_identical or (diff.only_a and diff.only_b)):
+            names = frozenset()
+        for kind, word, side in _kinds(diff, names, set(a.content), set(b.content)):
+            if kind not in skip:
+                return Verdict(True, kind, f"a {kind} only the {side} prompt names: {word}", (word,))
+        if "constraint" not in skip:
+            span_a = differences.restricted_span(a, diff.only_a, alone=not diff.only_b)
+            span_b = differences.restricted_span(b, diff.only_b, alone=not diff.only_a)
+            if bool(span_a) != bool(span_b):  # a span on each side is a rewording of it
+                side, span = ("cached", span_a) if span_a else ("new", span_b)
+                return Verdict(True, "constraint", f"only the {side} prompt restricts the "
+                               f"request: {' '.join(span)}", span)
+        if not diff.near_identical:
+            return None  # the shape rules below judge near-identical edits only
+        if diff.shared >= REORDER_MIN_SHARED and "reordered" not in skip:
+            moved = shapes.reordered(a, b)
+            if moved:
+                return Verdict(True, "reordered", f"shared words moved: {' '.join(moved)}", moved)
         subs = shapes.substitutions(a.content, b.content) if "substitution" not in skip else []
         if subs:
             words = tuple(w for pair in subs for w in pair)
             shown = ", ".join(f"{x} -> {y}" for x, y in subs)
             return Verdict(True, "substitution", f"words substituted: {shown}", words)
-        added = shapes.added(a, b) if "added" not in skip else None
-        if added:
-            only_a, only_b = added
-            shown = "; ".join(
-                f'only in the {side} prompt: "{shapes.phrase(p, only)}"'
-                for side, p, only in (("cached", a, only_a), ("new", b, only_b)) if only
-            )
-            return Verdict(True, "added", shown, only_a + only_b)
-        return Verdict(False, "rewording")
+        # words the other prompt also has, a wh-word or an instruction to explain are no request
+        # of their own ("Alan Turing" / "he", "Who was X?" / "Tell me about X")
+        extra = tuple(w for w in diff.only_a or diff.only_b
+                      if w not in a.content or w not in b.content)
+        other = b.content if diff.only_a else a.content
+        extra = tuple(w for w in extra if w not in QUESTION_WORDS and w not in EXPOSITION
+                      and not any(shapes.variants(w, o) for o in other))
+        one_sided = bool(diff.only_a) != bool(diff.only_b)
+        short = ADDED_MIN_SHARED <= diff.shared <= ADDED_MAX_SHARED
+        if extra and one_sided and short and "added" not in skip:
+            side = "cached" if diff.only_a else "new"
+            return Verdict(True, "added", f'only the {side} prompt asks for "{" ".join(extra)}"', extra)
+        return None
+
+
+def _confused(diff: differences.Difference) -> tuple[str, str] | None:
+    for x in diff.only_a:
+        for y in diff.only_b:
+            if y in CONFUSABLE.get(x, ()):
+                return x, y
+    return None
+
+
+def _kinds(diff: differences.Difference, names: frozenset[str], words_a: set[str],
+           words_b: set[str]) -> list[tuple[str, str, str]]:
+    """(kind, word, side) of each word only one prompt has that names what it is for (a word
+    the other prompt also has, fewer times, is no difference of kind)."""
+    found = [(kind, w, "cached") for kind, w in differences.named_kinds(diff.only_a, names)
+             if w not in words_b]
+    found += [(kind, w, "new") for kind, w in differences.named_kinds(diff.only_b, names)
+              if w not in words_a]
+    order = {k: i for i, k in enumerate(differences.KINDS)}
+    return sorted(found, key=lambda f: order[f[0]])

@@ -300,8 +300,15 @@ def numbers_of(p: Parsed, other: Parsed) -> tuple[str, ...]:
     "1" the other side writes, while "buy a new one" beside the same "8 GB" and "2015" stays a
     pronoun."""
     if p.numbers != other.numbers and (other.numbers or other.soft_numbers):
-        return tuple(sorted(p.numbers + p.soft_numbers))
-    return p.numbers
+        return _cardinal(tuple(sorted(p.numbers + p.soft_numbers)), other)
+    return _cardinal(p.numbers, other)
+
+
+def _cardinal(numbers: tuple[str, ...], other: Parsed) -> tuple[str, ...]:
+    """An ordinal compared as its number where the other prompt writes that number plainly
+    ("chapter 1" / "the first chapter", "world war 2" / "the second world war")."""
+    plain = set(other.numbers) | set(other.soft_numbers)
+    return tuple(sorted(n[1:] if n.startswith("#") and n[1:] in plain else n for n in numbers))
 
 
 def exchanged(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | None:

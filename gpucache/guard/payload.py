@@ -86,3 +86,12 @@ def split(prompt: str) -> Split:
 def operators(prompt: str) -> tuple[str, ...]:
     """The operators and symbols of a prompt, in order."""
     return tuple(_OPERATORS.findall(prompt.translate(_CURLY)))
+
+
+_BRACKETS = re.compile(r"[()\[\]{}]")
+
+
+def grouping(prompt: str) -> tuple[str, ...]:
+    """The brackets of a prompt, in order: beside operators they group ("2 + 3 * 4" /
+    "(2 + 3) * 4") or slice ("y = x" / "y = x[:]"), so the symbols rule compares them too."""
+    return tuple(_BRACKETS.findall(prompt))

@@ -1,6 +1,6 @@
 """``GuardSettings``: which of the guard's soft rules run. A deployment that measured its own
 traffic (``gpucache calibrate``) may switch soft rules off; the hard ones (numbers, negation,
-polarity, direction, symbols, payload) always run."""
+polarity, direction, symbols, payload and the named kinds) always run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 # The rules a calibration may switch off: each trades wrong answers for hits on some traffic.
 # The rest guard the cache's promise on every traffic and stay on.
-SOFT_RULES = ("added", "substitution", "reordered", "crossed", "swapped")
+SOFT_RULES = ("added", "substitution", "reordered", "crossed", "constraint")
 
 
 @dataclass(frozen=True)

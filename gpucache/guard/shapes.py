@@ -1,7 +1,7 @@
-"""The shapes of a near-miss that the lexical verifier looks for (lexical.py runs them as its
-rules): poles swapped, words crossed or reordered, one-word substitutions, content added, a
-question turned into an instruction. Each is a pure function of two parsed prompts (parsing.py):
-no floating point, no ``hash()``, no torch.
+"""The shapes of a near-miss that the lexical verifier still looks for (lexical.py runs them as
+its rules): poles swapped, words traded or crossed around a role word, words reordered one by
+one in a long near-identical sentence, one-word substitutions in a near-identical edit. Each is
+a pure function of two parsed prompts (parsing.py): no floating point, no ``hash()``, no torch.
 """
 
 from __future__ import annotations
@@ -13,25 +13,19 @@ from collections import Counter
 from collections.abc import Sequence
 
 from gpucache.guard.parsing import (
-    EXPOSITION,
-    FRAMING_READ,
     Parsed,
 )
 from gpucache.guard.words import (
-    ADDED_MAX_SHARED_INSIDE,
-    ADDED_MIN_SHARED,
     ANTONYM,
     ARTICLES,
     COORDINATORS,
+    CROSSED_MAX_CONTENT,
     CROSSED_MAX_SHARED,
-    DIRECTIONAL,
     INTERCHANGEABLE,
     LONG_ALIGNMENT,
-    MATCH_MAX_PAIRS,
     POLARITY_AXES,
-    QUESTION_OPENERS,
     REORDER_MIN_SHARED,
-    SYMMETRIC,
+    ROLE_WORDS,
 )
 
 
@@ -121,6 +115,12 @@ def coordinated(tokens: tuple[str, ...], x: str, y: str) -> bool:
     return False
 
 
+def adverb(*words: str) -> bool:
+    """Whether one of the words is an adverb in -ly ("automatically"): it modifies the verb
+    wherever it stands and has no role to trade."""
+    return any(len(w) > 4 and w.endswith("ly") for w in words)
+
+
 def crossed(pa: Parsed, pb: Parsed) -> tuple[str, str] | None:
     """Two shared content words on opposite sides of a directional word in each prompt, in
     opposite order, where the rest of the prompts differ ("how much is 100 EUR in USD" /
@@ -130,10 +130,13 @@ def crossed(pa: Parsed, pb: Parsed) -> tuple[str, str] | None:
     shared = set(pa.content) & set(pb.content)
     if not 2 <= len(shared) <= CROSSED_MAX_SHARED:
         return None
+    if max(len(pa.content), len(pb.content)) > CROSSED_MAX_CONTENT:
+        return None  # long prompts move clauses whole in rewordings: roles are told elsewhere
     first_a = first_positions(pa.skeleton, shared)
     first_b = first_positions(pb.skeleton, shared)
     heads_a, heads_b = heads(pa.attachments), heads(pb.attachments)
-    words = sorted(shared, key=first_a.__getitem__)
+    # numbers keep their own rule: "the last 5 commits in git" / "in git, the five most recent"
+    words = sorted((w for w in shared if not w[:1].isdigit()), key=first_a.__getitem__)
     for i, x in enumerate(words):
         for y in words[i + 1 :]:
             if first_b[x] < first_b[y]:
@@ -142,9 +145,7 @@ def crossed(pa: Parsed, pb: Parsed) -> tuple[str, str] | None:
                 continue
             between_a = pa.skeleton[first_a[x] + 1 : first_a[y]]
             between_b = pb.skeleton[first_b[y] + 1 : first_b[x]]
-            if any(t in DIRECTIONAL and t not in SYMMETRIC for t in between_a) and any(
-                t in DIRECTIONAL and t not in SYMMETRIC for t in between_b
-            ):
+            if any(t in ROLE_WORDS for t in between_a) and any(t in ROLE_WORDS for t in between_b):
                 return x, y
     return None
 
@@ -292,133 +293,3 @@ def substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, str
         else:
             return []
     return subs if common else []
-
-
-def added(pa: Parsed, pb: Parsed) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """The content words only the cached and only the new prompt has, when that is the shape
-    of one prompt asking for more than the other, else None.
-
-    Framing and politeness (``words.FRAMING``) are set aside, and a word the other side has in
-    another form ("summary"/"summarize") or of one interchangeable class counts as shared.
-    Two shapes reject: words on one side only, beside at least one shared word ("explain
-    photosynthesis" / "... simply"); and words on both sides in one place, between a common
-    prefix and suffix of at least ``ADDED_MIN_SHARED`` words, where the two differing middles
-    share at most ``ADDED_MAX_SHARED_INSIDE`` words (a long question with a different closing
-    instruction). Middles that share more were reworded in place; words differing in several
-    places are a rewording; short one-for-one swaps are the substitution rule's to judge.
-    """
-    lead_a, lead_b = question_and_instruction(pa, pb)
-    a = [w for i, w in enumerate(pa.content) if counts(w, i, lead_a)]
-    b = [w for i, w in enumerate(pb.content) if counts(w, i, lead_b)]
-    only_a, only_b, shared = unshared(a, b)
-    # a word said again adds nothing ("Who was Ada Lovelace and what did Ada Lovelace / she
-    # invent?"): only words the other prompt lacks altogether are new content
-    only_a = [w for w in only_a if w not in pb.content]
-    only_b = [w for w in only_b if w not in pa.content]
-    if not shared or not (only_a or only_b) or joined(only_a, only_b):
-        return None
-    if only_a and only_b:
-        prefix, suffix = common_ends(a, b)
-        if prefix + suffix < ADDED_MIN_SHARED:
-            return None
-        middle_a, middle_b = a[prefix : len(a) - suffix], b[prefix : len(b) - suffix]
-        if unshared(middle_a, middle_b)[2] > ADDED_MAX_SHARED_INSIDE:
-            return None  # reworded in place, not replaced
-    return tuple(only_a), tuple(only_b)
-
-
-def counts(word: str, position: int, lead: str) -> bool:
-    """Whether a content word counts to the added rule: not framing, not a relative "who" ("a
-    dog who loves snow" / "a dog that loves snow"), and not the leading word set aside by
-    ``question_and_instruction``."""
-    if word in FRAMING_READ:
-        return False
-    if position:
-        return word != "who"
-    return word != lead
-
-
-def question_and_instruction(pa: Parsed, pb: Parsed) -> tuple[str, str]:
-    """The leading words to set aside when one prompt asks as a question what the other asks as
-    an instruction ("Who was Napoleon?" / "Tell me about Napoleon", "What is the plot of
-    Macbeth?" / "Summarize the plot of Macbeth"): a question's opening "who", and an
-    instruction's opening exposition verb, both only in that pairing. Anywhere else those words
-    stay content ("Translate this and summarize it" asks for more than "Translate this")."""
-    lead_a = lead_b = ""
-    if asks(pa) and instructs(pb):
-        lead_a, lead_b = "who", pb.tokens[0]
-    elif asks(pb) and instructs(pa):
-        lead_a, lead_b = pa.tokens[0], "who"
-    return lead_a, lead_b
-
-
-def asks(p: Parsed) -> bool:
-    return bool(p.tokens) and p.tokens[0] in QUESTION_OPENERS
-
-
-def instructs(p: Parsed) -> bool:
-    return bool(p.tokens) and p.tokens[0] in EXPOSITION
-
-
-def unshared(a: list[str], b: list[str]) -> tuple[list[str], list[str], int]:
-    """(words of a not in b, words of b not in a, how many are shared), as multisets in
-    order, where two forms of one word or words of one interchangeable class match."""
-    left_b = Counter(b)
-    only_a: list[str] = []
-    shared = 0
-    for w in a:
-        if left_b[w] > 0:
-            left_b[w] -= 1
-            shared += 1
-        else:
-            only_a.append(w)
-    only_b: list[str] = []
-    for w in reversed(b):  # b's unmatched words, in b's order
-        if left_b[w] > 0:
-            left_b[w] -= 1
-            only_b.append(w)
-    only_b.reverse()
-    if only_a and only_b and len(only_a) * len(only_b) <= MATCH_MAX_PAIRS:
-        for w in list(only_a):
-            for x in only_b:
-                if variants(w, x):
-                    only_a.remove(w)
-                    only_b.remove(x)
-                    shared += 1
-                    break
-    return only_a, only_b, shared
-
-
-def common_ends(a: list[str], b: list[str]) -> tuple[int, int]:
-    """How many words a and b share as a common prefix, and then as a common suffix of what
-    is left (a word matches its other forms and its interchangeable class)."""
-    ends = []
-    for pairs in (zip(a, b), zip(reversed(a), reversed(b))):
-        n = 0
-        for x, y in pairs:
-            if x != y and not variants(x, y):
-                break
-            n += 1
-        ends.append(n)
-    prefix = ends[0]
-    return prefix, min(ends[1], len(a) - prefix, len(b) - prefix)
-
-
-def phrase(p: Parsed, only: tuple[str, ...]) -> str:
-    """The words of ``only`` as they stand in the prompt, with the directional words that
-    lead into them ("without standard library"), runs joined by "...". """
-    left = Counter(only)
-    runs: list[list[str]] = [[]]
-    pending: list[str] = []
-    for w in p.skeleton:
-        if w in DIRECTIONAL:
-            pending.append(w)
-        elif left[w] > 0:
-            left[w] -= 1
-            runs[-1] += pending[-1:] + [w]
-            pending = []
-        else:
-            pending = []
-            if w not in FRAMING_READ and runs[-1]:
-                runs.append([])
-    return " ... ".join(" ".join(run) for run in runs if run)

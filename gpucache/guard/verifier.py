@@ -38,6 +38,17 @@ class ExplainingVerifier(HitVerifier, Protocol):
         ...
 
 
+@runtime_checkable
+class ReadsRequests(Protocol):
+    """A verifier that says what of a prompt is its request: the cache embeds ``request(p)``
+    for its semantic tier, at store and at lookup alike, so that what the verifier sets aside
+    (greetings, thanks, framing) does not pull a prompt below the threshold either."""
+
+    def request(self, prompt: str) -> str:
+        """The text of ``prompt`` that asks something."""
+        ...
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Why a verifier accepted or rejected a pair: the rule that fired and the words involved."""

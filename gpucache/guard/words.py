@@ -92,11 +92,28 @@ INTERCHANGEABLE_CLASSES = [
 # entry to its class's first entry when a prompt is parsed, so every rule reads "colour" and
 # "color", "regex" and "regular expression", "x squared" and "x^2" as the same words.
 TABLE_FILE = "interchangeable.txt"
-MAX_PHRASE_WORDS = 4
 
-# Comparison words that are symmetric: "A vs B" asks what "B vs A" asks. The crossed rule does
-# not count shared words that trade sides across one of these.
-SYMMETRIC = frozenset({"vs", "versus", "between"})
+
+def _confusable_pairs() -> tuple[tuple[str, ...], ...]:
+    """confusables.txt: groups of words a letter apart that mean different things."""
+    from importlib import resources
+
+    text = resources.files(__package__).joinpath("confusables.txt").read_text("utf-8")
+    groups = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            groups.append(tuple(w.strip().casefold() for w in line.split(",")))
+    return tuple(groups)
+
+
+CONFUSABLE_GROUPS = _confusable_pairs()
+CONFUSABLE: dict[str, set[str]] = {}
+for _group in CONFUSABLE_GROUPS:
+    for _w in _group:
+        CONFUSABLE.setdefault(_w, set()).update(x for x in _group if x != _w)
+CONFUSABLES = frozenset(CONFUSABLE)
+MAX_PHRASE_WORDS = 4
 
 # Words that join two words symmetrically: "Python or Java" asks what "Java or Python" asks, so
 # two words trading places across one of them are not a swapped question.
@@ -119,15 +136,10 @@ FRAMING = frozenset(
     advice tip idea suggestion recommendation instruction step way method
     ever such much else even many main different various think opinion personally honestly
     currently nowadays yourself myself himself herself themselves ourselves yourselves oneself
+    best good top meant most use given similar
     1 &
     """.split()
 )
-
-# A question and an instruction that ask for one thing ("Who was Napoleon?" / "Tell me about
-# Napoleon"): the question's opening words, and the instructions that ask for an exposition.
-# The added rule sets the two leading words aside only in that pairing. Stemmed, and read
-# through the table (so "describe" is "explain" and "sum up" is "summarize").
-QUESTION_OPENERS = frozenset("what who which".split())
 
 # Words whose object says where something goes or comes from: moving a content word across
 # one of them changes the question ("10 miles to km" / "10 km to miles").
@@ -162,17 +174,15 @@ ORDINAL_WORDS = {
 SOFT_NUMBERS = frozenset({"one"})
 
 REORDER_MIN_SHARED = 5
-# The added rule: the common prefix and suffix needed before two differing middles count as
-# a changed instruction, the most words those middles may share and still count as replaced
-# rather than reworded; and the most pairs of unshared words it
-# compares for variants (bounded work on megabyte prompts).
-ADDED_MIN_SHARED = 3
-ADDED_MAX_SHARED_INSIDE = 1
-MATCH_MAX_PAIRS = 10_000
 # Beyond these sizes the pairwise rules switch to bounded work, so a megabyte prompt is
 # still compared in full (numbers, negation, polarity, substitution) in linear-ish time.
 LONG_ALIGNMENT = 2000  # tokens in the differing middle before difflib's autojunk heuristic
 CROSSED_MAX_SHARED = 200  # shared words the pairwise crossed rule examines
+CROSSED_MAX_CONTENT = 8  # content words past which the crossed rule abstains
+# The directional words that give their object a role: a source, a goal, a standard of
+# comparison, an agent ("100 EUR in USD" / "100 USD to EUR"). Crossing one of these changes who
+# or what is which; crossing "for", "of" or "with" is how rewordings move phrases.
+ROLE_WORDS = frozenset("to from into onto than per in toward towards".split())
 
 # Wh-words that name what is asked for: "who wrote X" and "when was X published" share every
 # other word and still ask different questions.

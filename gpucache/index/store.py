@@ -286,16 +286,10 @@ class ExactScanStore:
             )
         queries = queries.to(self.device, torch.float32)
         if self.copy is None:
-            if matmul_is_exact(self.device):
-                return self._scan(queries, k, scope_id, now, exact=True)
-            # fp32 products run at a lowered precision in this process: rank by them, then
-            # score the candidates exactly
-            wide = min(overfetch(k), self.rows.high)
-            _, rows = self._scan(queries, wide, scope_id, now, exact=True)
-            return rescore_rows(self.codec.data, queries, rows, k)
+            return self._scan_exactly(queries, k, scope_id, now, self.codec.data)
         if self.refine.scans_copy(self.quantization, self.device.type == "cpu",
                                   self.scan_kernel == "torch", q, self.rows.high):
-            return self._scan(queries, k, scope_id, now, exact=True)
+            return self._scan_exactly(queries, k, scope_id, now, self.copy.data)
         if self.path_chooser is not None:
             copy_view, quantized_view = self._view(self.copy.data), self._view(self.codec.data)
 
@@ -306,10 +300,22 @@ class ExactScanStore:
                 return self._search_path(path, view, queries, k, scope_id, now, host_buffer)
 
             if self.path_chooser.choose(q, self.rows.high, measured) == "copy":
-                return self._scan(queries, k, scope_id, now, exact=True)
+                return self._scan_exactly(queries, k, scope_id, now, self.copy.data)
         wide = min(overfetch(k), self.rows.high)
         _, rows = self._scan(queries, wide, scope_id, now, exact=False)  # (Q, wide) by quantized score
         scores, rows = self.copy.rescore(queries, rows, k)
+        return scores.to(self.device), rows.to(self.device)
+
+    def _scan_exactly(self, queries: torch.Tensor, k: int, scope_id: int, now: float,
+                      exact_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp32 scan's top ``k``, its scores exact even where this process lowered fp32
+        matmul precision (bf16 on a CPU with AMX, TF32 on a GPU): then the scan only ranks,
+        over-fetching, and ``exact_rows`` (the fp32 rows it scanned) score the candidates."""
+        if matmul_is_exact(self.device):
+            return self._scan(queries, k, scope_id, now, exact=True)
+        wide = min(overfetch(k), self.rows.high)
+        _, rows = self._scan(queries, wide, scope_id, now, exact=True)
+        scores, rows = rescore_rows(exact_rows, queries, rows, k)
         return scores.to(self.device), rows.to(self.device)
 
     @property

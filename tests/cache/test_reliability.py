@@ -233,13 +233,13 @@ def test_a_one_megabyte_prompt_is_embedded_truncated_and_found_exactly(real_embe
 
 def test_a_question_added_past_the_embedders_window_is_not_served_the_answer(real_embedder):
     """The same first 256 tokens and a different tail: the embedder sees the same text
-    (similarity 1.0), so only the verifier, comparing in full, can tell them apart; its added
-    rule does."""
+    (similarity 1.0), so only the verifier, comparing in full, can tell them apart; the tail
+    names a language only one prompt asks for."""
     cache = SemanticCache(real_embedder, device="cpu")
     big = "word " * 200_000
     cache.put(big, "big answer")
     assert cache.get(big + " and then translate the summary into French") is None
-    assert cache.stats().rejections == {"added": 1}
+    assert cache.stats().rejections == {"entity": 1}
 
 
 def test_a_100k_prompt_batch_goes_through_in_one_call():

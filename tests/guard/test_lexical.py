@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucache import LexicalNearMissVerifier, Verdict
-from gpucache.guard.lexical import ADDED_RULES, RULES, SEED_RULES
+from gpucache.guard.lexical import ADDED_RULES, NAMED_KINDS, RULES, SEED_RULES
 
 V = LexicalNearMissVerifier()
 
@@ -101,6 +101,15 @@ MUST_REJECT = [
     ("dog bites man", "man bites dog", "swapped"),
     # a different wh-thing asked (an addition to the founding rules)
     ("Who wrote Pride and Prejudice?", "When was Pride and Prejudice published?", "question-word"),
+    # named differences of the redesign: one example row each here, more in test_differences.py
+    ("Is there a dessert near Tucson worth trying?", "Is there a desert near Tucson worth visiting?", "confusable"),
+    ("Did the Romans conquer the Gauls?", "Were the Romans conquered by the Gauls?", "voice"),
+    ("Which phones launched last spring?", "Which phones launched this spring?", "time"),
+    ("List 12 percent of 80 as a decimal", "List what percent of 80 is 12 as a decimal", "relation"),
+    ("filter orders where paid and shipped", "filter orders where paid or shipped", "relation"),
+    ("the tall engineer met the young pilot and the old doctor at the station near the harbour",
+     "the young engineer met the old pilot and the tall doctor at the station near the harbour",
+     "reordered"),
     ("Where is the Eiffel Tower?", "Why is the Eiffel Tower famous?", "question-word"),
     ("When does the store open?", "Where does the store open?", "question-word"),
     # shared words cross a directional word while the rest differs (an addition to the founding rules)
@@ -108,15 +117,15 @@ MUST_REJECT = [
     ("How long does it take to drive from Boston to New York?", "Driving time New York to Boston", "crossed"),
     # most words shared, some moved (an addition to the founding rules)
     ("In 2018 the Utah House of Representatives passed a bill to legalize the right to grow and try medical marijuana plants",
-     "In 2018 the House of Representatives of Utah passed a bill to grow the right to try and marijuana plants", "crossed"),
+     "In 2018 the House of Representatives of Utah passed a bill to grow the right to try and marijuana plants", "roles"),
     ("The Villa Pesquera facilities are owned by the Municipality of Ponce but operated by the fishermen themselves",
-     "The facilities of Villa Pesquera are operated by the Municipality of Ponce but are owned by the fishermen", "reordered"),
+     "The facilities of Villa Pesquera are operated by the Municipality of Ponce but are owned by the fishermen", "roles"),
     # substitutions
     ("How do I reset my password?", "How do I reset my username?", "substitution"),
-    ("What is the capital of France?", "What is the capital of Germany?", "substitution"),
+    ("What is the capital of France?", "What is the capital of Germany?", "entity"),
     ("How do I reverse a list in Python?", "How do I sort a list in Python?", "substitution"),
     ("How do I reverse a list in Python?", "How do I reverse a string in Python?", "substitution"),
-    ("Translate 'good morning' into Spanish", "Translate 'good morning' into French", "substitution"),
+    ("Translate 'good morning' into Spanish", "Translate 'good morning' into French", "entity"),
     ("Translate 'good morning' into Spanish", "Translate 'good night' into Spanish", "payload"),
     # symbols and operators are content
     ("Is y > 10 here?", "Is y < 10 here?", "symbols"),
@@ -128,8 +137,8 @@ MUST_REJECT = [
     ("What does `ls -a` print?", "What does `ls -l` print?", "payload"),
     ('Proofread "Its a nice day"', 'Proofread "Its a rainy day"', "payload"),
     # the same payload under a different instruction is still a different request
-    ("Count the words in this sentence: 'red fish, blue fish'", "Count the letters in this sentence: 'red fish, blue fish'", "substitution"),
-    ("Translate into German: 'see you soon'", "Translate into Italian: 'see you soon'", "substitution"),
+    ("Count the words in this sentence: 'red fish, blue fish'", "Count the letters in this sentence: 'red fish, blue fish'", "deliverable"),
+    ("Translate into German: 'see you soon'", "Translate into Italian: 'see you soon'", "entity"),
     # a number scaled by a word is one number
     ("Plan a trip budget of ten dollars", "Plan a trip budget of ten thousand dollars", "numbers"),
     ("Plan a trip budget of 10k dollars", "Plan a trip budget of 10 dollars", "numbers"),
@@ -138,50 +147,49 @@ MUST_REJECT = [
     ("What are the symptoms of the flu?", "What are the symptoms of a cold?", "substitution"),
     ("What does HTTP status 404 mean?", "What does HTTP status 500 mean?", "numbers"),
     ("How do I center a div in CSS?", "How do I hide a div in CSS?", "substitution"),
-    ("Who wrote Pride and Prejudice?", "Who wrote Sense and Sensibility?", "substitution"),
+    ("Who wrote Pride and Prejudice?", "Who wrote Sense and Sensibility?", "entity"),
     ("How do I upgrade pip?", "How do I upgrade npm?", "substitution"),
     ("What is the time complexity of binary search?", "What is the time complexity of linear search?", "substitution"),
     ("What is the difference between TCP and UDP?", "What is the difference between HTTP and HTTPS?", "substitution"),
     ("Explain what a mutex is", "Explain what a semaphore is", "substitution"),
-    ("How do I read a CSV file with pandas?", "How do I read an Excel file with pandas?", "substitution"),
-    ("What is the weather in Tokyo in April?", "What is the weather in Osaka in April?", "substitution"),
+    ("How do I read a CSV file with pandas?", "How do I read an Excel file with pandas?", "entity"),
+    ("What is the weather in Tokyo in April?", "What is the weather in Osaka in April?", "entity"),
     ("Call torch.matmul on two tensors", "Call torch.bmm on two tensors", "substitution"),
     ("How do I use numpy.argmax?", "How do I use numpy.argmin?", "substitution"),
     ("How do I cancel my order?", "How do I track my order?", "substitution"),
     ("What is the price of gold today?", "What is the price of silver today?", "substitution"),
     ("Rent an apartment in Madrid", "Buy an apartment in Madrid", "substitution"),
-    ("How do I say thank you in Japanese?", "How do I say thank you in Korean?", "substitution"),
+    ("How do I say thank you in Japanese?", "How do I say thank you in Korean?", "entity"),
     ("Convert 10 euros to dollars", "Convert 10 euros to pounds", "substitution"),
     ("How long to boil an egg for a soft yolk?", "How long to boil an egg for a hard yolk?", "substitution"),
-    ("What time does the store open on Sunday?", "What time does the store open on Saturday?", "substitution"),
+    ("What time does the store open on Sunday?", "What time does the store open on Saturday?", "entity"),
     ("Git undo last commit", "Git amend last commit", "substitution"),
-    ("Install docker on Ubuntu", "Install docker on Debian", "substitution"),
+    ("Install docker on Ubuntu", "Install docker on Debian", "entity"),
     # conservative by design (the founding rules): a one-word synonym swap costs a miss, never a wrong answer
     ("How do I cancel my subscription?", "How do I end my subscription?", "substitution"),
     ("How do I merge two dictionaries in Python?", "How can I combine two dicts in Python?", "substitution"),
     # one prompt asks for more: a qualifier, a clause, an instruction (an addition to the founding rules)
-    ("How do I bake bread?", "How do I bake bread in a cast iron pot?", "added"),
-    ("Write a poem about the sea", "Write a poem about the sea for my grandmother's funeral", "added"),
-    ("Explain recursion", "Can you explain recursion to me with an example?", "added"),
-    ("How do I install Node on Ubuntu?", "How do I install Node on Ubuntu without sudo?", "added"),
-    ("Translate this paragraph into formal German", "Translate this paragraph into German", "added"),
-    ("Sort a list of numbers in descending order", "Sort a list of numbers", "added"),
-    ("Give me a packing list for Norway", "Give me a packing list for Norway in winter", "added"),
-    ("What's a good laptop for students?", "What's a good laptop for students that runs Linux?", "added"),
+    ("How do I bake bread?", "How do I bake bread in a cast iron pot?", "constraint"),
+    ("Write a poem about the sea", "Write a poem about the sea for my grandmother's funeral", "audience"),
+    ("Explain recursion", "Can you explain recursion to me with an example?", "constraint"),
+    ("How do I install Node on Ubuntu?", "How do I install Node on Ubuntu without sudo?", "constraint"),
+    ("Translate this paragraph into formal German", "Translate this paragraph into German", "tone"),
+    ("Sort a list of numbers in descending order", "Sort a list of numbers", "constraint"),
+    ("Give me a packing list for Norway", "Give me a packing list for Norway in winter", "constraint"),
+    ("What's a good laptop for students?", "What's a good laptop for students that runs Linux?", "entity"),
     ("Tips for a job interview", "Give me advice and tips for preparing for my job interview", "added"),
     # a shared long question, a different closing instruction
     (LONG_QUESTION + " Answer in the form of a checklist for the on-call engineer.",
-     LONG_QUESTION + " Focus on what the postmortem should say to customers.", "added"),
-    (LONG_QUESTION, LONG_QUESTION + " Keep it under a hundred words.", "numbers"),
+     LONG_QUESTION + " Focus on what the postmortem should say to customers.", "deliverable"),
+    (LONG_QUESTION, LONG_QUESTION + " Keep it under a hundred words.", "added"),
     (LONG_QUESTION, LONG_QUESTION + " Include the commands you would run.", "added"),
     # conservative by design: a reworded question that also carries an extra content word
     # costs a miss ("city", "cause", "forgot" are not framing), never a wrong answer
     ("What is the capital of France?", "Which city is the capital of France?", "added"),
     ("What are the symptoms of the flu?", "What symptoms does the flu cause?", "added"),
     ("How do I reset my password?", "I forgot my password, how do I reset it?", "added"),
-    ("Explain gradient descent in simple terms", "What is gradient descent, simply explained?", "added"),
     # an exposition verb is framing only where it opens an instruction that answers a question
-    ("Translate this email into French", "Translate this email into French and summarize it", "added"),
+    ("Translate this email into French", "Translate this email into French and summarize it", "constraint"),
     ("Who was Marie Curie?", "Who was Marie Curie's husband?", "added"),
     ("Tell me about the Roman Empire", "Who founded the Roman Empire?", "added"),
     ("Tell me about Grace Hopper", "When was Grace Hopper born?", "added"),
@@ -193,13 +201,16 @@ MUST_REJECT = [
     # a name the parser reads as a stopword still trades places ("Go" the language)
     ("Is Go more popular than Rust?", "Is Rust more popular than Go?", "swapped"),
     # politeness is set aside, the request it wraps is not
-    ("Help me write a cover letter", "Help me write a cover letter for a nursing job, thanks", "added"),
+    ("Help me write a cover letter", "Help me write a cover letter for a nursing job, thanks", "constraint"),
     # a relative "who" is set aside; the clause it opens is not
-    ("Write a story about a knight", "Write a story about a knight who fears the dark", "added"),
+    ("Write a story about a knight", "Write a story about a knight who fears the dark", "constraint"),
 ]
 
 # (cached prompt, new prompt): rewordings the verifier must let through to the threshold
 MUST_ACCEPT = [
+    # "in simple terms" and "simply explained" ask for the same thing (the earlier guard
+    # refused it as an added request)
+    ("Explain gradient descent in simple terms", "What is gradient descent, simply explained?"),
     # one payload, the instruction worded two ways; nouns that point at the payload add nothing
     ("Summarize: 'The store moves to Elm Street in May.'", "Please give me a summary of this text: 'The store moves to Elm Street in May.'"),
     ("Proofread this paragraph: 'I has a apple.'", "Proofread: 'I has a apple.'"),
@@ -349,13 +360,16 @@ def test_must_reject(cached, new, rule):
 
 @pytest.mark.parametrize("cached, new", STILL_SUBSTITUTIONS)
 def test_exemptions_from_substitution_stay_narrow(cached, new):
-    assert V.explain(cached, new).rule == "substitution"
+    """Words no table joins stay a difference: the substitution rule, or the rule that names
+    their kind ("cheap" is a constraint)."""
+    verdict = V.explain(cached, new)
+    assert verdict.rejected and verdict.rule in ("substitution", *NAMED_KINDS, "constraint"), verdict
 
 
 @pytest.mark.parametrize("cached, new, rule", TABLE_STILL_REJECTS)
 def test_the_table_joins_words_and_keeps_what_changes_the_question(cached, new, rule):
     verdict = V.explain(cached, new)
-    assert verdict.rejected and verdict.rule == rule, verdict
+    assert verdict.rejected and verdict.rule in (rule, *NAMED_KINDS, "constraint"), verdict
 
 
 @pytest.mark.parametrize("cached, new", MUST_ACCEPT)
@@ -392,7 +406,7 @@ def test_a_skipped_rule_never_decides(cached, new, rule):
 def test_with_every_rule_skipped_only_similarity_decides(cached, new, rule):
     verdict = LexicalNearMissVerifier(skip=RULES).explain(cached, new)
     # "identical" where only symbols told them apart: words alone cannot
-    assert not verdict.rejected and verdict.rule in ("rewording", "identical")
+    assert not verdict.rejected and verdict.rule in ("rewording", "identical", "context")
 
 
 def test_skipping_a_rule_is_what_serves_its_example():
@@ -490,16 +504,14 @@ def test_identical_prompts_are_always_accepted(a):
     assert V.verify(a, a, 1.0) is True
 
 
-def test_the_added_rule_names_the_words_and_the_side():
+def test_a_verdict_names_the_words_and_the_side():
     verdict = V.explain("How do I install Node on Ubuntu?", "How do I install Node on Ubuntu without sudo?")
-    assert str(verdict) == 'reject (added): only in the new prompt: "without sudo"'
+    assert str(verdict) == "reject (constraint): only the new prompt restricts the request: sudo"
     assert verdict.words == ("sudo",)
     both = V.explain(LONG_QUESTION + " Reply as a table.", LONG_QUESTION + " Reply as a poem.")
-    assert both.rule == "substitution"  # a one-word swap stays the founding rule's
-    longer = V.explain(LONG_QUESTION + " Give the answer as a short table of suspects.",
-                       LONG_QUESTION + " Then write the incident summary for customers.")
-    assert longer.rule == "added"
-    assert 'only in the cached prompt: "' in longer.detail and 'only in the new prompt: "' in longer.detail
+    assert both.rule == "deliverable" and both.words == ("table",)
+    longer = V.explain(LONG_QUESTION, LONG_QUESTION + " Then write the incident summary for customers.")
+    assert longer.rule == "added" and "Then write the incident summary" in longer.detail
 
 
 def test_a_reworded_long_prompt_is_not_an_added_request():

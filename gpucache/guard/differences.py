@@ -1,0 +1,422 @@
+"""What differs between two prompts, once their words are matched to each other.
+
+``align`` matches the two prompts' content words (same word, stem, the interchangeable table,
+a misspelling: a word in no dictionary one edit from the other side's word) and returns a
+``Difference``: the words left unmatched on each side, in order, and how many were matched. The
+named checks below read that difference, not the shape of the edit: an entity, a deliverable,
+an audience, a tone, a time or a qualifier only one side has (or each side has another of), a
+confusable word, a sign, a relation, a role exchanged across the voice of a verb. Everything
+here is a pure function of the two texts and shipped data: no floating point, no ``hash()``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from gpucache.guard.parsing import EXPOSITION, FRAMING_READ, TABLE, Parsed
+from gpucache.guard.request import dictionary
+from gpucache.guard.words import CONFUSABLE, ORDINAL_WORDS, stem
+
+CATEGORY_FILE = "categories.txt"
+# The kinds of words that name what a request is for, in the order they are reported.
+KINDS = ("entity", "deliverable", "audience", "tone", "time", "constraint")
+# Words that open a span restricting a request ("without eggs", "for a vegan", "on Windows",
+# "that sounds French", "under 100 words"): a span of content words only one prompt has, opened
+# by one of these, is a qualifier the other does not ask for.
+RESTRICTORS = frozenset("without except excluding only under below within fewer less".split())
+# Words that open a qualifier only where it closes the request and is all one prompt adds
+# ("how do I bake bread in a cast iron pot", "a story about a knight who fears the dark"):
+# in the middle of a prompt they are how people put the same request.
+TRAILING_RESTRICTORS = frozenset("for in on with using that which who whose where when while and".split())
+# Auxiliaries that make a passive ("was defeated by"), and irregular participles the light
+# stemmer does not bring back to their verb.
+BE_FORMS = frozenset("is are was were be been being get got gets".split())
+IRREGULAR = {"taught": "teach", "bought": "buy", "caught": "catch", "thought": "think",
+             "brought": "bring", "fought": "fight", "sought": "seek", "written": "write",
+             "wrote": "write", "beaten": "beat", "eaten": "eat", "given": "give", "gave": "give",
+             "taken": "take", "took": "take", "chosen": "choose", "chose": "choose",
+             "driven": "drive", "drove": "drive", "bitten": "bite", "bit": "bite",
+             "known": "know", "knew": "know", "shown": "show", "seen": "see", "saw": "see",
+             "made": "make", "paid": "pay", "sold": "sell", "told": "tell", "won": "win",
+             "led": "lead", "held": "hold", "left": "leave", "met": "meet", "sent": "send",
+             "built": "build", "hit": "hit", "struck": "strike", "killed": "kill"}
+_SIGNED = re.compile(r"(?<![\w)\].])(-|−|minus |negative )?(\d+(?:\.\d+)?)")
+_PERCENT_OF = re.compile(r"\d(?:[\d.,]*)\s*(?:%|percent|per cent)\s+of\b")
+_WHAT_PERCENT = re.compile(r"\bwhat\s+(?:%|percent|per cent|percentage)\b")
+_CAPITAL = re.compile(r"(?<=[^\s.!?:;\"'(\[])\s+([A-Z][\w'+#.-]*)")
+
+
+def _categories() -> dict[str, frozenset[str]]:
+    text = resources.files(__package__).joinpath(CATEGORY_FILE).read_text("utf-8")
+    kinds: dict[str, set[str]] = {}
+    kind = None
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("[") and line.endswith("]"):
+            kind = line[1:-1]
+            if kind not in KINDS:
+                raise ValueError(f"{CATEGORY_FILE}: unknown section [{kind}]")
+            kinds[kind] = set()
+        elif line and kind is not None:
+            for word in line.split():
+                key = (stem(word.casefold()),)
+                kinds[kind].add(TABLE.get(key, key[0]))
+    return {k: frozenset(v) for k, v in kinds.items()}
+
+
+CATEGORIES = _categories()
+KIND_OF: dict[str, str] = {}
+for _kind in reversed(KINDS):  # a word in two lists is reported as the earlier kind
+    for _w in CATEGORIES.get(_kind, ()):
+        KIND_OF[_w] = _kind
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The content words of each prompt that the other does not match, in order (framing
+    words set aside), and how many words were matched."""
+
+    only_a: tuple[str, ...]
+    only_b: tuple[str, ...]
+    shared: int
+    framed: int = 0  # shared words counting the framing words ("explain")
+
+    @property
+    def near_identical(self) -> bool:
+        """At most two words differ on each side beside at least one shared (a framing word
+        counts here: "explain what a mutex is" / "... a semaphore is"): the band where the
+        founding rules judge the edit's shape (a substitution, a word added)."""
+        return max(self.shared, self.framed) >= 1 and len(self.only_a) <= 2 and len(self.only_b) <= 2
+
+
+def _counted(w: str) -> bool:
+    """Whether a content word is compared here: framing is not, nor a number or an ordinal,
+    which the numbers rule has compared by value ("chapter 1" / "the first chapter")."""
+    return w not in FRAMING_READ and not w[:1].isdigit() and w not in ORDINAL_WORDS
+
+
+def align(a: Parsed, b: Parsed) -> Difference:
+    ca = Counter(w for w in a.content if w not in FRAMING_READ)
+    cb = Counter(w for w in b.content if w not in FRAMING_READ)
+    left_a = Counter({w: n for w, n in (ca - cb).items() if _counted(w)})
+    left_b = Counter({w: n for w, n in (cb - ca).items() if _counted(w)})
+    shared = sum((ca & cb).values())
+    return Difference(
+        tuple(w for w in _in_order(a.content, left_a)),
+        tuple(w for w in _in_order(b.content, left_b)),
+        shared,
+        sum((Counter(a.content) & Counter(b.content)).values()),
+    )
+
+
+def _in_order(content: tuple[str, ...], left: Counter[str]) -> list[str]:
+    out, todo = [], Counter(left)
+    for w in reversed(content):  # the last occurrences are the unmatched ones
+        if todo[w] > 0:
+            out.append(w)
+            todo[w] -= 1
+    return out[::-1]
+
+
+_TYPO_MIN = 5
+
+
+@lru_cache(maxsize=65536)
+def _typo_pair(x: str, y: str) -> bool:
+    """Whether ``x`` and ``y`` are one word typed two ways: one edit apart (a letter added,
+    dropped, changed, or two transposed), five letters or more, at least one of them in no
+    dictionary, and not a known confusable pair."""
+    if min(len(x), len(y)) < _TYPO_MIN or not (x.isalpha() and y.isalpha()):
+        return False
+    if y in CONFUSABLE.get(x, ()):
+        return False
+    words = dictionary()
+    if x in words and y in words:
+        return False
+    return _one_edit_apart(x, y)
+
+
+def _one_edit_apart(x: str, y: str) -> bool:
+    if abs(len(x) - len(y)) > 1:
+        return False
+    if len(x) == len(y):
+        diff = [i for i in range(len(x)) if x[i] != y[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and x[diff[0]] == y[diff[1]] and x[diff[1]] == y[diff[0]])
+    short, long_ = (x, y) if len(x) < len(y) else (y, x)
+    i = 0
+    while i < len(short) and short[i] == long_[i]:
+        i += 1
+    return short[i:] == long_[i + 1:]
+
+
+_WORDS = re.compile(r"[^\W\d_]+")
+
+
+def reconcile(a: str, b: str) -> tuple[str, str]:
+    """The two texts with each misspelt word written as the other side's word it stands for
+    ("kubernets" / "kubernetes": neither in the dictionary, so request.py did not mend them).
+    Bounded: only words one side has and the other lacks are compared."""
+    wa, wb = set(_WORDS.findall(a.casefold())), set(_WORDS.findall(b.casefold()))
+    only_a, only_b = sorted(wa - wb), sorted(wb - wa)
+    if not only_a or not only_b or len(only_a) * len(only_b) > 400:
+        return a, b
+    mapping = {}
+    for x in only_b:
+        for y in only_a:
+            if _typo_pair(x, y):
+                mapping[x] = y
+                break
+    if not mapping:
+        return a, b
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True)))
+                         + r")\b", re.IGNORECASE)
+    return a, pattern.sub(lambda m: mapping[m.group(1).casefold()], b)
+
+
+def signed_numbers(text: str) -> tuple[str, ...]:
+    """The numbers written with a sign ("-1", "minus 3"), as "-N", sorted."""
+    return tuple(sorted(f"-{m.group(2)}" for m in _SIGNED.finditer(text.casefold()) if m.group(1)))
+
+
+def percent_relation(a: str, b: str) -> bool:
+    """"20 percent of 50" against "what percentage of 50 is 20": the same numbers, the
+    percentage asked in one and given in the other."""
+    a, b = a.casefold(), b.casefold()
+    return bool((_PERCENT_OF.search(a) and _WHAT_PERCENT.search(b) and not _WHAT_PERCENT.search(a))
+                or (_PERCENT_OF.search(b) and _WHAT_PERCENT.search(a) and not _WHAT_PERCENT.search(b)))
+
+
+def coordination_changed(a: Parsed, b: Parsed) -> bool:
+    """The same two words joined by "and" in one prompt and by "or" in the other ("rows where
+    x and y" / "x or y", "on PS5 and PC" / "on PS5 or PC")."""
+    def joins(p: Parsed, word: str) -> set[tuple[str, str]]:
+        t = p.tokens
+        return {(t[i - 1], t[i + 1]) for i in range(1, len(t) - 1) if t[i] == word}
+
+    return bool(joins(a, "and") & joins(b, "or") or joins(a, "or") & joins(b, "and"))
+
+
+def capitalised(text: str) -> frozenset[str]:
+    """Words written with a capital inside a sentence ("flights to Lyon"): names, as the
+    tokens the rules compare (stemmed, read through the table)."""
+    out = set()
+    for m in _CAPITAL.finditer(text):
+        written = m.group(1).strip(".")
+        word = written.casefold()
+        if written.isupper() and len(written) <= 5:
+            continue  # an acronym (HTTP, CSV): a term, which keyword queries often drop
+        if word and word != "i":
+            key = (stem(word),)
+            out.add(TABLE.get(key, key[0]))
+    return frozenset(out)
+
+
+def kind_of(word: str, names: frozenset[str]) -> str | None:
+    """The kind of what a request is for that ``word`` names ("formally" as "formal"), if any."""
+    if word in names:
+        return "entity"
+    kind = KIND_OF.get(word)
+    if kind is None and word.endswith("ly") and len(word) > 5:
+        kind = KIND_OF.get(word[:-2])
+    return kind
+
+
+def named_kinds(words: tuple[str, ...], names: frozenset[str]) -> list[tuple[str, str]]:
+    """(kind, word) for each word that names what a request is for."""
+    found = []
+    for w in words:
+        kind = kind_of(w, names)
+        if kind is not None:
+            found.append((kind, w))
+    return found
+
+
+def restricted_span(p: Parsed, only: tuple[str, ...], alone: bool = False) -> tuple[str, ...]:
+    """The words of ``only`` that a restricting word opens ("without eggs", "under 100
+    words") in ``p``: the qualifier one prompt adds; where ``alone`` (the other prompt adds
+    nothing), also a qualifier that closes the prompt ("in a cast iron pot", "that runs
+    Linux"). Empty where the added words stand elsewhere."""
+    if not only:
+        return ()
+    if alone:
+        tail = _trailing_span(p, only)
+        if tail:
+            return tail
+    left = Counter(only)
+    found: list[str] = []
+    opened = False
+    for tok in p.tokens:
+        if tok in RESTRICTORS:
+            opened = True
+            continue
+        if tok in left and left[tok] > 0:
+            if opened:
+                found.append(tok)
+            left[tok] -= 1
+            continue
+        if tok in p.content:  # a shared content word closes the span
+            opened = False
+    return tuple(found)
+
+
+def _trailing_span(p: Parsed, only: tuple[str, ...]) -> tuple[str, ...]:
+    """Every word of ``only``, where they all stand after the last shared content word,
+    opened by a restricting word."""
+    toks = p.tokens
+    left = Counter(only)
+    last_shared = -1
+    counts = Counter(p.content)
+    seen: Counter[str] = Counter()
+    for i, t in enumerate(toks):
+        if t in counts:
+            seen[t] += 1
+            if seen[t] > left.get(t, 0):  # more of it than is added: a shared word
+                last_shared = i
+    after = toks[last_shared + 1:]
+    opener = next((i for i, t in enumerate(after) if t in TRAILING_RESTRICTORS | RESTRICTORS), None)
+    first_added = next((i for i, t in enumerate(after) if t in left), None)
+    if opener is None or first_added is None or opener > first_added:
+        return ()
+    found = tuple(t for t in after if t in left)
+    return found if Counter(found) == left else ()
+
+
+def _verb(word: str) -> str:
+    """A verb's form to compare: irregular participles to their verb, a final "e" dropped
+    ("invade" and "invaded", stemmed "invad", are one verb)."""
+    word = IRREGULAR.get(word, word)
+    return word[:-1] if len(word) > 3 and word.endswith("e") else word
+
+
+def voice_roles(a: Parsed, b: Parsed) -> tuple[str, str] | None:
+    """Who does what to whom, told across active and passive voice: "did Rome defeat
+    Carthage" against "was Rome defeated by Carthage" exchange the roles (returns the two
+    words), "Carthage was defeated by Rome" keeps them (None)."""
+    for active, passive in ((a, b), (b, a)):
+        roles_p = _passive(passive)
+        if roles_p is None:
+            continue
+        verb, patient, agent = roles_p
+        roles_a = _active(active, verb)
+        if roles_a is None:
+            continue
+        subject, obj = roles_a
+        if {subject, obj} == {patient, agent} and (subject, obj) != (agent, patient):
+            return subject, obj
+    return None
+
+
+def _passive(p: Parsed) -> tuple[str, str, str] | None:
+    """(verb, patient, agent) of "PATIENT be VERBed by AGENT", if the prompt has one: the
+    verb is the content word right before "by" (an adverb may stand between), with a form of
+    "be" at most four words before it."""
+    toks = p.tokens
+    content = set(p.content)
+    for j, t in enumerate(toks):
+        if t != "by" or j < 2:
+            continue
+        i = j - 1 if toks[j - 1] in content else j - 2
+        if i < 1 or toks[i] not in content or not any(x in BE_FORMS for x in toks[max(0, i - 4):i]):
+            continue
+        agent = next((x for x in toks[j + 1:] if x in content), None)
+        patient = next((x for x in reversed(toks[:i]) if x in content), None)
+        if agent and patient:
+            return _verb(toks[i]), patient, agent
+    return None
+
+
+def _active(p: Parsed, verb: str) -> tuple[str, str] | None:
+    if "by" in p.tokens:
+        return None
+    content = [t for t in p.tokens if t in p.content]
+    for i, t in enumerate(content):
+        if _verb(t) == verb and 0 < i < len(content) - 1:
+            return content[i - 1], content[i + 1]
+    return None
+
+
+def _attached(p: Parsed) -> dict[str, set[tuple[str, str]]]:
+    """Each content word that is the object of a directional word -> the (head, directional
+    word) pairs it hangs from: in "born in Paris and moved to London", "paris" hangs from
+    ("born", "in") and "london" from ("move", "to")."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    sk, content = p.skeleton, set(p.content)
+    for i in range(1, len(sk) - 1):
+        h, d, o = sk[i - 1], sk[i], sk[i + 1]
+        # a head that is itself the object of a directional word ("to Paris from London")
+        # is a chain of phrases, whose order says nothing of roles
+        if (d not in content and h in content and o in content and h not in FRAMING_READ | EXPOSITION
+                and not (i >= 2 and sk[i - 2] not in content)):
+            out.setdefault(o, set()).add((h, d))
+    return out
+
+
+def roles_changed(a: Parsed, b: Parsed) -> tuple[str, str, str] | None:
+    """A word both prompts share that hangs from another shared word in each (through a
+    directional word), and from different ones: (word, its head in a, its head in b). "born
+    in Paris and moved to London" / "born in London and moved to Paris": "paris" is where one
+    was born in the first and where one moved in the second. A phrase moved whole keeps its
+    head ("for a dog with a sensitive stomach" fronted), and a word with no head on one side
+    (a subject, a fronted phrase) says nothing."""
+    shared = set(a.content) & set(b.content)
+    at_a, at_b = _attached(a), _attached(b)
+    for o in sorted(shared):
+        ha = {x for x in at_a.get(o, ()) if x[0] in shared}
+        hb = {x for x in at_b.get(o, ()) if x[0] in shared}
+        if ha and hb and ha.isdisjoint(hb):
+            # the same head reached another way ("used to X" / "uses X") is no change of role
+            if {h for h, _ in ha} & {h for h, _ in hb}:
+                continue
+            return o, " ".join(sorted(" ".join(x) for x in ha)), " ".join(sorted(" ".join(x) for x in hb))
+    return None
+
+
+_SEGMENTS = re.compile(r"(?<=[.!?;:])\s+|\n+")
+
+
+def segments(text: str) -> list[str]:
+    """The sentences of a text (split after a sentence mark and a space, or at a new line)."""
+    return [s for s in (p.strip() for p in _SEGMENTS.split(text)) if s]
+
+
+def extra_segments(a: str, b: str, norm) -> tuple[str, list[str]] | None:  # type: ignore[no-untyped-def]
+    """Where one text is the other with whole sentences more at its start ("lead": context
+    told before the request) or at its end ("tail": more asked after it): the side and the
+    extra sentences. ``norm`` reads a text as the rules compare it."""
+    sa, sb = segments(a), segments(b)
+    if len(sa) == len(sb):
+        return None
+    short, long_ = (sa, sb) if len(sa) < len(sb) else (sb, sa)
+    if not short:
+        return None
+    target = norm(" ".join(short))
+    k = len(long_) - len(short)
+    if norm(" ".join(long_[k:])) == target:
+        return "lead", long_[:k]
+    if norm(" ".join(long_[:len(short)])) == target:
+        return "tail", long_[len(short):]
+    return None
+
+
+def differing_segments(a: str, b: str, norm) -> tuple[str, str] | None:  # type: ignore[no-untyped-def]
+    """Where the two texts share whole sentences at their start or end and differ in the
+    sentences between (a shared question with another closing instruction): the sentences
+    that differ, on each side. None where no sentence is shared or one side has none left."""
+    sa, sb = segments(a), segments(b)
+    lo = 0
+    while lo < min(len(sa), len(sb)) and norm(sa[lo]) == norm(sb[lo]):
+        lo += 1
+    hi = 0
+    while hi < min(len(sa), len(sb)) - lo and norm(sa[-1 - hi]) == norm(sb[-1 - hi]):
+        hi += 1
+    if not lo and not hi:
+        return None
+    rest_a, rest_b = sa[lo:len(sa) - hi], sb[lo:len(sb) - hi]
+    if not rest_a or not rest_b:
+        return None
+    return " ".join(rest_a), " ".join(rest_b)

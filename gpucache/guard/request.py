@@ -1,0 +1,186 @@
+"""What a prompt asks, read the same way at store and at lookup: the request without the
+greetings, thanks and pure framing around it, shorthand written out, misspellings mended.
+
+Why: a sentence embedding averages over every word, so "hey, quick question, how can I reset my
+password? thanks!" lands below the threshold that "How do I reset my password?" clears, and a
+"not" or a number in a context sentence ("been stuck for 2 hours, can't figure it out") looks
+to the guard like a negated or renumbered request. The cache embeds and stores ``request_text``
+of each prompt for its semantic tier (the exact tier keeps the prompt as sent), and the guard
+compares the request texts of the two prompts.
+
+Only whole framing segments at the start and the end of a prompt are dropped (a segment ends at
+a sentence mark or a comma followed by a space), never text in the middle, so a pasted payload
+is left as it is; a prompt that is all framing is kept whole. Misspellings are mended only
+where a lowercase word of six letters or more is in no dictionary and one edit away from a
+word that is (pyspellchecker's English word list, shipped data): "pasword" -> "password";
+"desert" and "dessert" are both words and stay apart. Everything is a pure function of the text
+and shipped data: no floating point, no ``hash()``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from importlib import resources
+
+from gpucache.guard.parsing import TABLE
+from gpucache.guard.words import CONFUSABLES, stem
+
+_SEGMENT_END = re.compile(r"[.!?;:]+(?=\s|$)|,(?=\s)|\s+-\s+|\s*—\s*|\n+")
+_SPACES = re.compile(r"\s+")
+_WORD = re.compile(r"(?<![\w'])[a-z]+(?![\w'])")
+_MEND_MIN = 6  # shorter words are too often other words one edit away ("dicts"/"dicks")
+MAX_MEND_CHARS = 20_000  # longer prompts are embedded as written: mending is per word
+
+
+def _patterns(name: str) -> list[re.Pattern[str]]:
+    """framing.txt's section ``name``: one regular expression a line, matched whole."""
+    text = resources.files(__package__).joinpath("framing.txt").read_text("utf-8")
+    lines: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            inside = line[1:-1] == name
+            continue
+        line = line.strip()
+        if inside and line and not line.startswith("#"):
+            lines.append(line)
+    return [re.compile(p) for p in lines]
+
+
+def _shorthand() -> dict[str, str]:
+    """shorthand.txt: "written as, meant as" a line; matched as whole words, case aside."""
+    text = resources.files(__package__).joinpath("shorthand.txt").read_text("utf-8")
+    pairs: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        short, sep, long_ = (part.strip() for part in line.partition(","))
+        if not sep or not short or not long_:
+            raise ValueError(f"shorthand.txt line {n}: expected 'short, long': {line!r}")
+        pairs[short.casefold()] = long_
+    return pairs
+
+
+SEGMENTS = _patterns("segment")  # a whole segment that is framing: dropped at either end
+LEADS = _patterns("lead")  # framing that opens the first segment kept: cut off its front
+TAILS = _patterns("tail")  # framing that closes the last segment kept: cut off its end
+SHORTHAND = _shorthand()
+_SHORT = re.compile(
+    r"(?<![\w/])(" + "|".join(re.escape(s) for s in sorted(SHORTHAND, key=len, reverse=True))
+    + r")(?![\w/'’])", re.IGNORECASE)
+
+
+def expand_shorthand(text: str) -> str:
+    """Shorthand written out as the words it stands for ("u" -> "you", "w/o" -> "without")."""
+    return _SHORT.sub(lambda m: SHORTHAND[m.group(1).casefold()], text)
+
+
+def _framing(segment: str) -> bool:
+    s = _SPACES.sub(" ", segment.strip().casefold()).strip(" ,.!?;:-—()")
+    return not s or any(p.fullmatch(s) for p in SEGMENTS)
+
+
+def strip_framing(text: str) -> str:
+    """The text less the framing segments at its start and end and the framing phrases that
+    open or close what is left; the text itself where nothing would be left."""
+    cuts = [0]
+    for m in _SEGMENT_END.finditer(text):
+        cuts.append(m.end())
+    if cuts[-1] != len(text):
+        cuts.append(len(text))
+    segments = [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+    lo, hi = 0, len(segments)
+    while lo < hi and _framing(text[segments[lo][0]:segments[lo][1]]):
+        lo += 1
+    while hi > lo and _framing(text[segments[hi - 1][0]:segments[hi - 1][1]]):
+        hi -= 1
+    if lo == hi:
+        return text.strip()
+    kept = text[segments[lo][0]:segments[hi - 1][1]].strip()
+    for _ in range(3):  # "hey can you please tell me how ..." opens with several
+        before = kept
+        for pattern in LEADS:
+            lead = pattern.match(kept.casefold())
+            if lead and lead.end() < len(kept):
+                kept = kept[lead.end():].lstrip(" ,:;-")
+        for pattern in TAILS:
+            tail = pattern.search(kept.casefold())
+            if tail and tail.start() > 0:
+                kept = kept[: tail.start()].rstrip(" ,;-")
+        if kept == before:
+            break
+    return kept or text.strip()
+
+
+@lru_cache(maxsize=1)
+def dictionary() -> Mapping[str, int]:
+    """English words and how often each is seen (pyspellchecker's list, read from its own
+    JSON file, never a pickle): about 0.2 s and 20 MB, loaded once, when the verifier is built,
+    so that no lookup pays it (``LexicalNearMissVerifier.__init__``)."""
+    from spellchecker import SpellChecker
+
+    return dict(SpellChecker(language="en", distance=1).word_frequency.dictionary)
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def one_edit(word: str) -> list[tuple[int, str]]:
+    """Every string one edit away, with the edit's kind ranked as typing slips are common:
+    two letters transposed (0), a letter too many (1), a letter missing (2), a letter wrong (3)."""
+    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    out = [(0, a + b[1] + b[0] + b[2:]) for a, b in splits if len(b) > 1 and b[0] != b[1]]
+    out += [(1, a + b[1:]) for a, b in splits if b]
+    out += [(2, a + c + b) for a, b in splits for c in _LETTERS]
+    out += [(3, a + c + b[1:]) for a, b in splits if b for c in _LETTERS if c != b[0]]
+    return [(kind, w) for kind, w in out if w != word]
+
+
+@lru_cache(maxsize=65536)
+def mended(word: str) -> str:
+    """The word, or where it is in no dictionary the dictionary word one edit away, the
+    likeliest slip first and then the most frequent word (ties by the word itself, so the
+    choice is the same everywhere)."""
+    if (len(word) < _MEND_MIN or not word.isalpha() or word in dictionary() or word in CONFUSABLES
+            or (stem(word),) in TABLE):  # a spelling the interchangeable table knows
+        return word
+    freq = dictionary()
+    found = [(kind, -freq[w], w) for kind, w in one_edit(word) if w in freq and w not in CONFUSABLES]
+    return min(found)[2] if found else word
+
+
+def mend_spelling(text: str) -> str:
+    """Lowercase words in no dictionary replaced by the word one edit away ("recieve")."""
+    if len(text) > MAX_MEND_CHARS:
+        return text
+    return _WORD.sub(lambda m: mended(m.group(0)), text)
+
+
+MEMO_MAX_CHARS = 4096  # longer prompts are read in full each time, never kept in the memo
+
+
+def request_text(prompt: str) -> str:
+    """What the prompt asks: shorthand written out, framing at its ends dropped, misspellings
+    mended. The semantic tier embeds this; the guard compares it. Memoised for prompts of
+    ordinary length."""
+    if len(prompt) > MEMO_MAX_CHARS:
+        return _request_text(prompt)
+    return request_memo(prompt)
+
+
+# Country codes written in capitals, which a lowercase reading would take for words ("from the
+# US to Canada": "us" is a pronoun)
+_CAPITAL_CODES = re.compile(r"\b(?:U\.S\.A?\.?|US|USA|U\.K\.|UK)(?![\w.])(?!\s+dollars?\b)")
+
+
+def _request_text(prompt: str) -> str:
+    if len(prompt) > MAX_MEND_CHARS:
+        return prompt
+    prompt = _CAPITAL_CODES.sub(lambda m: "UK" if "K" in m.group(0) else "USA", prompt)
+    return mend_spelling(strip_framing(expand_shorthand(prompt)))
+
+
+request_memo = lru_cache(maxsize=4096)(_request_text)

@@ -1,0 +1,109 @@
+"""The redesigned guard, kind by kind: each named difference refuses its pairs and only that
+rule does (each case fails with its rule switched off), and each kind of rewording people type
+passes to the threshold (each case fails if any rule refuses it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpucache import LexicalNearMissVerifier
+from gpucache.guard import differences
+from gpucache.guard.parsing import parse
+
+V = LexicalNearMissVerifier()
+
+# (cached, new, the rule that names the difference)
+NAMED = [
+    ("Is the sum of -4 and 9 positive?", "Is the sum of 4 and 9 positive?", "numbers"),
+    ("Dose of vitamin B12 in mcg for adults", "Dose of vitamin B12 in mg for adults", "confusable"),
+    ("Which wines go with a chocolate dessert?", "Which wines go with a chocolate desert?", "confusable"),
+    ("Did the Normans invade the Saxons?", "Were the Normans invaded by the Saxons?", "voice"),
+    ("Did the Normans invade the Saxons?", "Were the Saxons invaded by the Normans?", None),
+    ("What is 30 percent of 90?", "What percentage of 90 is 30?", "relation"),
+    ("select users where admin and active", "select users where admin or active", "relation"),
+    ("Plan a weekend in Lisbon", "Plan a weekend in Porto", "entity"),
+    ("plan a weekend in lisbon", "plan a weekend in porto", "substitution"),
+    ("Outline the causes of inflation as an essay", "Outline the causes of inflation as a checklist",
+     "deliverable"),
+    ("Describe how vaccines work for nurses", "Describe how vaccines work for toddlers", "audience"),
+    ("Draft a sarcastic reply to this review", "Draft a polite reply to this review", "tone"),
+    ("What were the best-selling sedans last year?", "What were the best-selling sedans next year?", "time"),
+    ("Suggest a lasagna recipe", "Suggest a lasagna recipe without cheese", "constraint"),
+    ("Suggest a lasagna recipe", "Suggest a lasagna recipe for a vegan", "constraint"),
+    ("She was born in Oslo and studied in Bergen",
+     "She was born in Bergen and studied in Oslo", "swapped"),
+    ("She was born in Oslo and studied in Bergen",
+     "She studied law in Oslo after she was born in Bergen", "crossed"),
+    # a number or a "not" in context told before the request is no difference; a qualifier is
+    ("Been fighting this for 3 hours and it still won't work. How do I undo a git rebase?",
+     "How do I undo a git rebase?", None),
+    ("I'm vegan. What should I cook for dinner tonight?", "What should I cook for dinner tonight?", "constraint"),
+    ("How do I undo a git rebase?", "How do I undo a git rebase? Show the reflog commands too.", "added"),
+]
+
+# (cached, new): the same request, typed another way
+PASS_THROUGH = {
+    "typo": [("how do I configure a reverse proxy", "how do I configrue a reverse porxy"),
+             ("recommend a thermometer for roasting", "recomend a thermometer for roastting")],
+    "shorthand": [("Can you tell me about the history of jazz, please?", "pls tell me abt history of jazz"),
+                  ("what to pack for a trip with a baby", "what to pack for trip w/ baby")],
+    "wrapper": [("how do I descale a kettle", "Hi there! Quick question: how do I descale a kettle? Thanks!"),
+                ("what is a mortgage escrow account",
+                 "Sorry if this is a dumb question, but what is a mortgage escrow account? thanks in advance")],
+    "synonym": [("best film about chess", "good movie about chess")],
+    "reorder": [("My parcel was lost by the courier, can I claim a refund?",
+                 "The courier lost my parcel, can I claim a refund?"),
+                ("For a beginner with a small budget, which telescope is best?",
+                 "Which telescope is best for a beginner with a small budget?")],
+}
+
+
+@pytest.mark.parametrize("cached, new, rule", NAMED)
+def test_each_named_difference_refuses_by_its_own_rule(cached, new, rule):
+    for a, b in ((cached, new), (new, cached)):
+        verdict = V.explain(a, b)
+        if rule is None:
+            assert not verdict.rejected, verdict
+        else:
+            assert verdict.rejected and verdict.rule == rule, verdict
+
+
+@pytest.mark.parametrize("cached, new, rule", [c for c in NAMED if c[2]])
+def test_with_its_rule_switched_off_the_difference_is_not_refused_by_it(cached, new, rule):
+    verdict = LexicalNearMissVerifier(skip=(rule,)).explain(cached, new)
+    assert verdict.rule != rule
+
+
+@pytest.mark.parametrize("kind, cached, new", [(k, a, b) for k, pairs in PASS_THROUGH.items() for a, b in pairs])
+def test_each_kind_of_rewording_passes_to_the_threshold(kind, cached, new):
+    for a, b in ((cached, new), (new, cached)):
+        verdict = V.explain(a, b)
+        assert not verdict.rejected, (kind, verdict)
+
+
+def test_the_request_read_drops_framing_at_both_ends_and_nothing_in_the_middle():
+    assert V.request("hey, quick question, how can I reset my password? thanks!") == "how can I reset my password?"
+    assert V.request("how do i resett my pasword") == "how do i reset my password"
+    assert V.request("can u pls explain recursion w/ an example thx") == "explain recursion with an example"
+    pasted = "Summarize this: 'Thanks for coming. Hi to all.' Thanks!"
+    assert V.request(pasted) == "Summarize this: 'Thanks for coming. Hi to all.'"
+    assert V.request("thanks!") == "thanks!"  # a prompt that is all framing is kept whole
+
+
+def test_words_a_letter_apart_that_are_both_words_are_never_mended():
+    assert V.request("recipe for a chocolate desert") == "recipe for a chocolate desert"
+    assert V.request("how to merge two dicts") == "how to merge two dicts"  # short words stay
+
+
+def test_misspellings_are_matched_to_the_other_side_when_no_dictionary_knows_either():
+    a, b = differences.reconcile("deploy with kubernetes", "deploy with kubernets")
+    assert parse(a).norm == parse(b).norm
+    # both are words: a difference, left as written
+    assert differences.reconcile("pack a desert", "pack a dessert") == ("pack a desert", "pack a dessert")
+
+
+def test_the_category_lists_load_and_name_their_kinds():
+    assert set(differences.CATEGORIES) == set(differences.KINDS)
+    assert differences.kind_of("haiku", frozenset()) == "deliverable"
+    assert differences.kind_of("formally", frozenset()) == "tone"
+    assert differences.kind_of("lyon", frozenset({"lyon"})) == "entity"
