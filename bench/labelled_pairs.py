@@ -16,7 +16,7 @@ import torch
 from gpucache.cache.semantic import SemanticCache
 from gpucache.embedding.model import Embedder
 from gpucache.guard.lexical import ADDED_RULES, RULES, LexicalNearMissVerifier
-from gpucache.guard.verifier import HitVerifier, ThresholdOnly
+from gpucache.guard.verifier import HitVerifier, ReadsRequests, ThresholdOnly
 
 THRESHOLDS = tuple(sorted({round(0.70 + 0.01 * i, 2) for i in range(29)} | {0.875}))
 
@@ -93,12 +93,16 @@ class PairResult:
     kinds: list[str] = field(default_factory=list)  # each pair's "kind" where the file has one
     # the lexical verifier with a rule (or the additions) switched off: variant -> accepted per pair
     ablation: dict[str, list[bool]] = field(default_factory=dict)
+    # the similarity of the prompts as written: what a cache without the guard embeds (the
+    # guarded cache embeds each prompt's request text, ``similarity``); empty: the same
+    raw_similarity: list[float] = field(default_factory=list)
 
     def rates(self, threshold: float, guarded: bool, accepted: Sequence[bool] | None = None) -> Rates:
         """The rates at ``threshold``, threshold only or guarded by the verifier's answers
         (``accepted``, by default the verifier's own; an ablation variant's otherwise)."""
         answers = self.accepted if accepted is None else accepted
-        served = [s >= threshold and (ok or not guarded) for s, ok in zip(self.similarity, answers)]
+        sims = self.similarity if guarded or not self.raw_similarity else self.raw_similarity
+        served = [s >= threshold and (ok or not guarded) for s, ok in zip(sims, answers)]
         fh = sum(v and lab == 0 for v, lab in zip(served, self.labels))
         hit = sum(v and lab == 1 for v, lab in zip(served, self.labels))
         nm = sum(v and m for v, m in zip(served, self.near_miss))
@@ -111,8 +115,8 @@ class PairResult:
     def threshold_only_at_hit_rate(self, hit_rate: float) -> tuple[float, float]:
         """The threshold at which similarity alone serves as many label-1 pairs as
         ``hit_rate`` does, and the false-hit rate it has there."""
-        positives = sorted((s for s, lab in zip(self.similarity, self.labels) if lab == 1),
-                           reverse=True)
+        positives = sorted((s for s, lab in zip(self.raw_similarity or self.similarity, self.labels)
+                            if lab == 1), reverse=True)
         k = round(hit_rate * len(positives))
         threshold = positives[k - 1] if k > 0 else 1.0 + 1e-6
         return threshold, self.rates(threshold, guarded=False).false_hit
@@ -156,15 +160,25 @@ def evaluate_pairs(
     a = [str(r["a"]) for r in rows]
     b = [str(r["b"]) for r in rows]
     vectors = embedder.encode(a + b)  # one batch per file: (2P, D)
-    sims = (vectors[: len(a)] * vectors[len(a) :]).sum(dim=1).clamp(max=1.0).cpu().tolist()
+    raw = (vectors[: len(a)] * vectors[len(a) :]).sum(dim=1).clamp(max=1.0).cpu().tolist()
+    sims = raw
+    if isinstance(verifier, ReadsRequests):  # what the cache embeds with this verifier
+        read = embedder.encode([verifier.request(x) for x in a] + [verifier.request(y) for y in b])
+        sims = (read[: len(a)] * read[len(a):]).sum(dim=1).clamp(max=1.0).cpu().tolist()
     explain = getattr(verifier, "explain", None)
     accepted: list[bool] = []
     rules: dict[str, int] = {}
     rule_of: list[str] = []
     for x, y, s in zip(a, b, sims):
-        ok = verifier.verify(x, y, s)
+        # both ways round: the cache may hold either prompt
+        ok = verifier.verify(x, y, s) and verifier.verify(y, x, s)
         accepted.append(ok)
-        rule = "" if ok else (explain(x, y).rule if explain is not None else "rejected")
+        rule = ""
+        if not ok:
+            rule = "rejected"
+            if explain is not None:
+                first = explain(x, y)
+                rule = first.rule if first.rejected else explain(y, x).rule
         rule_of.append(rule)
         if rule:
             rules[rule] = rules.get(rule, 0) + 1
@@ -172,7 +186,8 @@ def evaluate_pairs(
     ablation: dict[str, list[bool]] = {}
     if isinstance(verifier, LexicalNearMissVerifier) and not verifier.skip:
         for variant, without in ablation_variants().items():
-            ablation[variant] = [without.verify(x, y, s) for x, y, s in zip(a, b, sims)]
+            ablation[variant] = [without.verify(x, y, s) and without.verify(y, x, s)
+                                 for x, y, s in zip(a, b, sims)]
     labels = [int(r["label"]) for r in rows]  # type: ignore[call-overload]
     near = [lab == 0 and word_jaccard(x, y) >= NEAR_MISS_JACCARD for x, y, lab in zip(a, b, labels)]
     return PairResult(
@@ -191,6 +206,7 @@ def evaluate_pairs(
         verify_us_warm=warm,
         ablation=ablation,
         kinds=[str(r.get("kind", "")) for r in rows],
+        raw_similarity=raw,
     )
 
 

@@ -99,21 +99,29 @@ def _counted(w: str) -> bool:
     return w not in FRAMING_READ and not w[:1].isdigit() and w not in ORDINAL_WORDS
 
 
+@lru_cache(maxsize=8192)
+def _counts(content: tuple[str, ...]) -> tuple[Counter[str], Counter[str]]:
+    """A prompt's content words as counts: all of them, and those set aside from framing."""
+    every = Counter(content)
+    return every, Counter({w: n for w, n in every.items() if w not in FRAMING_READ})
+
+
 def align(a: Parsed, b: Parsed) -> Difference:
-    ca = Counter(w for w in a.content if w not in FRAMING_READ)
-    cb = Counter(w for w in b.content if w not in FRAMING_READ)
+    every_a, ca = _counts(a.content)
+    every_b, cb = _counts(b.content)
     left_a = Counter({w: n for w, n in (ca - cb).items() if _counted(w)})
     left_b = Counter({w: n for w, n in (cb - ca).items() if _counted(w)})
-    shared = sum((ca & cb).values())
     return Difference(
-        tuple(w for w in _in_order(a.content, left_a)),
-        tuple(w for w in _in_order(b.content, left_b)),
-        shared,
-        sum((Counter(a.content) & Counter(b.content)).values()),
+        tuple(_in_order(a.content, left_a)),
+        tuple(_in_order(b.content, left_b)),
+        sum((ca & cb).values()),
+        sum((every_a & every_b).values()),
     )
 
 
 def _in_order(content: tuple[str, ...], left: Counter[str]) -> list[str]:
+    if not left:
+        return []
     out, todo = [], Counter(left)
     for w in reversed(content):  # the last occurrences are the unmatched ones
         if todo[w] > 0:
@@ -157,11 +165,16 @@ def _one_edit_apart(x: str, y: str) -> bool:
 _WORDS = re.compile(r"[^\W\d_]+")
 
 
+@lru_cache(maxsize=4096)
+def _word_set(text: str) -> frozenset[str]:
+    return frozenset(_WORDS.findall(text.casefold()))
+
+
 def reconcile(a: str, b: str) -> tuple[str, str]:
     """The two texts with each misspelt word written as the other side's word it stands for
     ("kubernets" / "kubernetes": neither in the dictionary, so request.py did not mend them).
     Bounded: only words one side has and the other lacks are compared."""
-    wa, wb = set(_WORDS.findall(a.casefold())), set(_WORDS.findall(b.casefold()))
+    wa, wb = _word_set(a), _word_set(b)
     only_a, only_b = sorted(wa - wb), sorted(wb - wa)
     if not only_a or not only_b or len(only_a) * len(only_b) > 400:
         return a, b
@@ -178,6 +191,7 @@ def reconcile(a: str, b: str) -> tuple[str, str]:
     return a, pattern.sub(lambda m: mapping[m.group(1).casefold()], b)
 
 
+@lru_cache(maxsize=4096)
 def signed_numbers(text: str) -> tuple[str, ...]:
     """The numbers written with a sign ("-1", "minus 3"), as "-N", sorted."""
     return tuple(sorted(f"-{m.group(2)}" for m in _SIGNED.finditer(text.casefold()) if m.group(1)))
@@ -201,6 +215,7 @@ def coordination_changed(a: Parsed, b: Parsed) -> bool:
     return bool(joins(a, "and") & joins(b, "or") or joins(a, "or") & joins(b, "and"))
 
 
+@lru_cache(maxsize=4096)
 def capitalised(text: str) -> frozenset[str]:
     """Words written with a capital inside a sentence ("flights to Lyon"): names, as the
     tokens the rules compare (stemmed, read through the table)."""
@@ -379,12 +394,13 @@ def roles_changed(a: Parsed, b: Parsed) -> tuple[str, str, str] | None:
 _SEGMENTS = re.compile(r"(?<=[.!?;:])\s+|\n+")
 
 
-def segments(text: str) -> list[str]:
+@lru_cache(maxsize=4096)
+def segments(text: str) -> tuple[str, ...]:
     """The sentences of a text (split after a sentence mark and a space, or at a new line)."""
-    return [s for s in (p.strip() for p in _SEGMENTS.split(text)) if s]
+    return tuple(s for s in (p.strip() for p in _SEGMENTS.split(text)) if s)
 
 
-def extra_segments(a: str, b: str, norm) -> tuple[str, list[str]] | None:  # type: ignore[no-untyped-def]
+def extra_segments(a: str, b: str, norm) -> tuple[str, tuple[str, ...]] | None:  # type: ignore[no-untyped-def]
     """Where one text is the other with whole sentences more at its start ("lead": context
     told before the request) or at its end ("tail": more asked after it): the side and the
     extra sentences. ``norm`` reads a text as the rules compare it."""

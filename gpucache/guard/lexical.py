@@ -197,7 +197,7 @@ class LexicalNearMissVerifier:
                            tuple(sorted(words_a | words_b)))
         return Verdict(False, "rewording")
 
-    def _extra(self, where: str, sentences: list[str]) -> Verdict:
+    def _extra(self, where: str, sentences: tuple[str, ...]) -> Verdict:
         """One prompt is the other with whole sentences more. Before the request they are
         context ("I've been at this for 2 hours and it isn't working."): a number or a "not" in
         them changes nothing asked, but a name or a qualifier does ("I'm vegan."). After it,
