@@ -177,12 +177,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return 2
     hf_logging.disable_progress_bar()
     embedder = TransformerEmbedder(args.model, device=args.device)
-    vectors = embedder.encode([a for a, _, _ in pairs] + [b for _, b, _ in pairs])
+    verifiers = {skip: LexicalNearMissVerifier(skip=skip) for skip in skip_sets()}
+    guard = verifiers[()]
+    # what the cache embeds: each prompt's request text (the same for every set of rules)
+    texts = [guard.request(a) for a, _, _ in pairs] + [guard.request(b) for _, b, _ in pairs]
+    vectors = embedder.encode(texts)
     n = len(pairs)
     sims = (vectors[:n] * vectors[n:]).sum(dim=1).tolist()
-    verifiers = {skip: LexicalNearMissVerifier(skip=skip) for skip in skip_sets()}
+    # each pair both ways round: the cache may hold either prompt
     scored = [Scored(label, int(sim * 1000) if sim < 1 else 1000,
-                     {skip: v.verify(a, b, sim) for skip, v in verifiers.items()})
+                     {skip: v.verify(a, b, sim) and v.verify(b, a, sim) for skip, v in verifiers.items()})
               for (a, b, label), sim in zip(pairs, sims)]
     choice = choose(scored, args.budget, args.confidence)
     positives = sum(p.label for p in scored)
