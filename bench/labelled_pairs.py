@@ -309,6 +309,8 @@ def replay_intents(
             fill.setdefault(t, intent)
         ask += [(t, intent) for t in texts[middle:] if t not in fill]
     texts = list(dict.fromkeys(list(fill) + [t for t, _ in ask]))
+    if isinstance(verifier, ReadsRequests):  # the guarded cache embeds the request texts
+        texts = list(dict.fromkeys(texts + [verifier.request(t) for t in texts]))
     table = _TableEmbedder(texts, embedder.encode(texts), embedder.name)
     points = []
     for threshold, top_k, guarded in settings:
