@@ -93,9 +93,12 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         created, model = 1_700_000_000, body["model"]
         if token_delay and not body.get("stream"):
             await asyncio.sleep(token_delay * len(answer.split()))  # stall: the model's generation time
+        # "[no-store]": the upstream forbids keeping this answer (Cache-Control: no-store)
+        control = {"cache-control": "no-store"} if "[no-store]" in text else {}
         if body.get("stream"):
             return StreamingResponse(
-                stream(kind, model, answer, finish, body, text), media_type="text/event-stream"
+                stream(kind, model, answer, finish, body, text), media_type="text/event-stream",
+                headers=control,
             )
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
         if kind == "chat":
@@ -122,7 +125,8 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
                 "model": model,
                 "choices": [choice],
                 "usage": usage,
-            }
+            },
+            headers=control,
         )
 
     def event(obj: str, model: str, choices: list[Any], **extra: Any) -> str:

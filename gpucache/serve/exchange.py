@@ -16,7 +16,7 @@ Outcomes:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,13 +78,40 @@ class CacheControl:
         return self.max_age is None or hit.age <= self.max_age
 
 
-def may_store(status: int, text: Any, finish: str | None, replayable: bool, control: CacheControl) -> bool:
+def may_store(status: int, text: Any, finish: str | None, replayable: bool, control: CacheControl,
+              response_headers: Mapping[str, str] | None = None) -> bool:
     """Whether an upstream's answer is kept: a 200 with text, finished ("stop", not cut short
     or turned into a tool call), whose text alone replays it (no tool calls, refusal or
-    reasoning beside it: a hit serves the text only), and a request that allows storing."""
+    reasoning beside it: a hit serves the text only), a request that allows storing, and an
+    upstream that allows it (``upstream_allows_storing``)."""
     return (
         status == 200 and isinstance(text, str) and finish == "stop" and replayable and not control.no_store
+        and upstream_allows_storing(response_headers)
     )
+
+
+# What in an upstream's Cache-Control forbids keeping its answer for later requests: no-store
+# and private are never stored (RFC 9111 §5.2.2.5, §5.2.2.7); no-cache, and a max-age or
+# s-maxage of 0, may not be served without revalidating with the upstream, which a cache of
+# generated answers cannot do, so they are not stored either (§5.2.2.4).
+_FORBIDDING = frozenset({"no-store", "private", "no-cache"})
+
+
+def upstream_allows_storing(headers: Mapping[str, str] | None) -> bool:
+    """Whether the upstream's response headers let a shared cache keep the answer."""
+    if not headers:
+        return True
+    values = headers.get_list("cache-control") if hasattr(headers, "get_list") else [
+        headers.get("cache-control") or ""]
+    for value in values:
+        for token in (t.strip().lower() for t in (value or "").split(",")):
+            name, _, arg = token.partition("=")
+            name = name.strip()
+            if name in _FORBIDDING:
+                return False
+            if name in ("max-age", "s-maxage") and arg.strip().strip('"') in ("0", "-0"):
+                return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -94,7 +121,7 @@ class Exchange:
     kind: str  # "chat" or "completions"
     method: str
     headers: Any  # the client's request headers (a case-insensitive mapping)
-    query: Any  # the client's query parameters, forwarded on every path
+    query: str  # the client's raw query string, forwarded as received on every path
     raw: bytes  # the body as the client sent it, forwarded as it is
     body: dict[str, Any]
     key: RequestKey

@@ -95,7 +95,8 @@ def storable(kind: str, response: Any, control: CacheControl) -> str | None:
         text, finish, replayable = wire.answer_of(kind, response.json())
     except ValueError:
         return None
-    return text if may_store(response.status_code, text, finish, replayable, control) else None
+    allowed = may_store(response.status_code, text, finish, replayable, control, response.headers)
+    return text if allowed else None
 
 
 class Proxy:
@@ -127,7 +128,7 @@ class Proxy:
         try:
             raw = await read_body(request, self.config.max_body_bytes)
             body = parse_json(raw)
-            tenant = self.config.tenancy.tenant(request.headers)
+            tenant = self.config.tenancy.tenant(request.headers, request.url.query)
             key = request_key(kind, body, tenant) if isinstance(tenant, str) else None
         except TooLarge as exc:
             return Refused(413, str(exc), "request_too_large")
@@ -149,7 +150,7 @@ class Proxy:
                     kind="unauthorized" if refusal.status == 401 else "bad_request",
                 )
         assert key is not None and isinstance(control, CacheControl)
-        return Exchange(kind, request.method, request.headers, request.query_params, raw, body, key, control)
+        return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control)
 
     # ------------------------------------------------------------------------- run
 
@@ -252,7 +253,8 @@ class Proxy:
                         return
                     yield wire.delta_of(ex.kind, event, relay.meta) or ""
             self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
-            if not may_store(200, "", relay.meta.finish_reason, not relay.meta.unreplayable, ex.control):
+            if not may_store(200, "", relay.meta.finish_reason, not relay.meta.unreplayable, ex.control,
+                             response.headers):
                 yield Unstored()
 
         pieces = self.cache.aget_or_put_streaming(
@@ -376,7 +378,7 @@ class Proxy:
         """An allow-listed path (passthrough.py), forwarded unchanged and never cached;
         ``label`` names it in metrics (the rule, never a client's own path)."""
         forwarded = await self.forward(
-            path, request.method, request.headers, request.query_params, await request.body(), False, "bypass"
+            path, request.method, request.headers, request.url.query, await request.body(), False, "bypass"
         )
         outcome: Outcome = (
             forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)

@@ -23,7 +23,7 @@ from typing import Any
 from gpucache.cache.settings import CacheSettings
 from gpucache.embedding.settings import EmbedderSettings
 from gpucache.guard.settings import GuardSettings
-from gpucache.serve.tenancy import CREDENTIAL_HEADERS, NAMESPACE_HEADER, Tenancy
+from gpucache.serve.tenancy import CREDENTIAL_HEADERS, CREDENTIAL_PARAMS, NAMESPACE_HEADER, Tenancy
 from gpucache.share.settings import ReplicationSettings
 
 SECRET_ENV = "GPUCACHE_NAMESPACE_SECRET"
@@ -127,6 +127,10 @@ class ServeSettings:
     )
     credential_headers: tuple[str, ...] = _option(
         CREDENTIAL_HEADERS, "the headers whose values (all present, keyed-hashed) name the tenant"
+    )
+    credential_params: tuple[str, ...] = _option(
+        CREDENTIAL_PARAMS, "query parameters that carry a credential: they name the tenant as the "
+        "credential headers do"
     )
     trust_namespace_header: bool = _option(
         False, "let the namespace header alone name the tenant: only behind a gateway that "
@@ -242,4 +246,4 @@ class ServeSettings:
     def tenancy(self) -> Tenancy:
         assert self.namespace_secret is not None
         return Tenancy(self.namespace_secret, self.credential_headers, self.namespace_header,
-                       self.trust_namespace_header, self.require_auth)
+                       self.trust_namespace_header, self.require_auth, self.credential_params)

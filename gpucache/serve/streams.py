@@ -156,5 +156,6 @@ class Streams:
         finally:
             await response.aclose()
         yield wire.DONE
-        if store and may_store(200, "", meta.finish_reason, not meta.unreplayable, ex.control):
+        if store and may_store(200, "", meta.finish_reason, not meta.unreplayable, ex.control,
+                               response.headers):
             await self.keep(ex.key, "".join(parts))

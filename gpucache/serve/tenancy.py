@@ -13,6 +13,14 @@ sets the namespace header and strips any copy a client sent. There
 (``trust_namespace_header``) the header alone names the tenant. ``require_auth`` answers a
 request without credentials with 401 instead of filing it under the shared ``anonymous``.
 
+A request must not be ambiguous: more than one value of a credential header or of the namespace
+header is refused (400; a credential is a singleton field, RFC 9110 §5.3: a proxy that hashed
+the first and an upstream that checked the last would file answers under a key the upstream
+never saw). Credentials sent as query parameters (``credential_params``: "key", "api-key",
+"api_key", "access_token" by default) count as credentials, and the raw query string as a
+whole is part of the scope (``?api-version=`` values, any parameter the upstream reads, never
+share an answer); it is forwarded as received.
+
 The hash key (the secret) must be the same after a restart and on every replica, or entries
 kept in a snapshot or shared through Redis are filed under tenants nobody can reach again
 (``ServeSettings`` refuses to start without one where that matters).
@@ -25,8 +33,11 @@ import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
 
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+CREDENTIAL_PARAMS = ("key", "api-key", "api_key", "access_token")
 NAMESPACE_HEADER = "x-gpucache-namespace"
 ANONYMOUS = "anonymous"
 # a namespace names a folder of entries, not free text: letters, digits and a few separators,
@@ -52,6 +63,7 @@ class Tenancy:
     namespace_header: str = NAMESPACE_HEADER
     trust_namespace_header: bool = False
     require_auth: bool = False
+    credential_params: tuple[str, ...] = CREDENTIAL_PARAMS
 
     def __post_init__(self) -> None:
         if len(self.secret) < 16:
@@ -61,16 +73,26 @@ class Tenancy:
         object.__setattr__(self, "credential_headers", tuple(h.lower() for h in self.credential_headers))
         object.__setattr__(self, "namespace_header", self.namespace_header.lower())
 
-    def tenant(self, headers: Mapping[str, str]) -> str | Refusal:
-        """The request's tenant, or why it is refused (a malformed namespace: 400; no
-        credentials where they are required: 401)."""
+    def tenant(self, headers: Mapping[str, str], query: str = "") -> str | Refusal:
+        """The request's tenant and the scope prefix its entries are filed under, or why it
+        is refused (a malformed or repeated namespace, a repeated credential: 400; no
+        credentials where they are required: 401). ``query`` is the raw query string."""
+        for name in (self.namespace_header, *self.credential_headers):
+            if len(_values(headers, name)) > 1:
+                return Refusal(400, f"more than one {name} header: send it once", "duplicate_header")
+        params = parse_qsl(query, keep_blank_values=True) if query else []
+        for name in self.credential_params:
+            if sum(k == name for k, _ in params) > 1:
+                return Refusal(400, f"more than one {name!r} query parameter: send it once",
+                               "duplicate_parameter")
         named = headers.get(self.namespace_header)
         if named is not None and not NAMESPACE_PATTERN.fullmatch(named):
             return Refusal(400, f"the {self.namespace_header} header must be 1 to 128 letters, digits "
                            "or . _ : @ + -", "invalid_namespace")
         if self.trust_namespace_header and named:
-            return f"ns:{named}"
+            return self._with_query(f"ns:{named}", query)
         credentials = [(name, headers[name]) for name in self.credential_headers if headers.get(name)]
+        credentials += [(f"?{k}", v) for k, v in params if k in self.credential_params and v]
         if not credentials:
             if self.require_auth:
                 return Refusal(401, "credentials are required: send one of "
@@ -78,7 +100,11 @@ class Tenancy:
             base = ANONYMOUS
         else:
             base = "key:" + self.digest(credentials)
-        return f"{base}/ns:{named}" if named else base
+        return self._with_query(f"{base}/ns:{named}" if named else base, query)
+
+    def _with_query(self, scope: str, query: str) -> str:
+        """The scope narrowed by the raw query string (keyed-hashed: it may hold a key)."""
+        return f"{scope}/q:{self.digest([('?', query)])}" if query else scope
 
     def digest(self, credentials: list[tuple[str, str]]) -> str:
         """A keyed hash of (header, value) pairs: the same on every replica sharing the secret,
@@ -89,3 +115,11 @@ class Tenancy:
                 mac.update(len(part).to_bytes(8, "big"))
                 mac.update(part)
         return mac.hexdigest()[:32]
+
+
+def _values(headers: Mapping[str, str] | Any, name: str) -> list[str]:
+    """Every value of header ``name`` (Starlette's ``getlist``; one at most for a mapping)."""
+    if hasattr(headers, "getlist"):
+        return list(headers.getlist(name))
+    value = headers.get(name)
+    return [] if value is None else [value]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 
@@ -62,17 +61,20 @@ class Upstream:
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
         )
 
-    def url(self, path: str) -> str:
-        """``path`` below ``/v1`` on the proxy, on the upstream's base URL (which ends in /v1)."""
-        return f"{self.base_url}/{path.lstrip('/')}"
+    def url(self, path: str, query: str = "") -> str:
+        """``path`` below ``/v1`` on the proxy, on the upstream's base URL (which ends in /v1),
+        with the client's raw query string as it was received (re-encoding parameters would
+        merge "a=1&a=2" or change what the upstream authenticates)."""
+        url = f"{self.base_url}/{path.lstrip('/')}"
+        return f"{url}?{query}" if query else url
 
     async def send(
-        self, method: str, path: str, headers: Mapping[str, str], body: bytes, params: Any = None
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, params: str = ""
     ) -> httpx.Response:
         """A whole response (read), or ``UpstreamUnavailable``."""
         try:
             return await self.client.request(
-                method, self.url(path), headers=forwarded(headers), content=body, params=params
+                method, self.url(path, params or ""), headers=forwarded(headers), content=body
             )
         except httpx.TimeoutException as exc:
             raise UpstreamUnavailable(504, f"the upstream did not answer in time ({exc!r})") from exc
@@ -80,11 +82,11 @@ class Upstream:
             raise UpstreamUnavailable(502, f"the upstream could not be reached ({exc!r})") from exc
 
     async def open(
-        self, path: str, headers: Mapping[str, str], body: bytes, params: Any = None
+        self, path: str, headers: Mapping[str, str], body: bytes, params: str = ""
     ) -> httpx.Response:
         """A streamed POST whose body is still to be read; the caller closes it."""
-        request = self.client.build_request("POST", self.url(path), headers=forwarded(headers),
-                                            content=body, params=params)
+        request = self.client.build_request("POST", self.url(path, params or ""), headers=forwarded(headers),
+                                            content=body)
         try:
             return await self.client.send(request, stream=True)
         except httpx.TimeoutException as exc:
@@ -94,7 +96,7 @@ class Upstream:
 
     @asynccontextmanager
     async def stream(
-        self, path: str, headers: Mapping[str, str], body: bytes, params: Any = None
+        self, path: str, headers: Mapping[str, str], body: bytes, params: str = ""
     ) -> AsyncIterator[httpx.Response]:
         """``open`` as a context: leaving it closes the upstream request (a client that
         disconnects cancels the generation)."""

@@ -125,3 +125,37 @@ def test_a_secret_file_others_can_read_or_a_missing_one_is_refused(tmp_path):
         read_secret_file(str(path))
     with pytest.raises(ConfigError, match="cannot be read"):
         read_secret_file(str(tmp_path / "missing"))
+
+
+def headers_of(*pairs):
+    from starlette.datastructures import Headers
+
+    return Headers(raw=[(k.encode(), v.encode()) for k, v in pairs])
+
+
+@pytest.mark.parametrize("name", ["authorization", "api-key", "x-api-key", "x-gpucache-namespace"])
+def test_a_header_the_tenant_comes_from_sent_twice_is_refused(name):
+    refused = tenant(headers_of((name, "one"), (name, "two"), ("authorization", "Bearer k")))
+    assert isinstance(refused, Refusal) and refused.status == 400 and refused.code == "duplicate_header"
+    assert isinstance(tenant(headers_of((name, "one"))), str)
+
+
+def test_a_credential_in_the_query_string_names_the_tenant_and_sent_twice_is_refused():
+    alice = Tenancy(SECRET).tenant({}, "key=alice")
+    bob = Tenancy(SECRET).tenant({}, "key=bob")
+    assert alice.startswith("key:") and bob.startswith("key:") and alice.split("/")[0] != bob.split("/")[0]
+    assert "alice" not in alice
+    refused = Tenancy(SECRET).tenant({}, "key=alice&key=bob")
+    assert isinstance(refused, Refusal) and refused.code == "duplicate_parameter"
+    # a parameter that is no credential narrows the scope and names no tenant
+    assert Tenancy(SECRET).tenant({}, "api-version=1").startswith(f"{ANONYMOUS}/q:")
+
+
+def test_the_raw_query_string_narrows_every_scope_and_never_shows_in_it():
+    key = {"authorization": "Bearer alice"}
+    plain = tenant(key)
+    one, two = Tenancy(SECRET).tenant(key, "api-version=1"), Tenancy(SECRET).tenant(key, "api-version=2")
+    assert one.startswith(plain + "/q:") and two.startswith(plain + "/q:") and one != two
+    assert "api-version" not in one
+    trusted = Tenancy(SECRET, trust_namespace_header=True).tenant(TEAM_A, "a=1")
+    assert trusted.startswith("ns:team-a/q:")
