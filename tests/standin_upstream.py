@@ -42,6 +42,8 @@ def answer_to(text: str) -> str:
 
 def make_upstream(token_delay: float = 0.0) -> Starlette:
     calls: list[tuple[str, str]] = []
+    checks: list[str] = []  # the bearer key of each GET /v1/models
+    revoked: set[str] = set()  # keys the upstream refuses (a test adds them)
     paths: list[tuple[str, str]] = []  # (method, raw path) of requests to any other path
     queries: list[str] = []  # the query string of each completion request
     arrived = threading.Condition()  # notified at each completion request, for tests to wait on
@@ -183,7 +185,13 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
             raise
 
     async def models(request: Request) -> Response:
-        calls.append(("models", ""))
+        # a credential check (the proxy asks before it serves a key: auth.py), recorded apart
+        # from the completions; a key in ``revoked`` is refused as a model server refuses it
+        key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        checks.append(key)
+        if key in revoked:
+            return JSONResponse({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                           "param": None, "code": "invalid_api_key"}}, status_code=401)
         return JSONResponse(
             {"object": "list", "data": [{"id": "smol", "object": "model", "created": 1, "owned_by": "test"}]}
         )
@@ -222,6 +230,8 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
     app.state.queries = queries
     app.state.arrived = arrived
     app.state.calls = calls
+    app.state.checks = checks
+    app.state.revoked = revoked
     app.state.closed = closed
     return app
 

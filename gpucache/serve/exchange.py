@@ -129,6 +129,9 @@ class Exchange:
     # seconds spent waiting on the upstream before the answer's headers were sent: the rest of
     # the exchange's time is the proxy's own (``x-gpucache-overhead-ms``)
     timing: dict[str, float] = field(default_factory=lambda: {"upstream": 0.0}, compare=False)
+    # the credential's part of the scope ("key:<hash>"), checked with the upstream before the
+    # cache answers (auth.py); None for a request without credentials
+    credential: str | None = None
 
     def waited_upstream(self, seconds: float) -> None:
         self.timing["upstream"] += seconds

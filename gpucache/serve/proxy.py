@@ -41,6 +41,7 @@ from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.lookup import Hit as CacheHit
 from gpucache.cache.semantic import SemanticCache, Unstored
 from gpucache.serve import answers, wire
+from gpucache.serve.auth import CredentialCheck, Denied, Unverified
 from gpucache.serve.exchange import (
     PATHS,
     Bypassed,
@@ -107,12 +108,14 @@ class Proxy:
         self.storing: set[asyncio.Task[None]] = set()  # answers being stored after they were sent
         self.busy = 0  # requests past the exact tier now (admit)
         self.streams = Streams(metrics, self.store)
+        self.credentials = (CredentialCheck(upstream, config.auth_ttl) if config.auth == "upstream"
+                            else None)
 
     async def completion(self, kind: str, request: Request) -> Response:
         started = time.perf_counter()
         exchange = await self.receive(kind, request)
         endpoint = PATHS[kind]
-        outcome = exchange if isinstance(exchange, Refused) else await self.admit(exchange)
+        outcome = exchange if isinstance(exchange, Refused) else await self.authenticated(exchange)
         self.record(endpoint, outcome)
         response = self.respond(exchange, outcome)
         # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
@@ -149,10 +152,24 @@ class Proxy:
                     refusal.code,
                     kind="unauthorized" if refusal.status == 401 else "bad_request",
                 )
-        assert key is not None and isinstance(control, CacheControl)
-        return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control)
+        assert key is not None and isinstance(control, CacheControl) and isinstance(tenant, str)
+        credential = tenant.split("/", 1)[0] if tenant.startswith("key:") else None
+        return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control,
+                        credential=credential)
 
     # ------------------------------------------------------------------------- run
+
+    async def authenticated(self, ex: Exchange) -> Outcome:
+        """``admit``, for a credential the upstream accepts (auth.py); a refused one gets the
+        upstream's own answer and nothing from the cache, one that cannot be checked the upstream's
+        failure."""
+        if self.credentials is not None and ex.credential is not None:
+            verdict = await self.credentials.check(ex.credential, ex.headers, ex.query)
+            if isinstance(verdict, Denied):
+                return PassedThrough(verdict.status, verdict.headers, verdict.content)
+            if isinstance(verdict, Unverified):
+                return Unavailable(verdict.status, verdict.message)
+        return await self.admit(ex)
 
     async def admit(self, ex: Exchange) -> Outcome:
         """``run``, for at most ``max_concurrency`` requests past the exact tier at a time

@@ -23,6 +23,7 @@ from typing import Any
 from gpucache.cache.settings import CacheSettings
 from gpucache.embedding.settings import EmbedderSettings
 from gpucache.guard.settings import GuardSettings
+from gpucache.serve.auth import AUTH_MODES
 from gpucache.serve.tenancy import CREDENTIAL_HEADERS, CREDENTIAL_PARAMS, NAMESPACE_HEADER, Tenancy
 from gpucache.share.settings import ReplicationSettings
 
@@ -136,6 +137,14 @@ class ServeSettings:
         False, "let the namespace header alone name the tenant: only behind a gateway that "
         "authenticates clients, sets the header and strips any copy a client sent"
     )
+    auth: str = _option(
+        "upstream", "how a credential is checked before the cache answers it: upstream (asked once "
+        "with GET /v1/models, the verdict kept auth_ttl seconds; a refused key gets the upstream's "
+        "401/403 and nothing from the cache), gateway (a trusted front authenticated every client), "
+        "none (no check)"
+    )
+    auth_ttl: float = _option(
+        60.0, "seconds a credential's verdict is kept before the upstream is asked again")
     require_auth: bool = _option(
         False, "answer a request without credentials with 401 instead of the shared 'anonymous'"
     )
@@ -185,6 +194,10 @@ class ServeSettings:
             raise ConfigError(f"upstream_timeout must be > 0, got {self.upstream_timeout!r}")
         if not 1 <= self.port <= 65535:
             raise ConfigError(f"port must be in 1..65535, got {self.port!r}")
+        if self.auth not in AUTH_MODES:
+            raise ConfigError(f"auth must be one of {', '.join(AUTH_MODES)}, got {self.auth!r}")
+        if not self.auth_ttl >= 0:
+            raise ConfigError(f"auth_ttl must be >= 0, got {self.auth_ttl!r}")
         if self.max_concurrency < 1 or self.retry_after < 0:
             raise ConfigError("max_concurrency must be >= 1 and retry_after >= 0")
         if not self.grace >= 0:

@@ -1,0 +1,115 @@
+"""Whether a credential may be served from the cache: the upstream's word on it, asked once and
+kept for a bounded time.
+
+Why: a hit never reaches the upstream that would have checked the key, so without this a key
+the upstream refuses, or has revoked, is still served every answer filed under it, and can probe
+its tenant's history by meaning for as long as the entries live. The proxy has no keys of its
+own, so it asks the upstream: ``GET /v1/models`` with the request's own credentials (headers and
+query string, as the request would forward them). A 2xx allows the credential; a 401 or 403
+refuses it, and the client gets the upstream's own answer and nothing from the cache; either
+verdict is kept ``ttl`` seconds, then asked again, so a revocation takes effect within ``ttl``.
+Concurrent requests with one new credential make one check. Where the upstream cannot answer
+(unreachable, 5xx), a verdict seen before is kept (its answers were the upstream's word), and a
+credential never seen is refused with the upstream's failure: the cache serves no one it could
+not check.
+
+Modes (``ServeSettings.auth``): ``upstream`` (this module), ``gateway`` (a trusted front has
+authenticated every client, and strips what it has not), ``none`` (no check: only where the
+upstream checks nothing either).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpucache.serve.upstream import Upstream, UpstreamUnavailable
+
+AUTH_MODES = ("upstream", "gateway", "none")
+MAX_VERDICTS = 100_000  # credentials remembered at once; the oldest are asked again past it
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The upstream accepts the credential."""
+
+
+@dataclass(frozen=True)
+class Denied:
+    """The upstream refuses the credential: its own answer, relayed to the client."""
+
+    status: int
+    headers: Any
+    content: bytes
+
+
+@dataclass(frozen=True)
+class Unverified:
+    """The upstream could not say, and the credential was never seen: refused with the
+    upstream's failure (502 unreachable, 504 too slow, 503 an error answer)."""
+
+    status: int
+    message: str
+
+
+Verdict = Allowed | Denied | Unverified
+
+
+class CredentialCheck:
+    """The verdicts of ``upstream`` on credentials, each kept ``ttl`` seconds."""
+
+    def __init__(self, upstream: Upstream, ttl: float,
+                 clock: Callable[[], float] = time.monotonic, max_verdicts: int = MAX_VERDICTS) -> None:
+        self.upstream, self.ttl, self.clock, self.max_verdicts = upstream, ttl, clock, max_verdicts
+        self.verdicts: dict[str, tuple[Allowed | Denied, float]] = {}  # credential -> (verdict, until)
+        self.asking: dict[str, asyncio.Future[Verdict]] = {}
+        self.asked = 0  # checks sent to the upstream (tests and metrics)
+
+    def forget(self, credential: str) -> None:
+        """Drop a credential's verdict: its next request is checked again."""
+        self.verdicts.pop(credential, None)
+
+    async def check(self, credential: str, headers: Mapping[str, str], query: str) -> Verdict:
+        kept = self.verdicts.get(credential)
+        if kept is not None and kept[1] > self.clock():
+            return kept[0]
+        pending = self.asking.get(credential)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self.asking[credential] = future
+        try:
+            verdict = await self._ask(credential, headers, query, kept[0] if kept else None)
+            future.set_result(verdict)
+            return verdict
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no warning when no one else waited
+            raise
+        finally:
+            del self.asking[credential]
+
+    async def _ask(self, credential: str, headers: Mapping[str, str], query: str,
+                   before: Allowed | Denied | None) -> Verdict:
+        self.asked += 1
+        try:
+            response = await self.upstream.send("GET", "models", headers, b"", params=query)
+        except UpstreamUnavailable as down:
+            return before if before is not None else Unverified(
+                down.status, f"the credential could not be checked: {down}")
+        verdict: Allowed | Denied
+        if 200 <= response.status_code < 300:
+            verdict = Allowed()
+        elif response.status_code in (401, 403):
+            verdict = Denied(response.status_code, response.headers, response.content)
+        else:
+            return before if before is not None else Unverified(
+                503, f"the credential could not be checked: the upstream answered {response.status_code}")
+        if len(self.verdicts) >= self.max_verdicts:
+            self.verdicts.pop(next(iter(self.verdicts)))
+        self.verdicts.pop(credential, None)  # re-inserted last: the oldest go first
+        self.verdicts[credential] = (verdict, self.clock() + self.ttl)
+        return verdict
