@@ -206,7 +206,7 @@ class LexicalNearMissVerifier:
         p = parse(text, self.table)
         if where == "tail" and "added" not in self.skip and any(w not in FRAMING_READ for w in p.content):
             return Verdict(True, "added", f'only one prompt goes on to ask: "{text}"', p.content)
-        names = differences.capitalised(text) | differences.capitalised(" " + text)
+        names = differences.capitalised(text)
         for kind, word in differences.named_kinds(p.content, names):
             if kind in ("entity", "constraint", "audience") and kind not in self.skip:
                 return Verdict(True, kind, f"the context only one prompt gives names a {kind}: {word}",
