@@ -1,6 +1,7 @@
 """One replica's link to the shared log: the Redis client, the key layout, the signer, this
-replica's origin, the counters, and the condition every change to them is announced on. The
-writer (writer.py), the tail (tail.py) and the facade (redis.py) each hold the one link.
+replica's origin and its sequence, what it has seen of the others' (the replay guard), the
+counters, and the condition every change to them is announced on. The writer (writer.py), the
+tail (tail.py) and the facade (redis.py) each hold the one link.
 
 Why a condition on the counters: "replica B has applied replica A's entry" is an event, and
 tests and callers wait on it (``RedisShare.wait_for``) instead of sleeping.
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucache.cache.replication import SharedEntry
-from gpucache.share.records import Keys, Refusal, Signer, decode_entries
+from gpucache.share.records import Keys, Refusal, Signer, decode_entries, text, version_of
+from gpucache.share.replay import ReplayGuard, Version
 
 log = logging.getLogger("gpucache.share")
 
@@ -35,6 +37,8 @@ class ShareStats:
     malformed: int = 0  # records or events that could not be read: skipped, counted, logged
     poisoned: int = 0  # events Redis refused to write (not a connection failure): dropped
     unsigned: int = 0  # records or events refused for a missing or wrong signature
+    replayed: int = 0  # signed records or events refused as replays (replay.py)
+    tombstones: int = 0  # deletes and clears remembered against replays (at most max_tombstones)
     errors: int = 0
     pending: int = 0
     connected: bool = False
@@ -51,13 +55,17 @@ class Link:
     def __init__(
         self, client: Any, url: str, prefix: str, maxlen: int, deadline: float, secret: bytes | None,
         errors: tuple[type[Exception], ...], transient: tuple[type[Exception], ...],
+        guard: ReplayGuard | None = None,
     ) -> None:
         # typed Any: redis-py's stubs type every reply as a union of its sync and async forms
         self.redis: Any = client
         self.url, self.prefix, self.maxlen, self.deadline = url, prefix, maxlen, deadline
         self.keys = Keys(prefix)
         self.signer = Signer(secret)
-        self.origin = uuid.uuid4().hex  # this replica: its own events are not applied twice
+        self.origin = uuid.uuid4().hex  # this replica as a writer: its own events are not applied twice
+        self.seq = 0  # the sequence of the last event this replica signed (the writer's thread)
+        # replays can be told apart only where records and events are signed (replay.py)
+        self.guard = guard if secret is not None else None
         self.stats = ShareStats()
         self.changed = threading.Condition()
         self.stop = threading.Event()
@@ -88,12 +96,53 @@ class Link:
         self.stop.wait(backoff)
         return min(backoff * 2, 2.0)
 
-    def decoded(self, records: list[dict[Any, Any]], model: str, dim: int) -> list[SharedEntry]:
-        """The records this replica can apply (records.py checks each); the others counted."""
-        entries, refusals = decode_entries(records, model, dim, self.signer)
+    def next_seq(self) -> int:
+        """The sequence of the next event this replica signs (called by the writer's thread)."""
+        self.seq += 1
+        return self.seq
+
+    def decoded(
+        self, records: list[dict[Any, Any]], model: str, dim: int, announced: Version | None = None
+    ) -> list[SharedEntry]:
+        """The records this replica can apply (records.py checks each); the others counted.
+        ``announced``: the version a put event names for its record (the tail), else None
+        (a fetch or a bootstrap: no event vouches for the record's place)."""
+        return self.judged(records, model, dim, announced)[0]
+
+    def judged(
+        self, records: list[dict[Any, Any]], model: str, dim: int, announced: Version | None = None
+    ) -> tuple[list[SharedEntry], list[Refusal]]:
+        """``decoded``, with the refusals (each already counted and logged)."""
+        guard = self.guard
+        judge = None if guard is None else lambda record: self._judge(guard, record, announced)
+        entries, refusals = decode_entries(records, model, dim, self.signer, judge)
         for refusal in refusals:
             self.refused(refusal, "record")
-        return entries
+        return entries, refusals
+
+    @staticmethod
+    def _judge(guard: ReplayGuard, record: dict[Any, Any], announced: Version | None) -> Refusal | None:
+        """A signed record against what this replica has applied. The record a put event names
+        is applied as it comes in the stream's order; any other is refused where it is older
+        than a delete or a clear applied here, or than the event that names its key; a newer
+        one is passed over (its own event follows)."""
+        which = record.get(b"prompt", b"?")[:40]
+        try:
+            version = version_of(record, record=True)
+            scope, prompt = text(record[b"scope"]), text(record[b"prompt"])
+        except (KeyError, ValueError, UnicodeDecodeError) as exc:
+            return Refusal("malformed", which, repr(exc))
+        if announced is not None and (version.origin, version.seq) == (announced.origin, announced.seq):
+            return None
+        older = guard.older_than_a_tombstone(scope, prompt, version)
+        if older is not None:
+            return Refusal("replayed", which, older)
+        if announced is not None:
+            if version.origin == announced.origin and version.seq < announced.seq:
+                return Refusal("replayed", which, f"sequence {version.seq} where its put event "
+                               f"names {announced.seq}: an older record put back")
+            return Refusal("superseded", which, "replaced since its put event")
+        return None
 
     def refused(self, refusal: Refusal, what: str) -> None:
         """A record or event not applied: counted by kind, logged, passed over."""
@@ -101,6 +150,13 @@ class Link:
             log.error("gpucache: refused a shared %s without a valid signature (prefix %r)", what,
                       self.prefix)
             self.count(unsigned=1)
+        elif refusal.kind == "replayed":
+            log.error("gpucache: refused a replayed shared %s (%r): %s", what, refusal.which,
+                      refusal.reason)
+            self.count(replayed=1)
+        elif refusal.kind == "superseded":
+            log.debug("gpucache: passed over a shared record replaced since its event (%r)",
+                      refusal.which)
         elif refusal.kind == "refused":
             log.error("gpucache: refused a shared entry of %s", refusal.reason)
             self.count(refused=1)

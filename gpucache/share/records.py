@@ -6,9 +6,13 @@ from records, each record checked as a crafted one would be.
     {prefix}:claim:{key} string a replica-wide claim on a miss being loaded
     {prefix}:log         stream put / del / clear / join events
 
+Every event and record names its writer (``origin``), its place in that writer's sequence
+(``seq``) and when it was signed (``at``); with a secret the signature covers all three, which
+is what lets a replica refuse a genuine record or event put back (replay.py).
+
 Reading a record never raises for what the record holds: ``decode_entries`` returns the entries
 it could read and a ``Refusal`` for each it could not (another model, a bad field, a missing or
-wrong signature), which the share counts and logs. A record is data from anyone who can write to
+wrong signature, a replay), which the share counts and logs. A record is data from anyone who can write to
 Redis, so nothing in it is trusted before it is checked: a vector of the wrong length or not
 finite (an inf would score above any threshold), text that is not UTF-8, an expiry that is not a
 number.
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +32,7 @@ import torch
 
 from gpucache.cache.replication import SharedEntry
 from gpucache.keys import prompt_key
+from gpucache.share.replay import Version
 
 
 class SharedModelMismatch(ValueError):
@@ -85,8 +92,11 @@ class Signer:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A record not applied: ``kind`` is "unsigned", "refused" (another model) or "malformed";
-    ``which`` names it for the log (the start of its prompt), ``reason`` says what was wrong."""
+    """A record not applied: ``kind`` is "unsigned", "refused" (another model), "malformed",
+    "replayed" (genuine, but older than what this replica has applied: replay.py) or
+    "superseded" (a put's record already replaced by a newer one, whose own event brings it:
+    passed over, not counted); ``which`` names it for the log (the start of its prompt),
+    ``reason`` says what was wrong."""
 
     kind: str
     which: Any
@@ -95,25 +105,48 @@ class Refusal:
 
 def entry_fields(
     scope: str, prompt: str, response: str, expires_at: float, model: str, dim: int, vector: bytes,
-    origin: str, at: str,
+    origin: str, at: str, seq: int,
 ) -> dict[str, Any]:
-    """A record's fields, as written (``decode_entries`` reads them back)."""
+    """A record's fields, as written (``decode_entries`` reads them back); ``origin``, ``seq``
+    and ``at`` are those of the put event that announces it: the record's version."""
     return {
         "scope": utf8(scope), "prompt": utf8(prompt), "response": utf8(response),
         "expires_at": repr(expires_at), "model": model, "dim": str(dim), "vector": vector,
-        "origin": origin, "at": at,
+        "origin": origin, "at": at, "seq": str(seq),
     }
 
 
+def version_of(fields: dict[Any, Any], *, record: bool) -> Version:
+    """The writer, sequence and signing time that fields read back name. A record written
+    before records carried a sequence reads as sequence 0 (older than anything a tombstone
+    remembers of its writer); an event without one raises ``ValueError``: it cannot be told
+    from a replay."""
+    origin = fields.get(b"origin", b"").decode()
+    seq = fields.get(b"seq")
+    if seq is None and not record:
+        raise ValueError("an event without a sequence")
+    number = 0 if seq is None else int(seq)
+    if number < (0 if record else 1):
+        raise ValueError(f"sequence {number}")
+    at = float(fields.get(b"at", b"nan"))
+    if not math.isfinite(at):
+        raise ValueError(f"signed at {at!r}")
+    return Version(origin, number, at)
+
+
+Judge = Callable[[dict[Any, Any]], "Refusal | None"]
+
+
 def decode_entries(
-    records: list[dict[Any, Any]], model: str, dim: int, signer: Signer
+    records: list[dict[Any, Any]], model: str, dim: int, signer: Signer, judge: Judge | None = None
 ) -> tuple[list[SharedEntry], list[Refusal]]:
     """Records as entries of ``model`` and ``dim``, and a refusal for each one that is not: one
-    bad record must not stop the others, in the tail or in a bootstrap."""
+    bad record must not stop the others, in the tail or in a bootstrap. ``judge``: asked of
+    each record whose signature holds, before it is decoded (replays: replay.py)."""
     entries: list[SharedEntry] = []
     refusals: list[Refusal] = []
     for record in records:
-        outcome = _decode(record, model, dim, signer)
+        outcome = _decode(record, model, dim, signer, judge)
         if isinstance(outcome, SharedEntry):
             entries.append(outcome)
         else:
@@ -121,10 +154,16 @@ def decode_entries(
     return entries, refusals
 
 
-def _decode(record: dict[Any, Any], model: str, dim: int, signer: Signer) -> SharedEntry | Refusal:
+def _decode(
+    record: dict[Any, Any], model: str, dim: int, signer: Signer, judge: Judge | None
+) -> SharedEntry | Refusal:
     which = record.get(b"prompt", b"?")[:40]
     if not signer.verified(record):
         return Refusal("unsigned", which, "no valid signature")
+    if judge is not None:
+        verdict = judge(record)
+        if verdict is not None:
+            return verdict
     try:
         their_model, their_dim = record.get(b"model", b"").decode(), int(record.get(b"dim", b"0"))
     except (ValueError, UnicodeDecodeError) as exc:

@@ -6,7 +6,8 @@ cannot do fast. What Redis holds is the log that feeds every index:
     {prefix}:meta        hash   model and dimension: a replica of another model refuses to join
     {prefix}:e:{key}     hash   one entry: scope, prompt, response, expiry, model, vector bytes,
                                 and the replica that stored it; expires with the entry (PEXPIREAT)
-    {prefix}:log         stream put / del / clear events, trimmed to about ``maxlen`` events
+    {prefix}:log         stream put / del / clear / join events, trimmed to about ``maxlen`` events;
+                                each names its writer, its sequence and when it was signed
 
 Writing: every entry a replica stores is written as a record and announced on the stream; an
 invalidation or a clear is announced too. Writes go through a background thread: a request never
@@ -30,7 +31,10 @@ Authenticated records: with a ``secret`` (the same on every replica), every reco
 carries an HMAC of its fields, and a replica refuses (and counts) any that lacks the right one,
 so anyone who can write to Redis but does not hold the secret cannot plant an answer in any
 tenant's scope, nor invalidate one. ``gpucache serve --redis`` signs with a key derived from its
-tenancy secret.
+tenancy secret. A signature binds the writer, its sequence and the signing time, so a genuine
+record or event put back (an invalidated answer's record and its put, a captured ``clear``
+added again) is refused and counted too (``ShareStats.replayed``; replay.py says how, and
+what a replica that joins later can and cannot know).
 
 Single-flight holds across replicas: a replica about to load a miss first claims it in Redis
 (SET NX PX, a random token, released by compare-and-delete after the entry is written); a
@@ -57,6 +61,7 @@ from gpucache.cache.replication import Replica, SharedEntry
 from gpucache.cache.validation import MAX_TTL_SECONDS
 from gpucache.share.link import Link, ShareStats
 from gpucache.share.records import SharedModelMismatch, model_mismatch
+from gpucache.share.replay import ReplayGuard
 from gpucache.share.tail import Tail
 from gpucache.share.writer import Writer
 
@@ -86,6 +91,9 @@ class RedisShare:
         client: a redis-py client to use instead of one made from ``url`` (tests).
         secret: sign every record and event written, and refuse any read without the right
             signature (``ShareStats.unsigned``); the same on every replica. None: unsigned.
+        replay_window: seconds an event's signing time may lie from the time Redis added it
+            to the stream (replay.py); replicas' and Redis's clocks must agree within it. Only
+            with a secret: unsigned, nothing can be told from a replay.
         on_apply: called with the entries applied here from other replicas and the wall-clock
             time each was written at (metrics, benchmarks).
     """
@@ -103,6 +111,7 @@ class RedisShare:
         client: redis.Redis | None = None,
         on_apply: Callable[[list[SharedEntry], list[float]], None] | None = None,
         secret: bytes | None = None,
+        replay_window: float = 300.0,
     ) -> None:
         import redis as redis_module
 
@@ -117,6 +126,7 @@ class RedisShare:
             url, prefix, maxlen, deadline, secret,
             errors=(redis_module.RedisError, OSError),
             transient=(redis_module.ConnectionError, redis_module.TimeoutError, OSError),
+            guard=ReplayGuard(replay_window),
         )
         self.redis, self.keys, self.signer = self.link.redis, self.link.keys, self.link.signer
         self.url, self.prefix = url, prefix

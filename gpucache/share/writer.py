@@ -121,9 +121,17 @@ class Writer:
         link, keys = self.link, self.link.keys
         pipe = link.redis.pipeline(transaction=True)
         for event in batch:
+            if event["op"] == "unlock":
+                pipe.eval(RELEASE_SCRIPT, 1, keys.claim(event["scope"], event["prompt"]), event["token"])
+                continue  # not an event other replicas need
+            # the writer, its sequence and the time, signed with the rest: what lets a replica
+            # refuse this event, or the record it writes, once it is put back (replay.py). A
+            # batch tried again gets new sequences: its events may reach the stream twice, and
+            # both apply, as they would have before
             fields: dict[str, Any] = {
                 "op": event["op"],
                 "origin": link.origin,
+                "seq": str(link.next_seq()),
                 "scope": utf8(event["scope"]),
                 "at": repr(time.time()),
             }
@@ -131,14 +139,11 @@ class Writer:
                 record = keys.record(event["scope"], event["prompt"])
                 pipe.hset(record, mapping=link.signer.signed(entry_fields(
                     event["scope"], event["prompt"], event["response"], event["expires_at"],
-                    *self.model, event["vector"], link.origin, fields["at"],
+                    *self.model, event["vector"], link.origin, fields["at"], int(fields["seq"]),
                 )))
                 if math.isfinite(event["expires_at"]):
                     pipe.pexpireat(record, int(event["expires_at"] * 1000))
                 fields["record"] = record
-            elif event["op"] == "unlock":
-                pipe.eval(RELEASE_SCRIPT, 1, keys.claim(event["scope"], event["prompt"]), event["token"])
-                continue  # not an event other replicas need
             elif event["op"] == "del":
                 pipe.delete(keys.record(event["scope"], event["prompt"]))
                 fields["prompt"] = utf8(event["prompt"])

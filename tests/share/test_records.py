@@ -32,7 +32,7 @@ UNSIGNED = Signer(None)
 def record(signer=UNSIGNED, *, model="m", dim=4, vector=None, **overrides):
     vector = np.arange(dim, dtype="<f4") / 10 if vector is None else vector
     fields = entry_fields("tenant", "What is my PIN?", "1234", 1e12, model, dim,
-                          vector.astype("<f4").tobytes(), "origin", "5.0")
+                          vector.astype("<f4").tobytes(), "origin", "5.0", 1)
     fields.update(overrides)
     return as_read(signer.signed(fields))
 
@@ -47,7 +47,7 @@ def test_a_written_record_reads_back_as_the_same_entry():
 
 
 def test_a_lone_surrogate_survives_the_round_trip():
-    fields = entry_fields("s", "p", "\ud800 odd", 1e12, "m", 4, bytes(16), "origin", "5.0")
+    fields = entry_fields("s", "p", "\ud800 odd", 1e12, "m", 4, bytes(16), "origin", "5.0", 1)
     entries, _ = decode_entries([as_read(fields)], "m", 4, Signer(None))
     assert entries[0].response == "\ud800 odd"
 
