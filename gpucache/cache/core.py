@@ -138,6 +138,17 @@ class CacheCore:
             self.table.clear(scope)
         self.shared.cleared(scope)
 
+    def clear_under(self, prefix: str) -> int:
+        """Remove every entry whose scope is ``prefix`` or under it, here and on every replica
+        (one clear per scope found here: replicas hold the entries this one does); how many
+        were removed here."""
+        with self.lock:
+            found = self.table.under(prefix)
+            self.table.drop(found)
+        for scope in sorted({e.scope for e in found}):
+            self.shared.cleared(scope)
+        return len(found)
+
     def close(self) -> None:
         self.shared.close()
         self._exact_pool.shutdown(wait=False)

@@ -159,6 +159,11 @@ class EntryTable:
         else:
             self.drop([e for e in self._entries.values() if e.scope == scope])
 
+    def under(self, prefix: str) -> list[Entry]:
+        """Every entry whose scope is ``prefix`` or lies under it (``prefix/...``)."""
+        below = prefix + "/"
+        return [e for e in self._entries.values() if e.scope == prefix or e.scope.startswith(below)]
+
     def drop(self, entries: list[Entry]) -> None:
         for entry in entries:
             del self._entries[entry.key]

@@ -85,18 +85,11 @@ class SemanticCache:
     """
 
     def __init__(
-        self,
-        embedder: Embedder | None = None,
-        *,
-        verifier: HitVerifier | None = None,
-        device: DeviceLike = "auto",
-        timer: Callable[[], float] = time.time,
-        cache_policy: CachePolicy | None = None,
-        admission: AdmissionPolicy | None = None,
-        engine: ScanEngine | None = None,
-        shared: Replication | None = None,
-        settings: CacheSettings | None = None,
-        **options: Any,
+        self, embedder: Embedder | None = None, *, verifier: HitVerifier | None = None,
+        device: DeviceLike = "auto", timer: Callable[[], float] = time.time,
+        cache_policy: CachePolicy | None = None, admission: AdmissionPolicy | None = None,
+        engine: ScanEngine | None = None, shared: Replication | None = None,
+        settings: CacheSettings | None = None, **options: Any,
     ) -> None:
         self._core = CacheCore(
             embedder, verifier=verifier, device=device, timer=timer, cache_policy=cache_policy,
@@ -360,6 +353,11 @@ class SemanticCache:
     def clear(self, scope: str | None = None) -> None:
         """Remove every entry, or only those of ``scope`` when one is given."""
         self._core.clear(None if scope is None else check_scope(scope))
+
+    def clear_under(self, prefix: str) -> int:
+        """Remove every entry of scope ``prefix`` or under it (``prefix/...``: a tenant's, where
+        scopes start with the tenant as a server's do), here and on replicas; how many here."""
+        return self._core.clear_under(check_scope(prefix))
 
     def close(self) -> None:
         """Stop what runs in the background (the share's threads, the exact tier's thread);

@@ -21,6 +21,7 @@ from gpucache.serve.exchange import (
     PassedThrough,
     Refused,
     Shed,
+    Unauthorized,
     Unavailable,
 )
 from gpucache.serve.metrics import ProxyMetrics
@@ -67,6 +68,10 @@ def respond(ex: Exchange | Refused | None, outcome: Outcome, max_concurrency: in
         return Response(
             outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
         )
+    if isinstance(outcome, Unauthorized):
+        return Response(
+            outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "refused"}
+        )
     assert isinstance(ex, Exchange)
     if isinstance(outcome, Hit):
         headers = hit_headers(outcome.hit)
@@ -109,6 +114,10 @@ def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome) -> None:
     if isinstance(outcome, Bypassed):
         m.bypasses.labels(outcome.reason).inc()
         m.requests.labels(endpoint, "bypass").inc()
+        return
+    if isinstance(outcome, Unauthorized):
+        m.errors.labels("unauthorized").inc()
+        m.requests.labels(endpoint, "refused").inc()
         return
     if isinstance(outcome, Shed):
         m.errors.labels("shed").inc()

@@ -3,9 +3,10 @@
     POST /v1/chat/completions, /v1/completions   cached (proxy.py)
     *    /v1/{an allow-listed path}               forwarded unchanged, never cached (passthrough.py);
                                                   any other path: 400 or 404
-    GET  /health                                  ready once the model is loaded; upstream reachable?
+    GET  /health                                  ready once the model is loaded (with the admin
+                                                  token: the model, entries, upstream reachable?)
     GET  /metrics                                 Prometheus text format (metrics.py)
-    POST /admin/invalidate, /admin/clear, /admin/snapshot; GET /admin/stats
+    POST /admin/invalidate, /admin/clear, /admin/revoke, /admin/snapshot; GET /admin/stats
                                                   behind the admin token, when one is set
 
 At start the cache is built (the embedder loaded) and the snapshot, if there is one, loaded; at
@@ -36,7 +37,7 @@ from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.passthrough import route
 from gpucache.serve.proxy import Proxy
 from gpucache.serve.settings import ConfigError, ServeSettings
-from gpucache.serve.tenancy import Refusal
+from gpucache.serve.tenancy import ANONYMOUS, Refusal
 from gpucache.serve.upstream import Upstream
 
 log = logging.getLogger("gpucache.serve")
@@ -131,9 +132,15 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
 
     @app.get("/health")
     async def health(request: Request) -> Response:
+        """Ready or not, for a balancer: answered from memory, saying nothing of the cache. The
+        details (the model, the entry count, whether the upstream answers: a request to it)
+        only with the admin token, so an unauthenticated poller can neither size the cache nor
+        make the proxy call the upstream."""
         p: Proxy | None = getattr(request.app.state, "proxy", None)
         if p is None:
             return JSONResponse({"status": "starting"}, status_code=503)
+        if config.admin_token is None or admitted(request) is not None:
+            return JSONResponse({"status": "ok"})
         reachable = await p.upstream.reachable()
         return JSONResponse(
             {
@@ -151,8 +158,13 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
     # ----------------------------------------------------------------------------- admin
 
     def admitted(request: Request) -> Response | None:
+        """None for a request with the admin token (``Bearer``, in any case: RFC 9110 §11.1);
+        else its refusal (404 where the endpoints are off, 401). Compared in constant time."""
         token = config.admin_token
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer":
+            given = ""
+        given = given.strip()
         if token is None:
             return error(
                 404, "the admin endpoints are off: start with --admin-token", "invalid_request_error"
@@ -233,6 +245,36 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
             return found
         await asyncio.to_thread(proxy(request).cache.clear, found[0])
         return JSONResponse({"cleared": found[0]})
+
+    @app.post("/admin/revoke")
+    async def revoke(request: Request) -> Response:
+        """Everything one credential's requests were filed under, dropped at once, with the
+        credential's verdict: a leaked key that is revoked upstream keeps nothing to probe, and
+        its next request is checked again. Body: ``credentials`` (header name to value, as the
+        client sends them) and optionally ``query`` (its query string, where the key rides
+        there). Every scope under the credential goes: each namespace, each query string."""
+        refused = admitted(request)
+        if refused is not None:
+            return refused
+        doc = await admin_body(request)
+        if isinstance(doc, Response):
+            return doc
+        credentials, query = doc.get("credentials"), doc.get("query", "")
+        if not isinstance(credentials, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in credentials.items()
+        ) or not isinstance(query, str):
+            return error(400, "'credentials' must map header names to strings, 'query' be a string",
+                         "invalid_request_error", param="credentials", retry=False)
+        headers = {k.lower(): v for k, v in credentials.items() if k.lower() != config.namespace_header}
+        identity = dataclasses.replace(config.tenancy, trust_namespace_header=False).identify(headers, query)
+        if isinstance(identity, Refusal) or identity.holder == ANONYMOUS:
+            return error(400, "name the credentials to revoke: no credential was found in them",
+                         "invalid_request_error", param="credentials", retry=False)
+        p = proxy(request)
+        removed = await asyncio.to_thread(p.cache.clear_under, identity.holder)
+        p.intake.forget(identity.holder)
+        log.info("gpucache: revoked a credential (%s): %d entries removed", identity.holder, removed)
+        return JSONResponse({"revoked": identity.holder, "removed": removed})
 
     @app.post("/admin/snapshot")
     async def snapshot(request: Request) -> Response:

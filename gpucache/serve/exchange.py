@@ -8,6 +8,7 @@ Outcomes:
     Loaded       this call's own upstream answer, stored where ``may_store`` allowed it
     Joined       another request's load of the same prompt, in the same tenant
     PassedThrough an upstream answer served as it came and not kept (an error status, say)
+    Unauthorized the credential may not be served (the upstream's own 401/403, or the key file's)
     Bypassed     forwarded without the cache (a request it cannot stand for, a passthrough path)
     FailedOpen   the cache failed; the request went upstream without it
     Unavailable  the upstream could not be reached (502) or did not answer in time (504)
@@ -129,9 +130,6 @@ class Exchange:
     # seconds spent waiting on the upstream before the answer's headers were sent: the rest of
     # the exchange's time is the proxy's own (``x-gpucache-overhead-ms``)
     timing: dict[str, float] = field(default_factory=lambda: {"upstream": 0.0}, compare=False)
-    # the credential's part of the scope ("key:<hash>"), checked with the upstream before the
-    # cache answers (auth.py); None for a request without credentials
-    credential: str | None = None
 
     def waited_upstream(self, seconds: float) -> None:
         self.timing["upstream"] += seconds
@@ -176,6 +174,16 @@ class PassedThrough:
 
 
 @dataclass(frozen=True)
+class Unauthorized:
+    """The credential is refused before the cache is asked (auth.py): the upstream's own answer
+    to it (or the key file's 401), relayed; nothing was looked up."""
+
+    status: int
+    headers: Any
+    content: bytes
+
+
+@dataclass(frozen=True)
 class Bypassed:
     reason: str
     response: Any  # the forwarded answer, an HTTP response already
@@ -211,4 +219,5 @@ class Shed:
     retry_after: int
 
 
-Outcome = Hit | Loaded | Joined | PassedThrough | Bypassed | FailedOpen | Unavailable | Refused | Shed
+Outcome = (Hit | Loaded | Joined | PassedThrough | Unauthorized | Bypassed | FailedOpen | Unavailable
+           | Refused | Shed)

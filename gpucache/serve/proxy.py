@@ -1,7 +1,8 @@
 """The caching path of ``/v1/chat/completions`` and ``/v1/completions``: an exchange run to one
 outcome (exchange.py), then answered and counted, each in one place.
 
-    receive(kind, request)  -> Exchange | Refused      the body read, keyed, the tenant found
+    intake.accept(kind, request)                       intake.py: whose, allowed, then the body
+                            -> Exchange | Outcome      read and keyed, or how the request ended
     admit(exchange)         -> Outcome                 run, or Shed past max_concurrency
     run(exchange)           -> Outcome                 the cache, the upstream, or both
     respond(outcome)        -> Response                answers.respond: the only place an
@@ -34,14 +35,13 @@ from typing import Any
 
 import httpx
 from starlette.background import BackgroundTask
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.lookup import Hit as CacheHit
 from gpucache.cache.semantic import SemanticCache, Unstored
 from gpucache.serve import answers, wire
-from gpucache.serve.auth import CredentialCheck, Denied, Unverified
 from gpucache.serve.exchange import (
     PATHS,
     Bypassed,
@@ -58,11 +58,11 @@ from gpucache.serve.exchange import (
     Unavailable,
     may_store,
 )
-from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
+from gpucache.serve.intake import Intake
+from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
 from gpucache.serve.streams import Relay, Streams, upstream_events
-from gpucache.serve.tenancy import Refusal
 from gpucache.serve.upstream import Upstream, UpstreamUnavailable, returned
 
 log = logging.getLogger("gpucache.serve")
@@ -70,22 +70,6 @@ log = logging.getLogger("gpucache.serve")
 # and the embedder is what is behind, so past this many a new one is skipped (and counted)
 # rather than queued without bound; the prompt is stored the next time it misses.
 MAX_PENDING_STORES = 256
-
-
-class TooLarge(ValueError):
-    pass
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TooLarge(f"the request body is larger than {limit} bytes")
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise TooLarge(f"the request body is larger than {limit} bytes")
-    return bytes(body)
 
 
 def storable(kind: str, response: Any, control: CacheControl) -> str | None:
@@ -108,15 +92,14 @@ class Proxy:
         self.storing: set[asyncio.Task[None]] = set()  # answers being stored after they were sent
         self.busy = 0  # requests past the exact tier now (admit)
         self.streams = Streams(metrics, self.store)
-        self.credentials = (CredentialCheck(upstream, config.auth_ttl) if config.auth == "upstream"
-                            else None)
+        self.intake = Intake(config, upstream)
 
     async def completion(self, kind: str, request: Request) -> Response:
         started = time.perf_counter()
-        exchange = await self.receive(kind, request)
-        endpoint = PATHS[kind]
-        outcome = exchange if isinstance(exchange, Refused) else await self.authenticated(exchange)
-        self.record(endpoint, outcome)
+        exchange, ended = await self.intake.accept(kind, request)
+        outcome = await self.admit(exchange) if isinstance(exchange, Exchange) else ended
+        assert outcome is not None
+        self.record(PATHS[kind], outcome)
         response = self.respond(exchange, outcome)
         # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
         upstream = exchange.timing["upstream"] if isinstance(exchange, Exchange) else 0.0
@@ -124,52 +107,7 @@ class Proxy:
         response.headers["x-gpucache-overhead-ms"] = f"{1000 * overhead:.2f}"
         return response
 
-    # ------------------------------------------------------------------------- receive
-
-    async def receive(self, kind: str, request: Request) -> Exchange | Refused:
-        """The request read and keyed, or why it is refused."""
-        try:
-            raw = await read_body(request, self.config.max_body_bytes)
-            body = parse_json(raw)
-            tenant = self.config.tenancy.tenant(request.headers, request.url.query)
-            key = request_key(kind, body, tenant) if isinstance(tenant, str) else None
-        except TooLarge as exc:
-            return Refused(413, str(exc), "request_too_large")
-        except ClientDisconnect:
-            return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
-        except BadRequest as exc:
-            return Refused(400, str(exc), "invalid_request", exc.param)
-        control = (
-            CacheControl()
-            if self.config.ignore_client_cache_control
-            else CacheControl.parse(request.headers.get("cache-control"))
-        )
-        for refusal in (tenant, control):
-            if isinstance(refusal, Refusal):
-                return Refused(
-                    refusal.status,
-                    refusal.message,
-                    refusal.code,
-                    kind="unauthorized" if refusal.status == 401 else "bad_request",
-                )
-        assert key is not None and isinstance(control, CacheControl) and isinstance(tenant, str)
-        credential = tenant.split("/", 1)[0] if tenant.startswith("key:") else None
-        return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control,
-                        credential=credential)
-
     # ------------------------------------------------------------------------- run
-
-    async def authenticated(self, ex: Exchange) -> Outcome:
-        """``admit``, for a credential the upstream accepts (auth.py); a refused one gets the
-        upstream's own answer and nothing from the cache, one that cannot be checked the upstream's
-        failure."""
-        if self.credentials is not None and ex.credential is not None:
-            verdict = await self.credentials.check(ex.credential, ex.headers, ex.query)
-            if isinstance(verdict, Denied):
-                return PassedThrough(verdict.status, verdict.headers, verdict.content)
-            if isinstance(verdict, Unverified):
-                return Unavailable(verdict.status, verdict.message)
-        return await self.admit(ex)
 
     async def admit(self, ex: Exchange) -> Outcome:
         """``run``, for at most ``max_concurrency`` requests past the exact tier at a time

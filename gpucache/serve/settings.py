@@ -23,7 +23,7 @@ from typing import Any
 from gpucache.cache.settings import CacheSettings
 from gpucache.embedding.settings import EmbedderSettings
 from gpucache.guard.settings import GuardSettings
-from gpucache.serve.auth import AUTH_MODES
+from gpucache.serve.auth import AUTH_MODES, KeyFile, KeyFileError
 from gpucache.serve.tenancy import CREDENTIAL_HEADERS, CREDENTIAL_PARAMS, NAMESPACE_HEADER, Tenancy
 from gpucache.share.settings import ReplicationSettings
 
@@ -140,13 +140,19 @@ class ServeSettings:
     auth: str = _option(
         "upstream", "how a credential is checked before the cache answers it: upstream (asked once "
         "with GET /v1/models, the verdict kept auth_ttl seconds; a refused key gets the upstream's "
-        "401/403 and nothing from the cache), gateway (a trusted front authenticated every client), "
-        "none (no check)"
+        "401/403 and nothing from the cache), keys (the keys listed in keys_file, nothing asked of "
+        "the upstream), gateway (a trusted front authenticated every client and strips credentials "
+        "it did not check), none (no check: only where the upstream checks nothing either)"
+    )
+    keys_file: str | None = _option(
+        None, "with auth=keys: the allowed keys, one a line, as the key or sha256:<hex>; read again "
+        "when it changes"
     )
     auth_ttl: float = _option(
         60.0, "seconds a credential's verdict is kept before the upstream is asked again")
     require_auth: bool = _option(
-        False, "answer a request without credentials with 401 instead of the shared 'anonymous'"
+        True, "answer a request without credentials with 401; --no-require-auth files keyless "
+        "requests under one shared tenant, 'anonymous' (checked like any credential under auth=upstream)"
     )
     namespace_secret: bytes | None = _option(
         None, f"the tenancy hash key (from {SECRET_ENV}, never a flag); none: secret_file or random",
@@ -196,6 +202,13 @@ class ServeSettings:
             raise ConfigError(f"port must be in 1..65535, got {self.port!r}")
         if self.auth not in AUTH_MODES:
             raise ConfigError(f"auth must be one of {', '.join(AUTH_MODES)}, got {self.auth!r}")
+        if (self.auth == "keys") != (self.keys_file is not None):
+            raise ConfigError("auth=keys needs keys_file, and keys_file is read only with auth=keys")
+        if self.keys_file is not None:
+            try:
+                KeyFile(self.keys_file)
+            except KeyFileError as exc:
+                raise ConfigError(str(exc)) from exc
         if not self.auth_ttl >= 0:
             raise ConfigError(f"auth_ttl must be >= 0, got {self.auth_ttl!r}")
         if self.max_concurrency < 1 or self.retry_after < 0:

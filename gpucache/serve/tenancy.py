@@ -10,8 +10,9 @@ team can keep its experiments apart, never reach another key's entries.
 
 One deployment differs: a gateway in front of the proxy that authenticates clients itself,
 sets the namespace header and strips any copy a client sent. There
-(``trust_namespace_header``) the header alone names the tenant. ``require_auth`` answers a
-request without credentials with 401 instead of filing it under the shared ``anonymous``.
+(``trust_namespace_header``) the header alone names the tenant. A request without credentials
+is refused (401) unless the deployment opts in (``require_auth=False``): then it is filed under
+the shared ``anonymous``, and every keyless client is one tenant.
 
 A request must not be ambiguous: more than one value of a credential header or of the namespace
 header is refused (400; a credential is a singleton field, RFC 9110 §5.3: a proxy that hashed
@@ -32,7 +33,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -55,6 +56,18 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """Whose a request is: ``scope``, the prefix its entries are filed under; ``holder``, whose
+    credentials it carries ("key:<hash>" of every credential sent, or "anonymous"): what is
+    checked (auth.py) and what ``/admin/revoke`` purges, every scope under it; ``values``, the
+    credentials as sent (checked against an operator's key file, never stored)."""
+
+    scope: str
+    holder: str
+    values: tuple[str, ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
 class Tenancy:
     """How a request's tenant is found (see the module's docstring)."""
 
@@ -62,7 +75,7 @@ class Tenancy:
     credential_headers: tuple[str, ...] = CREDENTIAL_HEADERS
     namespace_header: str = NAMESPACE_HEADER
     trust_namespace_header: bool = False
-    require_auth: bool = False
+    require_auth: bool = True
     credential_params: tuple[str, ...] = CREDENTIAL_PARAMS
 
     def __post_init__(self) -> None:
@@ -74,9 +87,15 @@ class Tenancy:
         object.__setattr__(self, "namespace_header", self.namespace_header.lower())
 
     def tenant(self, headers: Mapping[str, str], query: str = "") -> str | Refusal:
-        """The request's tenant and the scope prefix its entries are filed under, or why it
-        is refused (a malformed or repeated namespace, a repeated credential: 400; no
-        credentials where they are required: 401). ``query`` is the raw query string."""
+        """The scope prefix a request's entries are filed under (``identify``), or why it is
+        refused."""
+        found = self.identify(headers, query)
+        return found if isinstance(found, Refusal) else found.scope
+
+    def identify(self, headers: Mapping[str, str], query: str = "") -> Identity | Refusal:
+        """Whose a request is, from its headers and raw query string alone (so it is known
+        before the body is read), or why it is refused: a malformed or repeated namespace, a
+        repeated credential (400); no credentials where they are required (401)."""
         for name in (self.namespace_header, *self.credential_headers):
             if len(_values(headers, name)) > 1:
                 return Refusal(400, f"more than one {name} header: send it once", "duplicate_header")
@@ -89,18 +108,17 @@ class Tenancy:
         if named is not None and not NAMESPACE_PATTERN.fullmatch(named):
             return Refusal(400, f"the {self.namespace_header} header must be 1 to 128 letters, digits "
                            "or . _ : @ + -", "invalid_namespace")
-        if self.trust_namespace_header and named:
-            return self._with_query(f"ns:{named}", query)
         credentials = [(name, headers[name]) for name in self.credential_headers if headers.get(name)]
         credentials += [(f"?{k}", v) for k, v in params if k in self.credential_params and v]
-        if not credentials:
-            if self.require_auth:
-                return Refusal(401, "credentials are required: send one of "
-                               + ", ".join(self.credential_headers), "missing_credentials")
-            base = ANONYMOUS
-        else:
-            base = "key:" + self.digest(credentials)
-        return self._with_query(f"{base}/ns:{named}" if named else base, query)
+        holder = "key:" + self.digest(credentials) if credentials else ANONYMOUS
+        values = tuple(v for _, v in credentials)
+        if self.trust_namespace_header and named:
+            return Identity(self._with_query(f"ns:{named}", query), holder, values)
+        if not credentials and self.require_auth:
+            return Refusal(401, "credentials are required: send one of "
+                           + ", ".join(self.credential_headers), "missing_credentials")
+        scope = f"{holder}/ns:{named}" if named else holder
+        return Identity(self._with_query(scope, query), holder, values)
 
     def _with_query(self, scope: str, query: str) -> str:
         """The scope narrowed by the raw query string (keyed-hashed: it may hold a key)."""

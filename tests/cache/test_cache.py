@@ -395,6 +395,15 @@ def test_clear_one_scope_or_all(cache):
     assert cache.get("fresh").response == "f"
 
 
+def test_clear_under_removes_a_scope_and_every_scope_below_it_and_nothing_else(cache):
+    for scope in ("key:ab", "key:ab/ns:team", "key:ab/q:1", "key:abc", "key:a", "other/key:ab"):
+        cache.put(f"note of {scope}", "n", scope=scope)
+    assert cache.clear_under("key:ab") == 3
+    assert [s for s in ("key:ab", "key:ab/ns:team", "key:ab/q:1", "key:abc", "key:a", "other/key:ab")
+            if cache.get(f"note of {s}", scope=s) is not None] == ["key:abc", "key:a", "other/key:ab"]
+    assert cache.clear_under("key:ab") == 0
+
+
 def test_stats_add_up(cache):
     cache.get_or_put_all(["a", "b", "a"], lambda ms: ms)
     cache.get_all(["a", "A!", "zzz"])

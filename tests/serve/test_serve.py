@@ -40,7 +40,8 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def proxy(upstream, real_embedder, tmp_path_factory):
-    config = ServeSettings(upstream=f"{upstream.url}/v1", admin_token=ADMIN,
+    # keyless clients let in: this module's clients tell themselves apart by namespace
+    config = ServeSettings(upstream=f"{upstream.url}/v1", admin_token=ADMIN, require_auth=False,
                          namespace_secret=SECRET,
                          snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"))
     app = create_app(config, cache_factory=lambda: SemanticCache(
@@ -304,7 +305,7 @@ def test_metrics_count_what_happened(proxy):
 
 
 def test_health_says_ready_and_whether_the_upstream_answers(proxy):
-    health = httpx.get(f"{proxy.url}/health").json()
+    health = httpx.get(f"{proxy.url}/health", headers={"authorization": f"Bearer {ADMIN}"}).json()
     assert health["status"] == "ok" and health["upstream"] == "reachable"
 
 

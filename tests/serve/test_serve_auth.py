@@ -6,6 +6,7 @@ refuses the keys a test revokes (``app.state.revoked``) and records each check
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -138,3 +139,160 @@ def test_an_upstream_that_cannot_answer_keeps_a_verdict_seen_before_and_refuses_
     assert isinstance(first, Denied) and first.status == 403
     assert again == first  # the upstream's last word stands while it cannot be asked
     assert isinstance(never, Unverified) and never.status == 502
+
+
+# ----------------------------------------------------------------------------- keyless clients
+
+
+def test_a_request_without_credentials_is_refused_by_default_before_its_body_is_read(real_embedder):
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
+        keyless = httpx.post(f"{proxy.url}/v1/chat/completions", content=b"{not json")
+        # 401, not the 400 a malformed body would get: the body was never parsed
+        assert keyless.status_code == 401 and keyless.json()["error"]["code"] == "missing_credentials"
+        assert upstream.app.state.calls == [] and upstream.app.state.checks == []
+
+
+def test_keyless_clients_let_in_are_checked_like_any_credential(real_embedder):
+    settings = {"require_auth": False, "auth_ttl": 0}
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, **settings) as proxy:
+        text = "What is on the shared team calendar?"
+        ask = lambda: httpx.post(f"{proxy.url}/v1/chat/completions",  # noqa: E731
+                                 json={"model": "smol", "messages": [{"role": "user", "content": text}]})
+        assert ask().headers["x-gpucache"] == "miss" and ask().headers["x-gpucache"] == "exact"
+        assert upstream.app.state.checks == ["", ""]  # asked with no key, as the request came
+        upstream.app.state.revoked.add("")  # an upstream that wants a key
+        refused = ask()
+        assert refused.status_code == 401 and refused.headers["x-gpucache"] == "refused"
+
+
+def test_a_refused_credential_is_answered_before_a_large_body_is_parsed(real_embedder):
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
+        upstream.app.state.revoked.add("sk-gone")
+        big = b'{"model": "smol", "messages": [' + b'{"role": "user", "content": "x"},' * 100_000 + b"}"
+        r = httpx.post(f"{proxy.url}/v1/chat/completions", content=big,
+                       headers={"authorization": "Bearer sk-gone", "content-type": "application/json"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert upstream.app.state.calls == []
+
+
+def test_a_large_body_is_parsed_off_the_event_loop(real_embedder, monkeypatch):
+    import threading
+
+    from gpucache.serve import intake as proxy_module
+
+    threads = []
+    keyed = proxy_module.keyed
+    monkeypatch.setattr(proxy_module, "keyed", lambda *a: (threads.append(threading.current_thread()),
+                                                           keyed(*a))[1])
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
+        c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-big", max_retries=0)
+        for text in ("a short question", "a long question " + "with many words " * 8000):
+            c.chat.completions.create(model="smol", messages=[{"role": "user", "content": text}])
+    small, large = threads
+    assert small is proxy.thread  # the server's event loop runs in this thread
+    assert large is not proxy.thread  # the large body was parsed on a worker
+
+
+# ----------------------------------------------------------------------------- auth = keys
+
+
+def keys_proxy(upstream, real_embedder, path, **settings):
+    return served_proxy(upstream, real_embedder, auth="keys", keys_file=str(path), **settings)
+
+
+def test_with_auth_keys_only_listed_keys_are_served_and_the_upstream_is_never_asked(real_embedder, tmp_path):
+    from gpucache.serve.auth import key_digest
+
+    listed = tmp_path / "keys"
+    listed.write_text(f"# team keys\nsk-erin\nsha256:{key_digest('sk-frank')}\n\n")
+    with Served(make_upstream()) as upstream, keys_proxy(upstream, real_embedder, listed) as proxy:
+        text = "Which keys may use this cache?"
+        assert chat(proxy, "sk-erin", text) == "miss" and chat(proxy, "sk-erin", text) == "exact"
+        assert chat(proxy, "sk-frank", text) == "miss"  # listed by its digest alone
+        with pytest.raises(openai.AuthenticationError) as refused:
+            chat(proxy, "sk-mallory", text)
+        assert refused.value.body["code"] == "invalid_api_key"
+        # one listed key cannot vouch for an unlisted one beside it
+        both = httpx.post(f"{proxy.url}/v1/chat/completions",
+                          json={"model": "smol", "messages": [{"role": "user", "content": text}]},
+                          headers={"authorization": "Bearer sk-erin", "x-api-key": "sk-mallory"})
+        assert both.status_code == 401
+        assert upstream.app.state.checks == []
+
+
+def test_the_key_file_is_read_again_when_it_changes_and_a_broken_edit_keeps_the_last_list(tmp_path):
+    from gpucache.serve.auth import KeyFile
+
+    path = tmp_path / "keys"
+    path.write_text("sk-one\n")
+    keys = KeyFile(str(path), recheck=0)
+
+    def check(key):
+        return asyncio.run(keys.check((f"Bearer {key}",)))
+
+    def edit(text, stamp):
+        path.write_text(text)
+        os.utime(path, ns=(stamp, stamp))  # a distinct modification time, whatever the clock
+
+    assert isinstance(check("sk-one"), Allowed) and isinstance(check("sk-two"), Denied)
+    edit("sk-two\n", 10**18)
+    assert isinstance(check("sk-two"), Allowed) and isinstance(check("sk-one"), Denied)
+    edit("sha256:not-a-digest\n", 2 * 10**18)  # a broken edit: the last good list stands
+    assert isinstance(check("sk-two"), Allowed) and keys.reloads == 1
+    assert isinstance(asyncio.run(keys.check(("BEARER sk-two",))), Allowed)  # any case of the scheme
+
+
+def test_auth_keys_needs_a_readable_key_file_at_start(tmp_path):
+    with pytest.raises(ValueError, match="auth=keys needs keys_file"):
+        ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys")
+    with pytest.raises(ValueError, match="cannot be read"):
+        ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys", keys_file=str(tmp_path / "absent"))
+    bad = tmp_path / "bad"
+    bad.write_text("sha256:1234\n")
+    with pytest.raises(ValueError, match="64 hex digits"):
+        ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys", keys_file=str(bad))
+
+
+# ----------------------------------------------------------------------------- /admin/revoke
+
+ADMIN = "admin-token-for-revoke-tests"
+
+
+def test_admin_revoke_drops_every_scope_of_one_credential_and_its_verdict(real_embedder):
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, admin_token=ADMIN,
+                                                           auth_ttl=3600) as proxy:
+        def ask(key, text, namespace=None, query=""):
+            headers = {"authorization": f"Bearer {key}"}
+            if namespace:
+                headers["x-gpucache-namespace"] = namespace
+            return httpx.post(f"{proxy.url}/v1/chat/completions?{query}", headers=headers, json={
+                "model": "smol", "messages": [{"role": "user", "content": text}]}).headers["x-gpucache"]
+
+        text = "Summarise my private notes"
+        scopes = [("sk-leaked", None, ""), ("sk-leaked", "team-a", ""), ("sk-leaked", None, "api-version=1"),
+                  ("sk-other", None, "")]
+        for key, namespace, query in scopes:
+            assert ask(key, text, namespace, query) == "miss"
+        assert upstream.app.state.checks.count("sk-leaked") == 1
+        refused = httpx.post(f"{proxy.url}/admin/revoke", json={"credentials": {"authorization": "Bearer sk-leaked"}})
+        assert refused.status_code == 401  # the admin token is needed
+        done = httpx.post(f"{proxy.url}/admin/revoke", headers={"authorization": f"bearer {ADMIN}"},
+                          json={"credentials": {"authorization": "Bearer sk-leaked"}}).json()
+        assert done["removed"] == 3 and done["revoked"].startswith("key:")
+        assert ask("sk-other", text) == "exact"  # another key keeps its entries
+        # every scope of the revoked key is empty, and its verdict was dropped: asked again at
+        # once, not after auth_ttl (here the upstream still accepts it, and it starts afresh)
+        for key, namespace, query in scopes[:3]:
+            assert ask(key, text, namespace, query) == "miss"
+        assert upstream.app.state.checks.count("sk-leaked") == 2
+        nothing = httpx.post(f"{proxy.url}/admin/revoke", headers={"authorization": f"Bearer {ADMIN}"},
+                             json={"credentials": {}})
+        assert nothing.status_code == 400
+
+
+def test_health_says_ready_and_nothing_more_without_the_admin_token(real_embedder):
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, admin_token=ADMIN) as proxy:
+        assert httpx.get(f"{proxy.url}/health").json() == {"status": "ok"}
+        assert upstream.app.state.checks == []  # and the upstream was not called for it
+        full = httpx.get(f"{proxy.url}/health", headers={"authorization": f"Bearer {ADMIN}"}).json()
+        assert full["status"] == "ok" and full["upstream"] == "reachable" and "entries" in full

@@ -54,8 +54,10 @@ def clock():
 
 
 def proxy_app(upstream, real_embedder, clock=None, **settings):
+    """A proxy that lets keyless clients in unless told otherwise: the attacks here must fail
+    even where a deployment opted in to them."""
     config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, admin_token=ADMIN,
-                         **settings)
+                         **{"require_auth": False, **settings})
     extra = {"timer": clock} if clock is not None else {}
     return create_app(config, cache_factory=lambda: SemanticCache(
         real_embedder, device="cpu", lookup_timeout_seconds=30.0, **extra))

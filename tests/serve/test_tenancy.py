@@ -18,7 +18,9 @@ TEAM_A = {"x-gpucache-namespace": "team-a"}
 
 
 def tenant(headers, **settings):
-    return Tenancy(SECRET, **settings).tenant(headers)
+    """The tenant where keyless requests are let in (``require_auth=False``), unless a test
+    says otherwise: the rules of who is whom, apart from whether keyless clients are served."""
+    return Tenancy(SECRET, **{"require_auth": False, **settings}).tenant(headers)
 
 
 def test_the_credentials_name_the_tenant_and_the_header_only_narrows_within_it():
@@ -69,10 +71,12 @@ def test_behind_a_trusted_gateway_the_header_alone_names_the_tenant():
     assert tenant({"authorization": "Bearer x"}, trust_namespace_header=True).startswith("key:")
 
 
-def test_require_auth_refuses_a_request_without_credentials():
-    refused = tenant(TEAM_A, require_auth=True)
+def test_a_request_without_credentials_is_refused_unless_the_deployment_opts_in():
+    refused = Tenancy(SECRET).tenant(TEAM_A)  # the default
     assert isinstance(refused, Refusal) and refused.status == 401
-    assert tenant({"x-api-key": "k"}, require_auth=True).startswith("key:")
+    assert Tenancy(SECRET).tenant({"x-api-key": "k"}).startswith("key:")
+    assert ServeSettings(upstream="http://u/v1").tenancy.require_auth  # and the server's default
+    assert tenant(TEAM_A, require_auth=False) == f"{ANONYMOUS}/ns:team-a"
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "../x", "x" * 129, "a b", "tab\t", "é"])
@@ -148,7 +152,8 @@ def test_a_credential_in_the_query_string_names_the_tenant_and_sent_twice_is_ref
     refused = Tenancy(SECRET).tenant({}, "key=alice&key=bob")
     assert isinstance(refused, Refusal) and refused.code == "duplicate_parameter"
     # a parameter that is no credential narrows the scope and names no tenant
-    assert Tenancy(SECRET).tenant({}, "api-version=1").startswith(f"{ANONYMOUS}/q:")
+    assert Tenancy(SECRET, require_auth=False).tenant({}, "api-version=1").startswith(f"{ANONYMOUS}/q:")
+    assert Tenancy(SECRET).tenant({}, "api-version=1").status == 401
 
 
 def test_the_raw_query_string_narrows_every_scope_and_never_shows_in_it():

@@ -1,0 +1,122 @@
+"""What a request to a cached endpoint is before the cache sees it, in the order that bounds
+what an untrusted client costs: whose it is, from the headers and query string alone
+(tenancy.py); whether its credential may be served (auth.py); only then its body read and
+keyed, a large one off the event loop. A client the cache will not serve is answered before a
+byte of its body is parsed.
+
+    Intake.accept(kind, request) -> (Exchange, None)       read and keyed: the proxy runs it
+                                 -> (None | Refused, Outcome) ended here (400, 401, 413, 499;
+                                                           the upstream's 401/403; 502-504)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from gpucache.serve.auth import CredentialCheck, Denied, KeyFile, Unverified
+from gpucache.serve.exchange import CacheControl, Exchange, Outcome, Refused, Unauthorized, Unavailable
+from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
+from gpucache.serve.settings import ServeSettings
+from gpucache.serve.tenancy import Identity, Refusal
+from gpucache.serve.upstream import Upstream
+
+# A body past this is parsed and keyed on a worker thread, so a client's megabytes never stall
+# the loop that answers everyone's repeats; a small body stays on the loop, where the hop to a
+# thread would be most of its cost
+PARSE_ON_LOOP_BYTES = 64 * 1024
+
+
+class TooLarge(ValueError):
+    pass
+
+
+def keyed(kind: str, raw: bytes, scope: str) -> tuple[Any, RequestKey]:
+    """A body parsed and keyed under ``scope`` (``BadRequest`` where it cannot be)."""
+    body = parse_json(raw)
+    return body, request_key(kind, body, scope)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the request body is larger than {limit} bytes")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise TooLarge(f"the request body is larger than {limit} bytes")
+    return bytes(body)
+
+
+class Intake:
+    """The front of the caching path: ``config``'s tenancy and its ``auth`` mode's checker."""
+
+    def __init__(self, config: ServeSettings, upstream: Upstream) -> None:
+        self.config = config
+        self.credentials: CredentialCheck | KeyFile | None = None
+        if config.auth == "upstream":
+            self.credentials = CredentialCheck(upstream, config.auth_ttl)
+        elif config.auth == "keys":
+            assert config.keys_file is not None
+            self.credentials = KeyFile(config.keys_file)
+
+    async def accept(self, kind: str, request: Request) -> tuple[Exchange | Refused | None, Outcome | None]:
+        """The request's exchange, or the outcome that ends it before the cache is asked.
+        In the order that bounds what an untrusted client costs: whose it is, from the headers
+        alone (tenancy.py); whether its credential may be served (auth.py); only then the body
+        read and parsed (a large one off the event loop)."""
+        identity = self.config.tenancy.identify(request.headers, request.url.query)
+        control = (CacheControl() if self.config.ignore_client_cache_control
+                   else CacheControl.parse(request.headers.get("cache-control")))
+        for refusal in (identity, control):
+            if isinstance(refusal, Refusal):
+                kind_ = "unauthorized" if refusal.status == 401 else "bad_request"
+                refused = Refused(refusal.status, refusal.message, refusal.code, kind=kind_)
+                return refused, refused
+        assert isinstance(identity, Identity) and isinstance(control, CacheControl)
+        denied = await self.authenticated(identity, request)
+        if denied is not None:
+            return None, denied
+        exchange = await self.receive(kind, request, identity, control)
+        return exchange, exchange if isinstance(exchange, Refused) else None
+
+    async def receive(self, kind: str, request: Request, identity: Identity,
+                      control: CacheControl) -> Exchange | Refused:
+        """The body read and keyed, or why it is refused."""
+        try:
+            raw = await read_body(request, self.config.max_body_bytes)
+            if len(raw) > PARSE_ON_LOOP_BYTES:  # parsing megabytes would stall every other request
+                body, key = await asyncio.to_thread(keyed, kind, raw, identity.scope)
+            else:
+                body, key = keyed(kind, raw, identity.scope)
+        except TooLarge as exc:
+            return Refused(413, str(exc), "request_too_large")
+        except ClientDisconnect:
+            return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
+        except BadRequest as exc:
+            return Refused(400, str(exc), "invalid_request", exc.param)
+        return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control)
+
+    def forget(self, holder: str) -> None:
+        """Drop ``holder``'s verdict (``/admin/revoke``): its next request is checked again."""
+        if isinstance(self.credentials, CredentialCheck):
+            self.credentials.forget(holder)
+
+    async def authenticated(self, identity: Identity, request: Request) -> Outcome | None:
+        """None where the request's credential may be served from the cache (auth.py); else
+        what it gets instead: the upstream's own refusal (or the key file's 401), and nothing
+        from the cache; the upstream's failure where it could not be checked."""
+        if self.credentials is None:
+            return None
+        if isinstance(self.credentials, KeyFile):
+            verdict = await self.credentials.check(identity.values)
+        else:
+            verdict = await self.credentials.check(identity.holder, request.headers, request.url.query)
+        if isinstance(verdict, Denied):
+            return Unauthorized(verdict.status, verdict.headers, verdict.content)
+        if isinstance(verdict, Unverified):
+            return Unavailable(verdict.status, verdict.message)
+        return None
