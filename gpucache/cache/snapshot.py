@@ -12,6 +12,21 @@ snapshot planted by someone without the key (answers filed under any tenant) nev
 safetensors parses only a JSON header and raw arrays: loading an untrusted file can
 not run code, which ``pickle`` and ``torch.load`` can.
 
+Generations: a signature says who wrote a file, not that it is the latest, so a signed snapshot
+copied aside and put back later would load its invalidated answers again. With a ``key``, each
+file is a generation (1, 2, ...) and the HMAC binds it with the time it was written; a small
+signed record beside the snapshot, ``{path}.generation``, holds the highest generation written
+or loaded at that path. A file of a lower generation than that record is refused
+(``SnapshotError``: an older snapshot put back). A higher one loads and moves the record up to
+it: that is what a save leaves when the process dies between renaming the snapshot and
+renaming the record, and only a holder of the key can sign a generation. The integer decides;
+the time is bound and reported, never compared. Limits, stated: whoever can write the folder
+can put back an older snapshot *and* its older record together, or delete the record (the
+next file loads as the first of its path); only storage the writer of these files cannot
+rewrite would stop that. A record not signed with the key is refused like the snapshot would
+be. A signed file from before generations reads as generation 0: it loads only where no record
+exists yet. Without a key there is no generation and nothing to check.
+
 Atomic: the bytes go to a temporary file in the destination folder, are fsynced, and replace
 the destination with ``os.replace`` (then the folder is fsynced). A process killed mid-save
 leaves the previous snapshot intact; readers see the old file or the new one, never a mix.
@@ -22,9 +37,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import math
 import os
 import struct
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +52,11 @@ import torch
 from gpucache.cache.settings import CacheSettings
 from gpucache.policy.admission import AdmissionPolicy
 
+log = logging.getLogger("gpucache.snapshot")
+
 FORMAT = "gpucache-snapshot"
 VERSION = 1
+GENERATION_SUFFIX = ".generation"  # the record of the highest generation at a path
 
 
 class SnapshotError(ValueError):
@@ -59,6 +80,8 @@ class Snapshot:
     vectors: torch.Tensor  # (N, D) float32 on the CPU
     stats: dict[str, Any]
     admission: dict[str, Any] | None
+    generation: int = 0  # read back from a signed file; 0: unsigned, from before, or captured
+    written_at: float | None = None  # wall-clock time a signed file was written
 
 
 def _checksum(vectors: bytes, state: bytes) -> str:
@@ -73,13 +96,60 @@ def _encode_float(x: float) -> float | str:
     return "inf" if x == float("inf") else x
 
 
-def _mac(key: bytes, checksum: str) -> str:
-    return hmac.new(key, f"{FORMAT}/{VERSION}/{checksum}".encode(), hashlib.sha256).hexdigest()
+def _mac(key: bytes, checksum: str, generation: int | None = None, written_at: str = "") -> str:
+    """The file's HMAC: of its checksum, its generation and the time it was written (a file
+    from before generations: of its checksum alone)."""
+    signed = f"{FORMAT}/{VERSION}/{checksum}"
+    if generation is not None:
+        signed += f"/{generation}/{written_at}"
+    return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
 
 
-def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str], key: bytes | None = None) -> None:
+@dataclass(frozen=True)
+class _Latest:
+    """The record beside a snapshot: the highest generation written or loaded at its path."""
+
+    generation: int
+    written_at: str
+
+    def _mac(self, key: bytes) -> str:
+        signed = f"{FORMAT}-generation/{self.generation}/{self.written_at}"
+        return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
+
+    @staticmethod
+    def path(snapshot_path: str | os.PathLike[str]) -> Path:
+        return Path(f"{os.fspath(snapshot_path)}{GENERATION_SUFFIX}")
+
+    @classmethod
+    def read(cls, snapshot_path: str | os.PathLike[str], key: bytes) -> _Latest | None:
+        """The record, None where there is none; ``SnapshotError`` for one that cannot be read
+        or is not signed with ``key``."""
+        where = cls.path(snapshot_path)
+        try:
+            doc = json.loads(where.read_bytes())
+            latest = cls(int(doc["generation"]), str(doc["written_at"]))
+            given = str(doc["mac"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SnapshotError(f"{where} (the record of {snapshot_path}'s generations) cannot be "
+                                f"read ({exc}): refused") from exc
+        if latest.generation < 1 or not hmac.compare_digest(given, latest._mac(key)):
+            raise SnapshotError(f"{where} (the record of {snapshot_path}'s generations) is not "
+                                "signed with this key: refused")
+        return latest
+
+    def write(self, snapshot_path: str | os.PathLike[str], key: bytes) -> None:
+        doc = {"generation": self.generation, "written_at": self.written_at, "mac": self._mac(key)}
+        _write_atomically(self.path(snapshot_path), json.dumps(doc).encode())
+
+
+def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str], key: bytes | None = None) -> int:
     """Write ``snapshot`` to ``path`` atomically (temp file, fsync, rename); signed with
-    ``key`` where one is given."""
+    ``key`` where one is given, as the next generation at ``path`` (after the record's and
+    after the snapshot's own), which it returns (0 without a key). The record beside it is
+    written after the snapshot, so a crash between the two leaves a newer file, never an older
+    one, than the record says."""
     from safetensors.torch import save
 
     doc = {
@@ -106,10 +176,26 @@ def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str], key: bytes 
         "version": str(VERSION),
         "checksum": _checksum(vectors.numpy().tobytes(), state),
     }
+    generation = 0
     if key is not None:
-        metadata["mac"] = _mac(key, metadata["checksum"])
+        try:
+            latest = _Latest.read(path, key)
+        except SnapshotError as exc:  # overwritten below, with this key's own
+            log.warning("gpucache: %s; writing a new one", exc)
+            latest = None
+        generation = max(latest.generation if latest is not None else 0, snapshot.generation) + 1
+        metadata["generation"], metadata["written_at"] = str(generation), repr(time.time())
+        metadata["mac"] = _mac(key, metadata["checksum"], generation, metadata["written_at"])
     data = save({"vectors": vectors, "state": state_tensor}, metadata=metadata)
-    target = Path(path)
+    _write_atomically(Path(path), data)
+    if key is not None:
+        _Latest(generation, metadata["written_at"]).write(path, key)
+    return generation
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    """``data`` to ``target``: a temporary file in its folder, fsynced, renamed over it, and
+    the folder fsynced."""
     folder = target.parent if str(target.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
@@ -139,7 +225,8 @@ def _fsync_folder(folder: Path) -> None:
 
 def read_snapshot(path: str | os.PathLike[str], key: bytes | None = None) -> Snapshot:
     """Read and check a snapshot; any defect raises ``SnapshotError`` naming it. ``key``: the
-    file must carry its HMAC under this key (``write_snapshot``'s), or it is refused."""
+    file must carry its HMAC under this key (``write_snapshot``'s), or it is refused, and be of
+    no older a generation than the record beside it (see the module's docstring)."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -164,8 +251,9 @@ def read_snapshot(path: str | os.PathLike[str], key: bytes | None = None) -> Sna
     state = state_tensor.numpy().tobytes()
     if metadata.get("checksum") != _checksum(vectors.numpy().tobytes(), state):
         raise SnapshotError(f"{path} is corrupt: checksum mismatch")
-    if key is not None and not hmac.compare_digest(metadata.get("mac", ""), _mac(key, metadata["checksum"])):
-        raise SnapshotError(f"{path} is not signed with this key: refused")
+    generation, written_at = 0, None
+    if key is not None:
+        generation, written_at = _check_signed(metadata, path, key)
     try:
         doc = json.loads(state.decode("utf-8", "surrogatepass"))
         entries = [
@@ -179,6 +267,8 @@ def read_snapshot(path: str | os.PathLike[str], key: bytes | None = None) -> Sna
             vectors=vectors,
             stats=dict(doc["stats"]),
             admission=doc.get("admission"),
+            generation=generation,
+            written_at=written_at,
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise SnapshotError(f"{path} is corrupt: bad state document ({exc})") from exc
@@ -188,6 +278,47 @@ def read_snapshot(path: str | os.PathLike[str], key: bytes | None = None) -> Sna
             f"dimension {snapshot.dim}"
         )
     return snapshot
+
+
+def _check_signed(
+    metadata: dict[str, str], path: str | os.PathLike[str], key: bytes
+) -> tuple[int, float | None]:
+    """A file's signature, and its generation against the record beside it: the generation
+    and the time it was written, or ``SnapshotError``. A newer generation than the record's
+    moves the record up to it (best effort: a folder that cannot be written only logs)."""
+    try:
+        generation = int(metadata["generation"]) if "generation" in metadata else None
+    except ValueError as exc:
+        raise SnapshotError(f"{path} is corrupt: generation {metadata['generation']!r}") from exc
+    written = metadata.get("written_at", "")
+    expected = _mac(key, metadata["checksum"], generation, written)
+    if not hmac.compare_digest(metadata.get("mac", ""), expected):
+        raise SnapshotError(f"{path} is not signed with this key: refused")
+    try:
+        written_at: float | None = float(written) if generation is not None else None
+    except ValueError as exc:  # signed, so written so: a gpucache bug
+        raise SnapshotError(f"{path} is corrupt: written at {written!r}") from exc
+    generation = generation or 0  # signed before generations: the oldest there can be
+    latest = _Latest.read(path, key)
+    if latest is not None and generation < latest.generation:
+        when = f"written at {_when(written_at)}" if written_at is not None else "from before generations"
+        raise SnapshotError(
+            f"{path} is generation {generation} ({when}), older than generation "
+            f"{latest.generation} (written at {_when(float(latest.written_at))}), the last written "
+            "or loaded there: refused (an older snapshot put back?)"
+        )
+    if generation >= 1 and (latest is None or generation > latest.generation):
+        try:
+            _Latest(generation, written).write(path, key)
+        except OSError as exc:
+            log.warning("gpucache: could not record %s's generation %d (%r)", path, generation, exc)
+    return generation, written_at
+
+
+def _when(at: float) -> str:
+    if not math.isfinite(at):
+        return repr(at)
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 def _header_metadata(data: bytes, path: object) -> dict[str, str]:

@@ -189,3 +189,143 @@ def test_a_signed_snapshot_loads_only_with_its_key(fake_embedder, tmp_path):
             SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=key)
     # without a key the signature is not asked for: a library user's own files load as before
     assert len(SemanticCache.load(unsigned, embedder=fake_embedder, device="cpu")) == 1
+
+
+# --------------------------------------------------------------------- generations
+
+KEY = b"the-servers-snapshot-key"
+
+
+def _saved(cache, path):
+    cache.save(path, key=KEY)
+    return path.read_bytes()
+
+
+def test_an_older_signed_snapshot_put_back_is_refused(fake_embedder, tmp_path):
+    """Each signed save is the next generation at its path; the file of an earlier one, signed
+    with the same key and whole, is refused once a later one was written there."""
+    path = tmp_path / "cache.gpucache"
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.put("What is the door code?", "4321")
+    first = _saved(cache, path)
+    cache.invalidate("What is the door code?")
+    cache.put("What are the opening hours?", "9 to 5")
+    second = _saved(cache, path)
+    path.write_bytes(first)  # the older file put back
+    with pytest.raises(SnapshotError, match=r"generation 1 \(written at .*older than generation 2"):
+        SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)
+    path.write_bytes(second)
+    loaded = SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)
+    assert loaded.get("What is the door code?") is None and len(loaded) == 1
+    loaded.save(path, key=KEY)  # generation 3
+    path.write_bytes(second)
+    with pytest.raises(SnapshotError, match="older than generation 3"):
+        SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)
+
+
+def _metadata(path):
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.metadata()
+
+
+def _resigned(path, **metadata):
+    """The file's tensors again under ``metadata`` changed: what an editor of the header does."""
+    from safetensors.torch import load, save
+
+    path.write_bytes(save(load(path.read_bytes()), metadata={**_metadata(path), **metadata}))
+
+
+def test_the_generation_and_the_time_are_signed(fake_embedder, tmp_path):
+    """A put-back file whose header claims a later generation, or another time, is not the
+    file that was signed."""
+    from gpucache.cache.snapshot import read_snapshot
+
+    path = tmp_path / "c"
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.put("a prompt", "an answer")
+    first = _saved(cache, path)
+    _saved(cache, path)
+    read = read_snapshot(path, KEY)
+    assert (read.generation, _metadata(path)["generation"]) == (2, "2")
+    assert read.written_at == float(_metadata(path)["written_at"])
+    for change in ({"generation": "3"}, {"written_at": repr(read.written_at + 1)}):
+        path.write_bytes(first)
+        _resigned(path, **change)
+        with pytest.raises(SnapshotError, match="not signed with this key"):
+            read_snapshot(path, KEY)
+
+
+def test_a_newer_generation_than_the_record_loads_and_moves_the_record(fake_embedder, tmp_path):
+    """What a save leaves when the process dies between renaming the snapshot and renaming
+    its record: a newer file than the record says. It loads, and the record follows it."""
+    path, record = tmp_path / "c", tmp_path / "c.generation"
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.put("a prompt", "an answer")
+    first = _saved(cache, path)
+    first_record = record.read_bytes()
+    second = _saved(cache, path)
+    record.write_bytes(first_record)  # as if the second save had died before its record
+    assert len(SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)) == 1
+    path.write_bytes(first)
+    with pytest.raises(SnapshotError, match="older than generation 2"):
+        SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)
+    path.write_bytes(second)
+    record.unlink()  # no record (a first save, or one lost): any signed generation loads
+    assert len(SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)) == 1
+
+
+def test_a_record_of_generations_not_signed_with_the_key_is_refused_and_replaced(fake_embedder, tmp_path):
+    import json
+
+    path, record = tmp_path / "c", tmp_path / "c.generation"
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.put("a prompt", "an answer")
+    _saved(cache, path)
+    forged = {**json.loads(record.read_bytes()), "generation": 1_000_000}  # would refuse all
+    for bad in (json.dumps(forged).encode(), b"not json"):
+        record.write_bytes(bad)
+        with pytest.raises(SnapshotError, match="record of .* generations"):
+            SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)
+    _saved(cache, path)  # a save writes a record of its own
+    assert SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY).get("a prompt")
+
+
+def test_a_signed_file_from_before_generations_loads_only_where_no_record_exists(fake_embedder, tmp_path):
+    """Signed as gpucache signed before generations (its checksum alone): generation 0, the
+    oldest there is. It loads where nothing newer was written, and nowhere else."""
+    import hashlib
+    import hmac
+
+    from gpucache.cache.snapshot import FORMAT, VERSION
+
+    path = tmp_path / "c"
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.put("an old prompt", "an old answer")
+    cache.save(path)
+    checksum = _metadata(path)["checksum"]
+    _resigned(path, mac=hmac.new(KEY, f"{FORMAT}/{VERSION}/{checksum}".encode(), hashlib.sha256).hexdigest())
+    old = path.read_bytes()
+    loaded = SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)
+    assert loaded.get("an old prompt").response == "an old answer"
+    assert not (tmp_path / "c.generation").exists()  # generation 0 records nothing
+    loaded.save(path, key=KEY)
+    path.write_bytes(old)
+    with pytest.raises(SnapshotError, match=r"generation 0 \(from before generations\)"):
+        SemanticCache.load(path, embedder=fake_embedder, device="cpu", key=KEY)
+
+
+def test_without_a_key_there_is_no_generation_to_check(fake_embedder, tmp_path):
+    """Unsigned, a file proves nothing about who wrote it, so nothing about when: an older one
+    loads (the key is what a server sets: ``gpucache serve`` always signs)."""
+    path = tmp_path / "c"
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.put("a prompt", "first")
+    cache.save(path)
+    first = path.read_bytes()
+    cache.put("a prompt", "second")
+    cache.save(path)
+    path.write_bytes(first)
+    assert SemanticCache.load(path, embedder=fake_embedder, device="cpu").get("a prompt").response == "first"
+    assert not (tmp_path / "c.generation").exists()
