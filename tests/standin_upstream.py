@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import threading
 from typing import Any
 
@@ -95,8 +96,15 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         created, model = 1_700_000_000, body["model"]
         if token_delay and not body.get("stream"):
             await asyncio.sleep(token_delay * len(answer.split()))  # stall: the model's generation time
-        # "[no-store]": the upstream forbids keeping this answer (Cache-Control: no-store)
-        control = {"cache-control": "no-store"} if "[no-store]" in text else {}
+        # "[no-store]": the upstream forbids keeping this answer (Cache-Control: no-store);
+        # "[max-age=N]": it lets a cache keep it N seconds. Every answer carries a rate-limit
+        # header, as model servers behind a gateway send, which the client must see on a miss.
+        control = {"x-ratelimit-remaining-requests": "99"}
+        if "[no-store]" in text:
+            control["cache-control"] = "no-store"
+        lifetime = re.search(r"\[max-age=(\d+)\]", text)
+        if lifetime:
+            control["cache-control"] = f"max-age={lifetime.group(1)}"
         if body.get("stream"):
             return StreamingResponse(
                 stream(kind, model, answer, finish, body, text), media_type="text/event-stream",

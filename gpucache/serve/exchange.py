@@ -115,6 +115,29 @@ def upstream_allows_storing(headers: Mapping[str, str] | None) -> bool:
     return True
 
 
+def upstream_lifetime(headers: Mapping[str, str] | None) -> float | None:
+    """How long the upstream lets a shared cache keep its answer, in seconds, or None where it
+    does not say: ``s-maxage`` where given (it is for shared caches and overrides ``max-age``,
+    RFC 9111 §5.2.2.10), else ``max-age``, less the answer's ``Age``. An entry lives no longer
+    than this, nor than the cache's own ``ttl``. A malformed value says nothing."""
+    if not headers:
+        return None
+    values = headers.get_list("cache-control") if hasattr(headers, "get_list") else [
+        headers.get("cache-control") or ""]
+    found: dict[str, int] = {}
+    for value in values:
+        for token in (t.strip().lower() for t in (value or "").split(",")):
+            name, _, arg = token.partition("=")
+            arg = arg.strip().strip('"')
+            if name.strip() in ("max-age", "s-maxage") and arg.isascii() and arg.isdigit():
+                found[name.strip()] = min(int(arg[:12]), MAX_DELTA_SECONDS)
+    lifetime = found.get("s-maxage", found.get("max-age"))
+    if lifetime is None:
+        return None
+    age = (headers.get("age") or "").strip()
+    return max(0.0, float(lifetime - (int(age[:12]) if age.isascii() and age.isdigit() else 0)))
+
+
 @dataclass(frozen=True)
 class Exchange:
     """One cached-endpoint request, read and keyed: everything the proxy needs to run it."""

@@ -51,6 +51,17 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+def unforwardable(headers: Any) -> Refused | None:
+    """A 400 for a header value that is not ASCII: the proxy forwards the headers, and one it
+    cannot write out would otherwise fail as an upstream error (502) that never reached the
+    upstream. HTTP allows such bytes only as obsolete text (RFC 9110 §5.5); OpenAI clients never
+    send them."""
+    for name, value in headers.items():
+        if not value.isascii():
+            return Refused(400, f"the {name} header is not ASCII", "invalid_header")
+    return None
+
+
 class Intake:
     """The front of the caching path: ``config``'s tenancy and its ``auth`` mode's checker."""
 
@@ -68,6 +79,9 @@ class Intake:
         In the order that bounds what an untrusted client costs: whose it is, from the headers
         alone (tenancy.py); whether its credential may be served (auth.py); only then the body
         read and parsed (a large one off the event loop)."""
+        unsendable = unforwardable(request.headers)
+        if unsendable is not None:
+            return unsendable, unsendable
         identity = self.config.tenancy.identify(request.headers, request.url.query)
         control = (CacheControl() if self.config.ignore_client_cache_control
                    else CacheControl.parse(request.headers.get("cache-control")))

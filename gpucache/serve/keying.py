@@ -74,10 +74,25 @@ def parse_json(raw: bytes) -> Any:
         if depth > MAX_JSON_DEPTH:
             raise BadRequest(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
         if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
+            for k, v in value.items():
+                _text(k)
+                stack.append((v, depth + 1))
         elif isinstance(value, list):
             stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str):
+            _text(value)
     return body
+
+
+def _text(value: str) -> None:
+    """``BadRequest`` for a string that is not text: JSON lets ``\\ud800`` stand alone, but a
+    lone surrogate encodes to nothing, so whatever later writes it out (the upstream request,
+    a log line, a stored record) would fail with a server error instead of this client's 400."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("the request body holds a lone surrogate (a \\ud800-\\udfff escape without "
+                         "its pair): it is not text") from None
 
 
 def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
@@ -103,7 +118,10 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
     n = body.get("n", 1)
     if bypass is None and (not isinstance(n, int) or n != 1):
         bypass = "n"
-    if bypass is None and (body.get("logprobs") or body.get("top_logprobs")):
+    # any value but an absent one or false asks for logprobs: ``/v1/completions`` takes a count,
+    # and ``logprobs: 0`` still asks for the chosen token's, which a stored text cannot give
+    if bypass is None and any(body.get(k) is not None and body.get(k) is not False
+                                            for k in ("logprobs", "top_logprobs")):
         bypass = "logprobs"
     if bypass is None and text is not None and len(text.strip()) < MIN_TEXT_CHARS:
         bypass = "short-text"

@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from gpucache.cache.batching import LookupTimeout
@@ -57,8 +57,9 @@ from gpucache.serve.exchange import (
     Shed,
     Unavailable,
     may_store,
+    upstream_lifetime,
 )
-from gpucache.serve.intake import Intake
+from gpucache.serve.intake import Intake, TooLarge, read_body, unforwardable
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
@@ -91,7 +92,7 @@ class Proxy:
         self.config, self.cache, self.upstream, self.metrics = config, cache, upstream, metrics
         self.storing: set[asyncio.Task[None]] = set()  # answers being stored after they were sent
         self.busy = 0  # requests past the exact tier now (admit)
-        self.streams = Streams(metrics, self.store)
+        self.streams = Streams(metrics, self.store, self.shorter_lived)
         self.intake = Intake(config, upstream)
 
     async def completion(self, kind: str, request: Request) -> Response:
@@ -151,7 +152,9 @@ class Proxy:
             ex.waited_upstream(time.perf_counter() - begun)
             mine["response"] = response
             answer = storable(ex.kind, response, ex.control)
-            return answer if answer is not None else Unstored(response)
+            if answer is not None and self.shorter_lived(response.headers) is not None:
+                mine["keep"] = answer  # the upstream says how long: stored below, with that lifetime
+            return answer if answer is not None and "keep" not in mine else Unstored(response)
 
         try:
             result = await self.cache.aget_or_put(
@@ -171,6 +174,9 @@ class Proxy:
         hit = found[0] if found else None
         if isinstance(result, Unstored):
             response = result.value
+            if "keep" in mine:
+                await self.store(ex.key, mine["keep"], self.shorter_lived(response.headers))
+                return self.loaded(response)
             return PassedThrough(response.status_code, response.headers, response.content)
         if hit is not None:
             if not ex.control.fresh(hit):
@@ -196,6 +202,7 @@ class Proxy:
                     )
                     yield Unstored()
                     return
+                relay.headers = response.headers  # a streamed miss keeps them, as a JSON one does
                 async for event, line in upstream_events(response):
                     if not relay.waited:  # the headers go out after the first event
                         relay.waited = True
@@ -206,10 +213,18 @@ class Proxy:
                         yield ""
                         yield Unstored()
                         return
-                    yield wire.delta_of(ex.kind, event, relay.meta) or ""
+                    piece = wire.delta_of(ex.kind, event, relay.meta) or ""
+                    relay.text.append(piece)
+                    yield piece
             self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
             if not may_store(200, "", relay.meta.finish_reason, not relay.meta.unreplayable, ex.control,
                              response.headers):
+                yield Unstored()
+            elif (lifetime := self.shorter_lived(response.headers)) is not None:
+                # the upstream says how long it may be kept: not the cache's single-flight store
+                # (which uses the cache's ttl), a store of its own with that lifetime, before the
+                # stream ends, as the cache's own store would be
+                await self.store(ex.key, "".join(relay.text), lifetime)
                 yield Unstored()
 
         pieces = self.cache.aget_or_put_streaming(
@@ -236,7 +251,8 @@ class Proxy:
             return await self.refresh(ex)
         streams = self.streams
         if relay.started:
-            return Loaded(stream=streams.closing(streams.relayed(first, pieces, relay), pieces))
+            return Loaded(headers=relay.headers,
+                          stream=streams.closing(streams.relayed(first, pieces, relay), pieces))
         replay = streams.closing(streams.replay(relay.meta, first, pieces, ex.key.include_usage), pieces)
         if hit is not None:
             return Hit(hit, "", stream=replay)
@@ -256,15 +272,29 @@ class Proxy:
         finally:
             ex.waited_upstream(time.perf_counter() - begun)
         answer = storable(ex.kind, response, ex.control)
-        if answer is not None and later and len(self.storing) >= MAX_PENDING_STORES:
-            self.metrics.errors.labels("store_backlog").inc()  # the embedder is far behind: skip
-        elif answer is not None and later:
-            task = asyncio.create_task(self.store(ex.key, answer))
-            self.storing.add(task)  # held until done: a task only the loop knows may be collected
-            task.add_done_callback(self.storing.discard)
+        lifetime = self.shorter_lived(response.headers)
+        if answer is not None and later:
+            self.store_later(ex.key, answer, lifetime)
         elif answer is not None:
-            await self.store(ex.key, answer)
+            await self.store(ex.key, answer, lifetime)
         return self.loaded(response)
+
+    def shorter_lived(self, headers: Any) -> float | None:
+        """The upstream's lifetime for its answer (``upstream_lifetime``) where it is shorter
+        than the cache's own ``ttl``; None where the cache's applies."""
+        lifetime = upstream_lifetime(headers)
+        ttl = self.cache.ttl
+        return lifetime if lifetime is not None and (ttl is None or lifetime < ttl) else None
+
+    def store_later(self, key: RequestKey, answer: str, ttl: float | None = None) -> None:
+        """``store`` after the answer has gone, held until done; past ``MAX_PENDING_STORES``
+        waiting, skipped and counted (the embedder is far behind)."""
+        if len(self.storing) >= MAX_PENDING_STORES:
+            self.metrics.errors.labels("store_backlog").inc()
+            return
+        task = asyncio.create_task(self.store(key, answer, ttl))
+        self.storing.add(task)  # held until done: a task only the loop knows may be collected
+        task.add_done_callback(self.storing.discard)
 
     async def fail_open(self, ex: Exchange, exc: Exception) -> Outcome:
         log.warning("gpucache: the cache failed (%r); this request goes upstream without it", exc)
@@ -290,11 +320,10 @@ class Proxy:
     def loaded(self, response: httpx.Response) -> Loaded:
         return Loaded(response.status_code, response.headers, response.content)
 
-    async def store(self, key: RequestKey, answer: str) -> None:
+    async def store(self, key: RequestKey, answer: str, ttl: float | None = None) -> None:
+        """``answer`` kept for ``key``, for ``ttl`` seconds (None: the cache's own ttl)."""
         try:
-            await asyncio.to_thread(
-                self.cache.put, key.semantic_text, answer, scope=key.scope
-            )
+            await asyncio.to_thread(self.cache.put, key.semantic_text, answer, scope=key.scope, ttl=ttl)
         except Exception:  # the answer is served either way: a failed store is counted, not fatal
             log.exception("gpucache: storing an answer failed")
             self.metrics.errors.labels("cache").inc()
@@ -331,13 +360,22 @@ class Proxy:
 
     async def passthrough(self, path: str, label: str, request: Request) -> Response:
         """An allow-listed path (passthrough.py), forwarded unchanged and never cached;
-        ``label`` names it in metrics (the rule, never a client's own path)."""
-        forwarded = await self.forward(
-            path, request.method, request.headers, request.url.query, await request.body(), False, "bypass"
-        )
-        outcome: Outcome = (
-            forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)
-        )
+        ``label`` names it in metrics (the rule, never a client's own path). Its body is bounded
+        as a cached endpoint's is, and a header that cannot be forwarded is a 400."""
+        outcome: Outcome
+        refused = unforwardable(request.headers)
+        try:
+            body = b"" if refused else await read_body(request, self.config.max_body_bytes)
+        except TooLarge as exc:
+            refused = Refused(413, str(exc), "request_too_large")
+        except ClientDisconnect:
+            refused = Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
+        if refused is not None:
+            outcome = refused
+        else:
+            forwarded = await self.forward(path, request.method, request.headers, request.url.query, body,
+                                           False, "bypass")
+            outcome = forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)
         self.record(label, outcome)
         return self.respond(None, outcome)
 

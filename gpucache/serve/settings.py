@@ -235,6 +235,8 @@ class ServeSettings:
 
     def _secret(self) -> bytes:
         if self.namespace_secret is not None:
+            if len(self.namespace_secret) < 16:  # refused here, not as a 500 on every request
+                raise ConfigError("namespace_secret must be at least 16 bytes")
             return self.namespace_secret
         configured = os.environ.get(SECRET_ENV)
         if configured:

@@ -56,6 +56,8 @@ class Relay:
     error_event: bool = False  # the upstream ended the stream with an error event
     refused: PassedThrough | None = None  # the upstream answered with an error status
     waited: bool = False  # the wait for the upstream's first event is counted in the exchange
+    headers: Any = None  # the upstream's response headers, relayed with the stream
+    text: list[str] = field(default_factory=list)  # the answer's pieces, as the cache sees them
 
     def drain(self) -> list[bytes]:
         out = list(self.events)
@@ -67,8 +69,10 @@ class Streams:
     """The proxy's streams, counting what they see (a client gone, an upstream cut) in
     ``metrics``; ``keep`` stores a streamed answer that ``may_store`` allows."""
 
-    def __init__(self, metrics: ProxyMetrics, keep: Callable[[RequestKey, str], Awaitable[None]]) -> None:
-        self.metrics, self.keep = metrics, keep
+    def __init__(self, metrics: ProxyMetrics,
+                 keep: Callable[[RequestKey, str, float | None], Awaitable[None]],
+                 lifetime: Callable[[Any], float | None]) -> None:
+        self.metrics, self.keep, self.lifetime = metrics, keep, lifetime
 
     async def closing(self, source: AsyncIterator[bytes], pieces: Any) -> AsyncIterator[bytes]:
         """``source`` to the client; a client gone mid-stream closes the cache's stream, and
@@ -158,4 +162,4 @@ class Streams:
         yield wire.DONE
         if store and may_store(200, "", meta.finish_reason, not meta.unreplayable, ex.control,
                                response.headers):
-            await self.keep(ex.key, "".join(parts))
+            await self.keep(ex.key, "".join(parts), self.lifetime(response.headers))

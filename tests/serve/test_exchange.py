@@ -34,3 +34,16 @@ def test_a_huge_max_age_is_capped_as_rfc_9111_says_and_a_malformed_one_is_a_400(
         refused = CacheControl.parse(bad)
         assert isinstance(refused, Refusal) and refused.status == 400, bad
     assert CacheControl.parse("private, must-revalidate") == CacheControl()  # unknown: ignored
+
+
+def test_the_upstreams_lifetime_is_s_maxage_then_max_age_less_its_age():
+    from gpucache.serve.exchange import upstream_lifetime
+
+    assert upstream_lifetime({"cache-control": "public, max-age=60"}) == 60
+    assert upstream_lifetime({"cache-control": "max-age=60, s-maxage=10"}) == 10  # for shared caches
+    assert upstream_lifetime({"cache-control": "max-age=60", "age": "15"}) == 45
+    assert upstream_lifetime({"cache-control": "max-age=60", "age": "90"}) == 0
+    assert upstream_lifetime({"cache-control": 'max-age="20"'}) == 20
+    for says_nothing in ({}, {"cache-control": "public"}, {"cache-control": "max-age=soon"}, None):
+        assert upstream_lifetime(says_nothing) is None
+    assert upstream_lifetime({"cache-control": "max-age=" + "9" * 40}) == 2**31  # capped, no error

@@ -118,3 +118,114 @@ def test_a_streamed_answer_the_upstream_marks_no_store_is_never_kept(proxy, upst
             assert got.headers["x-gpucache"] == "miss"
             assert "".join(got.iter_lines())
     assert calls_of(upstream, text) == 2
+
+
+def lifetime_proxy(upstream, real_embedder, clock, ttl=None):
+    config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
+    return Served(create_app(config, cache_factory=lambda: SemanticCache(
+        real_embedder, device="cpu", lookup_timeout_seconds=30.0, timer=lambda: clock[0], ttl=ttl)))
+
+
+def tiers(proxy, text, stream):
+    c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-lifetime", max_retries=0)
+    messages = [{"role": "user", "content": text}]
+    if stream:
+        with c.chat.completions.with_streaming_response.create(model="smol", messages=messages,
+                                                                stream=True) as r:
+            list(r.iter_lines())
+            return r.headers["x-gpucache"]
+    return c.chat.completions.with_raw_response.create(model="smol", messages=messages).headers["x-gpucache"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_upstreams_max_age_caps_how_long_an_answer_lives(upstream, real_embedder, stream):
+    clock = [1_000.0]
+    with lifetime_proxy(upstream, real_embedder, clock) as proxy:
+        text = f"What is today's exchange rate? [max-age=30] stream={stream}"
+        assert [tiers(proxy, text, stream) for _ in range(2)] == ["miss", "exact"]
+        clock[0] += 29
+        assert tiers(proxy, text, stream) == "exact"
+        clock[0] += 2  # 31 s after it was stored: past the upstream's 30
+        assert tiers(proxy, text, stream) == "miss"
+
+
+def test_the_caches_ttl_stands_where_it_is_shorter_than_the_upstreams(upstream, real_embedder):
+    clock = [1_000.0]
+    with lifetime_proxy(upstream, real_embedder, clock, ttl=10) as proxy:
+        text = "What is the weather like this hour? [max-age=30]"
+        assert [tiers(proxy, text, False) for _ in range(2)] == ["miss", "exact"]
+        clock[0] += 11
+        assert tiers(proxy, text, False) == "miss"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_miss_keeps_the_upstreams_response_headers_json_or_stream(proxy, stream):
+    c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-headers", max_retries=0)
+    messages = [{"role": "user", "content": f"How many requests may I still send? stream={stream}"}]
+    if stream:
+        with c.chat.completions.with_streaming_response.create(model="smol", messages=messages,
+                                                                stream=True) as r:
+            list(r.iter_lines())
+            headers = r.headers
+    else:
+        headers = c.chat.completions.with_raw_response.create(model="smol", messages=messages).headers
+    assert headers["x-gpucache"] == "miss" and headers["x-ratelimit-remaining-requests"] == "99"
+
+
+# ----------------------------------------------------------------------------- what cannot be sent on
+
+LONE = "\\ud800"  # a JSON escape for half a surrogate pair: valid JSON, not text
+KEY = {"authorization": "Bearer sk-text", "content-type": "application/json"}
+
+
+@pytest.mark.parametrize("field", ["stop", "model", "tool", "metadata", "unknown", "system", "suffix", "prompt"])
+def test_a_lone_surrogate_anywhere_in_the_body_is_a_400_that_reaches_nothing(proxy, upstream, field):
+    text = f"Where can a lone surrogate hide? {field}"
+    before = len(upstream.app.state.calls)
+    messages = [{"role": "user", "content": text}]
+    body = {"model": "smol", "messages": messages}
+    path = "chat/completions"
+    if field in ("stop", "metadata", "unknown"):
+        body[{"unknown": "x_vendor_field"}.get(field, field)] = "MARK" if field != "metadata" else {"k": "MARK"}
+    elif field == "model":
+        body["model"] = "smol-MARK"
+    elif field == "tool":
+        body["tools"] = [{"type": "function", "function": {"name": "look_MARK", "parameters": {}}}]
+    elif field == "system":
+        messages.insert(0, {"role": "system", "content": "Be brief MARK"})
+    else:  # the completions endpoint's prompt and suffix
+        path, body = "completions", {"model": "smol", "prompt": text + (" MARK" if field == "prompt" else "")}
+        if field == "suffix":
+            body["suffix"] = "MARK"
+    import json
+
+    raw = json.dumps(body).replace("MARK", LONE).encode()
+    r = httpx.post(f"{proxy.url}/v1/{path}", content=raw, headers=KEY)
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"]
+    assert len(upstream.app.state.calls) == before
+
+
+@pytest.mark.parametrize("path", ["chat/completions", "embeddings"])
+def test_a_header_value_that_is_not_ascii_is_a_400_not_an_upstream_failure(proxy, upstream, path):
+    before = len(upstream.app.state.calls)
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Say hello in French"}], "input": "x"}
+    r = httpx.post(f"{proxy.url}/v1/{path}", json=body,
+                   headers={"authorization": "Bearer sk-text", "x-note": "caf\xe9".encode("latin-1")})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_header"
+    assert len(upstream.app.state.calls) == before
+
+
+@pytest.mark.parametrize("logprobs", [0, 1, True])
+def test_a_completion_asking_for_logprobs_of_any_count_bypasses_the_cache(proxy, upstream, logprobs):
+    c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-logprobs", max_retries=0)
+    prompt = f"Count the logprobs of this prompt ({logprobs!r})"
+    plain = c.completions.with_raw_response.create(model="smol", prompt=prompt)
+    asked = [c.completions.with_raw_response.create(model="smol", prompt=prompt, logprobs=logprobs)
+             for _ in range(2)]
+    assert plain.headers["x-gpucache"] == "miss"
+    assert [r.headers["x-gpucache"] for r in asked] == ["bypass", "bypass"]
+
+
+def test_a_namespace_secret_shorter_than_16_bytes_is_refused_at_start():
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        ServeSettings(upstream="http://127.0.0.1:9/v1", namespace_secret=b"short")
