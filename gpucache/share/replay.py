@@ -23,16 +23,22 @@ the entry was invalidated, or ``XADD`` a captured ``clear`` again. Three things 
    ``seq`` when the tombstone was made is older than the delete: refused. This compares
    sequences of one writer only, never clocks across machines, so a record put back right
    after its delete is refused as surely as an old one. Where this replica had heard nothing
-   of the record's writer at the tombstone, the record is refused when it was signed more than
-   ``window`` before the delete (any record of a writer silent that long is that old).
+   of the record's writer when the tombstone was made, the record is refused when it was
+   signed more than ``window`` before the delete: a writer that put a record less than a
+   window before a delete had its put read here, unless the delete lies within a window of
+   where this replica began reading (see below), so only records older than that are left
+   to the unknown case; and a record put after the delete was signed after it, give or take
+   the clocks' skew.
 
-A replica that joins (or bootstraps again) learns the writers' sequences and the tombstones
-from the stream's last ``2 * window`` seconds before its join event, applying nothing: a
-replay of any event it could otherwise accept (one signed within the window) finds the
-writer's sequence already past it, and a record deleted within that span is refused at the
-bootstrap. A record deleted earlier than that, put back before a replica joins, is accepted by
-that replica: what it could know of the delete is gone from the stream (or was trimmed, or
-``XDEL``-ed: everything in Redis is the attacker's to remove).
+A replica that joins (or bootstraps again) first reads the stream's last ``3 * window``
+seconds before its join event into the guard, applying nothing (``LEARN_WINDOWS``): a replay of
+any event it could otherwise accept (one signed within the window) finds the writer's sequence
+already past it, and a record deleted in the last ``2 * window`` of that span (where every put
+less than a window older was read too) is refused at the bootstrap. A record deleted earlier,
+put back before a replica joins, is accepted by that replica: what it could know of the delete
+is gone from the stream (trimmed, or ``XDEL``-ed: everything in Redis is the attacker's to
+remove); likewise the deletes a replica never read because the stream was trimmed past it
+while it was away.
 
 Bounded memory: ``max_writers`` writers (the least recently heard is forgotten first; one
 forgotten while it was still within the window raises a floor, and an event of a writer not in
@@ -40,8 +46,10 @@ the table signed at or before the floor is refused, so forgetting never lets a r
 ``max_tombstones`` deletes and clears (the oldest is forgotten first: a record deleted before
 the oldest one kept can be put back; logged once). Each writer keeps, besides its sequence,
 one (tombstone count, sequence) point per sequence change that followed a new tombstone, and
-none older than the oldest tombstone kept: the lookup "where was writer w at tombstone t" is a
-bisection, and no tombstone copies the whole table.
+only those a tombstone kept can ask for (at most about two per tombstone, pruned in amortised
+passes): the lookup "where was writer w at tombstone t" is a bisection, and no tombstone
+copies the whole table. Worst case, writers x tombstones points; in practice a writer holds a
+point for each tombstone made while it was writing.
 
 Unsigned shares (no secret) are not protected and nothing is counted: without a signature
 anyone can write any sequence, so there is nothing to check against.
@@ -61,6 +69,7 @@ from gpucache.keys import prompt_key
 log = logging.getLogger("gpucache.share")
 
 UNKNOWN = -1  # "this replica had heard nothing of the writer at that tombstone"
+LEARN_WINDOWS = 3  # windows of the stream read into the guard before a bootstrap
 
 
 @dataclass(frozen=True)
@@ -148,16 +157,22 @@ class ReplayGuard:
                             self.max_writers, self.window, origin, self._floor)
 
     def _prune(self, writer: _Writer) -> None:
-        """Drop the points no tombstone kept can ask for."""
-        if not self._tombstones:
-            oldest = self._made + 1
-        else:
-            oldest = next(iter(self._tombstones.values()))[0]
-        drop = 0
-        while drop + 1 < len(writer.points) and writer.points[drop + 1][0] < oldest:
-            drop += 1
-        if drop:
-            del writer.points[:drop]
+        """Drop the points no tombstone kept can ask for, once a writer holds more than twice
+        as many as there are tombstones (amortised: one pass over both, both ascending). A
+        point is asked for by the tombstones made after it was set and before the next one
+        was, and the last by every tombstone to come."""
+        points = writer.points
+        if len(points) <= 2 * len(self._tombstones) + 2:
+            return
+        live = [number for number, _ in self._tombstones.values()]  # ascending: see _tombstone
+        kept, j = [], 0
+        for i, (set_at, seq) in enumerate(points):
+            while j < len(live) and live[j] <= set_at:
+                j += 1
+            last = i + 1 == len(points)
+            if last or (j < len(live) and live[j] <= points[i + 1][0]):
+                kept.append((set_at, seq))
+        writer.points = kept
 
     # ----------------------------------------------------------------------------- tombstones
 
@@ -167,7 +182,7 @@ class ReplayGuard:
 
     def cleared(self, scope: str | None, at: float) -> None:
         """A clear of ``scope`` (None: of everything), signed at ``at``, was applied."""
-        self._tombstone(("*",) if scope is None else ("s", scope), at)
+        self._tombstone(("*",) if scope is None else ("s", _scope_key(scope)), at)
 
     def _tombstone(self, key: tuple[object, ...], at: float) -> None:
         with self._lock:
@@ -187,7 +202,7 @@ class ReplayGuard:
         applied here; None where it is not."""
         with self._lock:
             writer = self._writers.get(version.origin)
-            for key in (("k", prompt_key(scope, prompt)), ("s", scope), ("*",)):
+            for key in (("k", prompt_key(scope, prompt)), ("s", _scope_key(scope)), ("*",)):
                 found = self._tombstones.get(key)
                 if found is None:
                     continue
@@ -201,6 +216,12 @@ class ReplayGuard:
                     return (f"sequence {version.seq} of writer {version.origin}, which was at "
                             f"{seq} when a {_what(key)} was applied")
         return None
+
+
+def _scope_key(scope: str) -> bytes:
+    """A scope as a tombstone's key: 16 bytes, however long the scope (the tag apart from
+    deletes' keys is the tuple's first element)."""
+    return prompt_key(scope, "")
 
 
 def _what(key: tuple[object, ...]) -> str:

@@ -10,8 +10,8 @@ the tail. Redis going away stops nothing either: the thread reconnects with back
 With a secret, every signed event goes through the replay guard (replay.py) before it is
 applied, this replica's own included (they are not applied here, but its deletes and clears
 are remembered as tombstones, and a replay of one of them must not make a new tombstone). A
-bootstrap first reads the stream's last ``2 * window`` seconds before its join event into the
-guard, applying nothing, so that the replica knows every writer's sequence and the recent
+bootstrap first reads the stream's last ``LEARN_WINDOWS`` windows before its join event into
+the guard, applying nothing, so that the replica knows every writer's sequence and the recent
 deletes before it reads a record or tails an event.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 from gpucache.cache.replication import Replica, SharedEntry
 from gpucache.share.link import Link
 from gpucache.share.records import Refusal, id_after, text, version_of
-from gpucache.share.replay import Version
+from gpucache.share.replay import LEARN_WINDOWS, Version
 
 BOOTSTRAP_BATCH = 1000  # records read per round trip when a replica bootstraps
 
@@ -100,7 +100,7 @@ class Tail:
         link.count(bootstraps=1)
 
     def _learn(self, start_id: str) -> None:
-        """The stream's events from ``2 * window`` seconds before ``start_id`` up to it, into
+        """The stream's events from ``LEARN_WINDOWS`` windows before ``start_id`` up to it, into
         the replay guard only: the writers' sequences and the deletes and clears (applied
         already, or they would not be in the records the bootstrap reads next). A replay among
         them is passed over uncounted (it was counted, or not, when it was added; a second
@@ -109,7 +109,7 @@ class Tail:
         if guard is None:
             return
         ms = int(start_id.split("-")[0])
-        cursor = f"{max(0, ms - int(2 * guard.window * 1000))}-0"
+        cursor = f"{max(0, ms - int(LEARN_WINDOWS * guard.window * 1000))}-0"
         while True:
             events = link.redis.xrange(link.keys.key("log"), min=cursor, max=start_id, count=BOOTSTRAP_BATCH)
             for event_id, fields in events:

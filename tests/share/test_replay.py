@@ -111,7 +111,23 @@ def test_tombstones_past_the_bound_forget_the_oldest_and_keep_a_bounded_history(
     assert guard.older_than_a_tombstone("s", "prompt 9", v("a", 10)) is not None
     assert guard.older_than_a_tombstone("s", "prompt 7", v("a", 8)) is not None
     assert guard.older_than_a_tombstone("s", "prompt 7", v("a", 9)) is None
-    assert len(guard._writers["a"].points) <= 4  # no point older than the oldest tombstone kept
+    assert len(guard._writers["a"].points) <= 2 * 3 + 2
+
+
+def test_a_writers_points_stay_bounded_by_the_tombstones_kept():
+    """One delete kept from long ago, then thousands of deletes of one key, each after a put:
+    the writer keeps a few points, and each tombstone still knows where it stood."""
+    guard = ReplayGuard(window=60)
+    guard.admit(v("a", 1), NOW_MS)
+    guard.deleted("s", "deleted long ago", NOW)
+    for seq in range(2, 5000):
+        guard.admit(v("a", seq), NOW_MS)
+        guard.deleted("s", "deleted again and again", NOW)
+    assert len(guard._writers["a"].points) <= 2 * len(guard) + 2 == 6
+    assert guard.older_than_a_tombstone("s", "deleted long ago", v("a", 1)) is not None
+    assert guard.older_than_a_tombstone("s", "deleted long ago", v("a", 2)) is None
+    assert guard.older_than_a_tombstone("s", "deleted again and again", v("a", 4999)) is not None
+    assert guard.older_than_a_tombstone("s", "deleted again and again", v("a", 5000)) is None
 
 
 @pytest.mark.parametrize("window", [0, -1, float("nan"), float("inf")])
