@@ -130,6 +130,33 @@ def test_a_writers_points_stay_bounded_by_the_tombstones_kept():
     assert guard.older_than_a_tombstone("s", "deleted again and again", v("a", 5000)) is None
 
 
+def test_the_record_a_put_event_names_is_applied_an_older_one_refused_a_newer_one_passed_over():
+    """The tail's rule for the record a put event names (``Link._judge``): that very version
+    applies as the stream orders it; an older one of the same writer is a record put back;
+    a newer one, or another writer's, is left to its own event."""
+    import numpy as np
+
+    from gpucache.share.link import Link
+    from gpucache.share.records import as_bytes, entry_fields
+
+    def record(origin, seq):
+        fields = entry_fields("s", "p", "r", 1e12, "m", 4, np.zeros(4, "<f4").tobytes(), origin,
+                              repr(NOW), seq)
+        return {k.encode(): as_bytes(x) for k, x in Signer(SECRET).signed(fields).items()}
+
+    guard = ReplayGuard(window=60)
+    assert Link._judge(guard, record("a", 5), v("a", 5)) is None
+    assert Link._judge(guard, record("a", 4), v("a", 5)).kind == "replayed"
+    assert Link._judge(guard, record("a", 6), v("a", 5)).kind == "superseded"
+    assert Link._judge(guard, record("b", 1), v("a", 5)).kind == "superseded"
+    assert Link._judge(guard, record("a", 4), None) is None  # a fetch: no tombstone, no event
+    guard.admit(v("a", 5), NOW_MS)
+    guard.admit(v("b", 1), NOW_MS)
+    guard.deleted("s", "p", NOW)
+    assert Link._judge(guard, record("a", 4), None).kind == "replayed"
+    assert Link._judge(guard, record("b", 1), v("a", 9)).kind == "replayed"  # older than the delete
+
+
 @pytest.mark.parametrize("window", [0, -1, float("nan"), float("inf")])
 def test_the_window_is_checked(window):
     with pytest.raises(ValueError, match="replay_window"):
