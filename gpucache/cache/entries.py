@@ -7,12 +7,18 @@ by ``prompt_key(scope, prompt)`` for the exact tier, and by row for the semantic
 Expiry has one owner, the index: each row carries its expiry time, which the scan masks on and
 which the exact tier reads back through ``index.expires_at(row)``. An entry keeps no copy.
 
+Capacity counts both entries (``limit``) and the memory their texts hold (``text_limit``: the
+prompts' and responses' string sizes): one 8 MB prompt costs what thousands of questions do, so
+a count alone lets a few large prompts take gigabytes. Past either bound the least recently
+used go; an entry larger than the whole text budget is not stored (``refusals["too-large"]``).
+
 Every method is called with the cache's lock held; nothing here computes an embedding.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,14 +40,24 @@ class Entry:
     # when this response was stored, on the cache's clock; -inf where unknown (restored from a
     # snapshot or another replica), which reads as too old for any freshness limit
     stored_at: float = -math.inf
+    size: int = 0  # the memory its prompt and response hold (``text_size``), counted by the table
+
+
+def text_size(prompt: str, response: str) -> int:
+    """The memory two texts hold as Python strings (O(1): the objects know their size)."""
+    return sys.getsizeof(prompt) + sys.getsizeof(response)
 
 
 class EntryTable:
-    """Entries in LRU order over a ``VectorIndex``; at most ``limit`` of them."""
+    """Entries in LRU order over a ``VectorIndex``; at most ``limit`` of them, their texts at
+    most ``text_limit`` bytes (None: no bound)."""
 
-    def __init__(self, index: VectorIndex, limit: int, stats: StatsCounter) -> None:
+    def __init__(self, index: VectorIndex, limit: int, stats: StatsCounter,
+                 text_limit: int | None = None) -> None:
         self.index = index
         self.limit = limit
+        self.text_limit = text_limit
+        self.text_bytes = 0  # the sum of the entries' sizes
         self.stats = stats
         self._entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
         self._by_row: dict[int, Entry] = {}
@@ -103,11 +119,23 @@ class EntryTable:
             if entry is None:
                 fresh.append(i)
                 continue
+            size = text_size(prompt, response)
+            if self.text_limit is not None and size > self.text_limit:
+                self.drop([entry])  # the old answer must not stand in for the new one
+                self.stats.refusals["too-large"] += 1
+                continue
             updated += 1
+            self.text_bytes += size - entry.size
+            entry.size = size
             entry.response = response
             entry.stored_at = now
             self.index.set_expiry([entry.row], [expires_at])
             self.touch(entry)
+        if self.text_limit is not None:
+            fits = [i for i in fresh if text_size(*items[i]) <= self.text_limit]
+            if len(fits) < len(fresh):
+                self.stats.refusals["too-large"] += len(fresh) - len(fits)
+            fresh = fits
         fresh = fresh[-self.limit :]  # more than fit: the earliest would be evicted at once
         if fresh:
             self._make_room(len(fresh), now)
@@ -117,8 +145,22 @@ class EntryTable:
             for i, row in zip(fresh, rows):
                 prompt, response = items[i]
                 self._insert(Entry(prompt_key(scope, prompt), scope, prompt, response, row, now))
+        self.trim_text()
         self.stats.stores += updated + len(fresh)
         return updated + len(fresh)
+
+    def trim_text(self) -> None:
+        """Evict the least recently used until the texts fit ``text_limit``."""
+        if self.text_limit is None or self.text_bytes <= self.text_limit:
+            return
+        victims, freed = [], 0
+        for entry in self._entries.values():
+            if self.text_bytes - freed <= self.text_limit:
+                break
+            victims.append(entry)
+            freed += entry.size
+        self.drop(victims)
+        self.stats.evictions += len(victims)
 
     def restore(
         self, scope: str, items: Sequence[tuple[str, str]], vectors: torch.Tensor,
@@ -155,6 +197,7 @@ class EntryTable:
         if scope is None:
             self._entries.clear()
             self._by_row.clear()
+            self.text_bytes = 0
             self.index.clear()
         else:
             self.drop([e for e in self._entries.values() if e.scope == scope])
@@ -168,9 +211,12 @@ class EntryTable:
         for entry in entries:
             del self._entries[entry.key]
             del self._by_row[entry.row]
+            self.text_bytes -= entry.size
         self.index.remove([e.row for e in entries])
 
     def _insert(self, entry: Entry) -> None:
+        entry.size = text_size(entry.prompt, entry.response)
+        self.text_bytes += entry.size
         self._entries[entry.key] = entry
         self._by_row[entry.row] = entry
 

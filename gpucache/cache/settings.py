@@ -50,6 +50,11 @@ class CacheSettings:
     capacity: int = _setting(
         DEFAULT_CAPACITY, "most entries kept; a full cache evicts the least recently used"
     )
+    max_text_bytes: int | None = _setting(
+        2**30, "most memory the entries' prompts and responses may hold (their string sizes); past "
+        "it the least recently used are evicted, and an entry larger than all of it is not stored "
+        "(`None`: entries alone bound it)", shown="`1 GiB`",
+    )
     ttl: float | None = _setting(
         None, "default seconds an entry lives (`None`: until evicted); `put(..., ttl=)` overrides"
     )
@@ -100,6 +105,8 @@ class CacheSettings:
         check_positive_int(self.top_k, "top_k")
         check_positive_int(self.capacity, "capacity")
         check_ttl(self.ttl)
+        if self.max_text_bytes is not None:
+            check_positive_int(self.max_text_bytes, "max_text_bytes")
         check_positive_int(self.replay_chunk_chars, "replay_chunk_chars")
         check_quantization(self.quantization)
         if self.max_device_bytes is not None:

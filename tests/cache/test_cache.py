@@ -372,6 +372,32 @@ def test_a_batch_larger_than_capacity_keeps_the_last_entries(fake_embedder):
     assert len(cache) == 2 and cache.get("p3").response == "3"
 
 
+def test_capacity_also_bounds_the_memory_the_texts_hold(fake_embedder, clock):
+    """Four entries of about 4 KB each under a 10 KB text budget: the least recently used go,
+    however few entries there are, and one larger than the whole budget is never stored."""
+    cache = SemanticCache(fake_embedder, max_text_bytes=10_000, device="cpu", timer=clock, threshold=0.8)
+    for n in range(4):
+        cache.put(f"prompt {n} " + "x" * 4_000, f"answer {n}")
+    kept = [n for n in range(4) if cache.get(f"prompt {n} " + "x" * 4_000) is not None]
+    assert kept == [2, 3] and cache.stats().evictions == 2
+    assert cache.put("a huge prompt " + "y" * 20_000, "a short answer") is False
+    assert cache.stats().refusals["too-large"] == 1 and len(cache) == 2
+    cache.put("prompt 3 " + "x" * 4_000, "a new answer " + "z" * 3_000)  # a bigger update evicts too
+    assert cache.get("prompt 2 " + "x" * 4_000) is None and len(cache) == 1
+    cache.put("prompt 3 " + "x" * 4_000, "z" * 9_000)  # an update past the budget: the entry goes
+    assert len(cache) == 0 and cache.stats().refusals["too-large"] == 2
+
+
+def test_a_snapshot_restored_under_a_smaller_text_budget_keeps_the_most_recent(fake_embedder, tmp_path):
+    big = SemanticCache(fake_embedder, device="cpu", threshold=0.8)
+    for n in range(4):
+        big.put(f"prompt {n} " + "x" * 4_000, f"answer {n}")
+    big.save(tmp_path / "c.gpucache")
+    small = SemanticCache.load(tmp_path / "c.gpucache", embedder=fake_embedder, device="cpu",
+                               max_text_bytes=10_000)
+    assert [n for n in range(4) if small.get(f"prompt {n} " + "x" * 4_000) is not None] == [2, 3]
+
+
 # --------------------------------------------------------------------- upkeep
 
 

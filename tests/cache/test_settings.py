@@ -18,6 +18,7 @@ NON_DEFAULT = {
     "threshold": 0.9,
     "top_k": 3,
     "capacity": 500,
+    "max_text_bytes": 2**20,
     "ttl": 60.0,
     "replay_chunk_chars": 7,
     "quantization": "int8",
