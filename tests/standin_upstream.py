@@ -41,6 +41,12 @@ def answer_to(text: str) -> str:
     return f"The answer to '{text}' is forty-two."
 
 
+async def hung_up(request: Request) -> None:
+    """Returns when the caller has closed its connection (its body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def make_upstream(token_delay: float = 0.0) -> Starlette:
     calls: list[tuple[str, str]] = []
     checks: list[str] = []  # the bearer key of each GET /v1/models
@@ -88,7 +94,16 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         if "[stall]" in text:
             await asyncio.sleep(60)  # stall: only the client giving up ends this
         if "[drip]" in text and not body.get("stream"):
-            await drip.wait()  # held until POST /control/drip, so that requests overlap
+            # held until POST /control/drip, so that requests overlap; a caller that hangs up
+            # meanwhile (the proxy cancelling its request) sets ``closed``
+            released = asyncio.ensure_future(drip.wait())
+            gone = asyncio.ensure_future(hung_up(request))
+            await asyncio.wait((released, gone), return_when=asyncio.FIRST_COMPLETED)
+            released.cancel()
+            gone.cancel()
+            if not drip.is_set():
+                closed.set()
+                return Response(status_code=499)
         if "[slow]" in text:
             await asyncio.sleep(0.2)  # stall: a model's generation time, so requests overlap
         finish = "length" if "[length]" in text else ("tool_calls" if "[tool]" in text else "stop")

@@ -153,6 +153,8 @@ class Exchange:
     # seconds spent waiting on the upstream before the answer's headers were sent: the rest of
     # the exchange's time is the proxy's own (``x-gpucache-overhead-ms``)
     timing: dict[str, float] = field(default_factory=lambda: {"upstream": 0.0}, compare=False)
+    holder: str = ""  # whose credentials it carries (tenancy.Identity.holder): its share of slots
+    receive: Any = field(default=None, compare=False)  # the ASGI receive: whether the client is still there
 
     def waited_upstream(self, seconds: float) -> None:
         self.timing["upstream"] += seconds

@@ -112,7 +112,8 @@ class Intake:
             return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
         except BadRequest as exc:
             return Refused(400, str(exc), "invalid_request", exc.param)
-        return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control)
+        return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control,
+                        holder=identity.holder, receive=request.receive)
 
     def forget(self, holder: str) -> None:
         """Drop ``holder``'s verdict (``/admin/revoke``): its next request is checked again."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -85,6 +85,12 @@ def storable(kind: str, response: Any, control: CacheControl) -> str | None:
     return text if allowed else None
 
 
+async def disconnected(receive: Callable[[], Awaitable[Any]]) -> None:
+    """Returns when the client has hung up (the ASGI ``http.disconnect``), the body read."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 class Proxy:
     def __init__(
         self, config: ServeSettings, cache: SemanticCache, upstream: Upstream, metrics: ProxyMetrics
@@ -92,6 +98,7 @@ class Proxy:
         self.config, self.cache, self.upstream, self.metrics = config, cache, upstream, metrics
         self.storing: set[asyncio.Task[None]] = set()  # answers being stored after they were sent
         self.busy = 0  # requests past the exact tier now (admit)
+        self.holding: dict[str, int] = {}  # of those, each credential's (its share, admit)
         self.streams = Streams(metrics, self.store, self.shorter_lived)
         self.intake = Intake(config, upstream)
 
@@ -111,24 +118,58 @@ class Proxy:
     # ------------------------------------------------------------------------- run
 
     async def admit(self, ex: Exchange) -> Outcome:
-        """``run``, for at most ``max_concurrency`` requests past the exact tier at a time
-        (waiting on a lookup or on the upstream, until the answer's headers); past the bound a
-        request is shed at once (503, Retry-After) rather than queued behind a saturated
-        embedder. An exact repeat is always taken: it is answered on the loop, costs no lookup
-        slot, and never times out. Why shed instead of queueing: a queue longer than the lookup
-        deadline only turns waits into timeouts; a 503 with Retry-After lets the client (the
-        OpenAI clients honour it) or a balancer send the request where there is room."""
-        if self.busy >= self.config.max_concurrency:
-            repeat = ex.key.bypass is None and ex.control.reads and self.cache.may_hold(
-                ex.key.semantic_text, scope=ex.key.scope)
+        """``run``, for at most ``max_concurrency`` requests past the exact tier at a time, and
+        at most ``max_tenant_concurrency`` of one credential's (waiting on a lookup or on the
+        upstream, until the answer's headers); past either bound a request is shed at once
+        (503, Retry-After) rather than queued behind a saturated embedder. An exact repeat is
+        always taken: it is answered on the loop, costs no slot, and never times out. Why shed
+        instead of queueing: a queue longer than the lookup deadline only turns waits into
+        timeouts; a 503 with Retry-After lets the client (the OpenAI clients honour it) or a
+        balancer send the request where there is room. Why a share per credential: without it
+        one key's burst takes every slot and every other tenant is shed."""
+        repeat = ex.key.bypass is None and ex.control.reads and self.cache.may_hold(
+            ex.key.semantic_text, scope=ex.key.scope)
+        share = self.config.max_tenant_concurrency
+        if self.busy >= self.config.max_concurrency or (
+                share is not None and self.holding.get(ex.holder, 0) >= share):
             if not repeat:
                 return Shed(self.config.retry_after)
             return await self.run(ex)  # answered on the loop: it holds no slot
         self.busy += 1
+        self.holding[ex.holder] = self.holding.get(ex.holder, 0) + 1
         try:
-            return await self.run(ex)
+            if repeat:
+                return await self.run(ex)
+            return await self.unless_gone(ex, self.run(ex))
         finally:
             self.busy -= 1
+            left = self.holding.pop(ex.holder) - 1
+            if left:
+                self.holding[ex.holder] = left
+
+    async def unless_gone(self, ex: Exchange, work: Awaitable[Outcome]) -> Outcome:
+        """``work``'s outcome, or, where the client hangs up first, ``work`` cancelled (its
+        upstream request with it: httpx closes the connection, and a model server stops
+        generating) and a 499: the slot is free at once, not when the upstream would have
+        finished. Requests that joined this one's load then load their own (``LoadAbandoned``).
+        An exact repeat is not watched: it is answered before a watch could matter."""
+        running = asyncio.ensure_future(work)
+        watching = asyncio.ensure_future(disconnected(ex.receive))
+        try:
+            await asyncio.wait((running, watching), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        if running.done():
+            return running.result()
+        running.cancel()
+        try:
+            await running
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # this request's own task is being cancelled (shutdown): not the client
+        except Exception:  # noqa: BLE001 - what the cancelled work raised on its way out
+            log.debug("gpucache: a request whose client hung up ended with an error", exc_info=True)
+        return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
 
     async def run(self, ex: Exchange) -> Outcome:
         if ex.key.bypass is not None:

@@ -119,6 +119,10 @@ class ServeSettings:
         512, "most requests past the exact tier at once (waiting on a lookup or the upstream); past "
         "it a request is answered 503 with Retry-After, and exact repeats are still served"
     )
+    max_tenant_concurrency: int | None = _option(
+        None, "most of those one credential may hold at once (its share; past it its requests are "
+        "shed, others' are not); none: no share, one key's burst may take every slot"
+    )
     retry_after: int = _option(1, "seconds a shed request is told to wait (Retry-After)")
     grace: float = _option(30.0, "seconds in-flight requests get to finish at shutdown")
     log_level: str = _option("info", "uvicorn's log level")
@@ -211,6 +215,8 @@ class ServeSettings:
                 raise ConfigError(str(exc)) from exc
         if not self.auth_ttl >= 0:
             raise ConfigError(f"auth_ttl must be >= 0, got {self.auth_ttl!r}")
+        if self.max_tenant_concurrency is not None and self.max_tenant_concurrency < 1:
+            raise ConfigError("max_tenant_concurrency must be >= 1 or none")
         if self.max_concurrency < 1 or self.retry_after < 0:
             raise ConfigError("max_concurrency must be >= 1 and retry_after >= 0")
         if not self.grace >= 0:

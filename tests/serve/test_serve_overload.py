@@ -64,3 +64,56 @@ def test_past_max_concurrency_requests_are_shed_and_repeats_still_served(real_em
             metrics = httpx.get(f"{proxy.url}/metrics").text
             assert 'gpucache_errors_total{kind="shed"} 1.0' in metrics
             assert 'gpucache_requests_total{endpoint="chat/completions",outcome="shed"} 1.0' in metrics
+
+
+def raw_request(url: str, text: str, key: str = "k"):
+    """A chat request sent on a socket of its own, which the caller closes to hang up."""
+    import json
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "smol", "messages": [{"role": "user", "content": text}]}).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 + f"authorization: Bearer {key}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
+def test_a_client_that_hangs_up_frees_its_slot_and_cancels_its_upstream_request(real_embedder):
+    with Served(make_upstream()) as upstream:
+        config = ServeSettings(upstream=f"{upstream.url}/v1", max_concurrency=1, retry_after=0)
+        app = create_app(config, cache_factory=lambda: SemanticCache(
+            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        with Served(app) as proxy:
+            sock = raw_request(proxy.url, "[drip] A question whose asker leaves")
+            arrived = upstream.app.state.arrived
+            with arrived:  # the held request has reached the upstream: the one slot is taken
+                assert arrived.wait_for(lambda: len(upstream.app.state.calls) == 1, timeout=60)
+            sock.close()
+            # the proxy cancels its upstream request: the upstream sees its caller go
+            assert upstream.app.state.closed.wait(30)
+            # and the slot is free long before the upstream would have answered (it never does:
+            # nothing releases it); a shed answer here would mean the slot was still held
+            answered = ask(proxy.url, "A question after the first asker left", retries=3)
+            assert answered.headers["x-gpucache"] == "miss"
+
+
+def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
+    with Served(make_upstream()) as upstream:
+        config = ServeSettings(upstream=f"{upstream.url}/v1", max_concurrency=8, max_tenant_concurrency=1)
+        app = create_app(config, cache_factory=lambda: SemanticCache(
+            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        with Served(app) as proxy:
+            sock = raw_request(proxy.url, "[drip] The greedy key's first question", key="sk-greedy")
+            arrived = upstream.app.state.arrived
+            with arrived:
+                assert arrived.wait_for(lambda: len(upstream.app.state.calls) == 1, timeout=60)
+            greedy = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-greedy", max_retries=0)
+            with pytest.raises(openai.APIStatusError) as shed:
+                greedy.chat.completions.create(model="smol", messages=[
+                    {"role": "user", "content": "The greedy key's second question"}])
+            assert shed.value.status_code == 503 and shed.value.body["code"] == "overloaded"
+            # another key still has room
+            assert ask(proxy.url, "Another key's question meanwhile").headers["x-gpucache"] == "miss"
+            httpx.post(f"{upstream.url}/control/drip")
+            sock.close()
