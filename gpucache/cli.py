@@ -228,6 +228,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from gpucache.serve.app import create_app
+        from gpucache.serve.connections import header_deadline
     except ImportError as exc:
         print(f"gpucache serve needs the serve extra ({exc.name} is missing): "
               "pip install 'gpucache[serve]'", file=sys.stderr)
@@ -238,7 +239,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"gpucache serve: {exc}", file=sys.stderr)
         return 2
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
-                timeout_graceful_shutdown=config.grace)
+                timeout_graceful_shutdown=config.grace, http=header_deadline(config.header_timeout))
     return 0
 
 

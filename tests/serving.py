@@ -16,9 +16,9 @@ __all__ = ["Served", "answer_to", "free_port", "make_upstream"]
 class Served:
     """An ASGI app under a real uvicorn server, in a thread, on a free 127.0.0.1 port. The
     socket is bound and listening before the thread starts, so clients may connect at once;
-    their requests wait for the app's start-up."""
+    their requests wait for the app's start-up. ``options`` go to ``uvicorn.Config``."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **options: Any) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -27,7 +27,7 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = app
         self.server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+            uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, **options)
         )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -124,6 +124,11 @@ class ServeSettings:
         "shed, others' are not); none: no share, one key's burst may take every slot"
     )
     retry_after: int = _option(1, "seconds a shed request is told to wait (Retry-After)")
+    header_timeout: float = _option(
+        10.0, "seconds a connection has to send a request's headers, from its opening or the "
+        "request's first byte; a slower one is closed (a client trickling headers holds a "
+        "connection for nothing)"
+    )
     grace: float = _option(30.0, "seconds in-flight requests get to finish at shutdown")
     log_level: str = _option("info", "uvicorn's log level")
     max_body_bytes: int = _option(8 * 2**20, "a larger request body is refused with 413")
@@ -219,6 +224,8 @@ class ServeSettings:
             raise ConfigError("max_tenant_concurrency must be >= 1 or none")
         if self.max_concurrency < 1 or self.retry_after < 0:
             raise ConfigError("max_concurrency must be >= 1 and retry_after >= 0")
+        if not self.header_timeout > 0:
+            raise ConfigError(f"header_timeout must be > 0, got {self.header_timeout!r}")
         if not self.grace >= 0:
             raise ConfigError(f"grace must be >= 0, got {self.grace!r}")
         if self.max_body_bytes < 1024:

@@ -117,3 +117,38 @@ def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
             assert ask(proxy.url, "Another key's question meanwhile").headers["x-gpucache"] == "miss"
             httpx.post(f"{upstream.url}/control/drip")
             sock.close()
+
+
+def test_a_connection_that_trickles_or_withholds_its_headers_is_closed_and_others_are_not(real_embedder):
+    """The slowloris attack: connections that send nothing, or half a request head, are closed
+    after ``header_timeout``; a request whose answer takes longer than that is not cut."""
+    import socket
+
+    from gpucache.serve.connections import header_deadline
+
+    with Served(make_upstream()) as upstream:
+        config = ServeSettings(upstream=f"{upstream.url}/v1")
+        app = create_app(config, cache_factory=lambda: SemanticCache(
+            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        protocol = header_deadline(0.3)
+        with Served(app, http=protocol) as proxy:
+            held: dict[str, object] = {}
+            asker = threading.Thread(target=lambda: held.update(
+                r=ask(proxy.url, "[drip] A question that outlives the header deadline")))
+            asker.start()
+            arrived = upstream.app.state.arrived
+            with arrived:  # its headers were complete long ago: it is past the deadline's reach
+                assert arrived.wait_for(lambda: len(upstream.app.state.calls) == 1, timeout=60)
+            silent = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(3)]
+            trickling = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(2)]
+            for sock in trickling:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and no more
+            for sock in silent + trickling:
+                sock.settimeout(30)
+                assert sock.recv(1024) == b""  # the server closed it
+                sock.close()
+            assert protocol.closed_slow == 5
+            httpx.post(f"{upstream.url}/control/drip")
+            asker.join(60)
+            assert held["r"].headers["x-gpucache"] == "miss"  # the slow answer was not cut
+            assert ask(proxy.url, "A prompt question after all that").headers["x-gpucache"] == "miss"
