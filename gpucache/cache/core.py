@@ -102,7 +102,7 @@ class CacheCore:
         self.counters = StatsCounter()
         # the most entries kept: the capacity, or fewer where the device budget says so
         limit = min(s.capacity, self.store.max_rows or s.capacity)
-        self.table = EntryTable(self.store, limit, self.counters, s.max_text_bytes)
+        self.table = EntryTable(self.store, limit, self.counters, s.max_text_bytes, s.tenant_capacity)
         self.flights: SingleFlight[bytes, str] = SingleFlight()
         # where an async exact lookup waits for the lock a scan holds: one thread of its own,
         # so a repeat never queues behind the embedder's batches in the shared pool
@@ -215,6 +215,7 @@ class CacheCore:
                 restored.update(zip(items, entries))
             self.table.reorder([restored[i] for i in live])  # least recently used stays first
             self.table.trim_text()
+            self.table.trim_tenants()
             self.counters = StatsCounter.from_json(snapshot.stats)
             self.counters.expirations += len(snapshot.entries) - len(live)
             self.table.stats = self.counters

@@ -11,6 +11,10 @@ Capacity counts both entries (``limit``) and the memory their texts hold (``text
 prompts' and responses' string sizes): one 8 MB prompt costs what thousands of questions do, so
 a count alone lets a few large prompts take gigabytes. Past either bound the least recently
 used go; an entry larger than the whole text budget is not stored (``refusals["too-large"]``).
+With ``tenant_limit``, one tenant (a scope's part before its first "/": the server's scopes
+begin with the tenant) keeps at most that many entries, its own least recently used going
+first, so one key's junk evicts its own entries and no one else's. A scope's id is dropped with
+its last entry, so the table of scopes holds only scopes with entries.
 
 Every method is called with the cache's lock held; nothing here computes an embedding.
 """
@@ -43,6 +47,11 @@ class Entry:
     size: int = 0  # the memory its prompt and response hold (``text_size``), counted by the table
 
 
+def tenant_of(scope: str) -> str:
+    """A scope's tenant: its part before the first "/" (the whole scope where there is none)."""
+    return scope.split("/", 1)[0]
+
+
 def text_size(prompt: str, response: str) -> int:
     """The memory two texts hold as Python strings (O(1): the objects know their size)."""
     return sys.getsizeof(prompt) + sys.getsizeof(response)
@@ -53,15 +62,20 @@ class EntryTable:
     most ``text_limit`` bytes (None: no bound)."""
 
     def __init__(self, index: VectorIndex, limit: int, stats: StatsCounter,
-                 text_limit: int | None = None) -> None:
+                 text_limit: int | None = None, tenant_limit: int | None = None) -> None:
         self.index = index
         self.limit = limit
         self.text_limit = text_limit
+        self.tenant_limit = tenant_limit
         self.text_bytes = 0  # the sum of the entries' sizes
         self.stats = stats
         self._entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
         self._by_row: dict[int, Entry] = {}
-        self._scope_ids: dict[str, int] = {}
+        self._scope_ids: dict[str, int] = {}  # scopes with entries, and their ids in the index
+        self._scope_sizes: dict[str, int] = {}
+        self._next_scope = 0  # ids are never reused: a stale id finds no rows
+        # each tenant's entries in LRU order, where ``tenant_limit`` is set
+        self._tenants: dict[str, OrderedDict[bytes, None]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,8 +84,13 @@ class EntryTable:
         """Least recently used first."""
         return iter(list(self._entries.values()))
 
+    @property
+    def scopes(self) -> int:
+        """How many scopes hold entries (a scope is forgotten with its last entry)."""
+        return len(self._scope_ids)
+
     def scope_id(self, scope: str) -> int | None:
-        """The index's id for ``scope``; None when nothing was ever stored in it."""
+        """The index's id for ``scope``; None when it holds no entry."""
         return self._scope_ids.get(scope)
 
     def at_row(self, row: int) -> Entry:
@@ -85,6 +104,15 @@ class EntryTable:
 
     def touch(self, entry: Entry) -> None:
         self._entries.move_to_end(entry.key)
+        if self.tenant_limit is not None:
+            self._tenants[tenant_of(entry.scope)].move_to_end(entry.key)
+
+    def _scope_id(self, scope: str) -> int:
+        found = self._scope_ids.get(scope)
+        if found is None:
+            found = self._scope_ids[scope] = self._next_scope
+            self._next_scope += 1
+        return found
 
     def may_hold(self, scope: str, prompt: str) -> bool:
         """Whether an entry is filed under exactly (scope, prompt), perhaps expired: one dict
@@ -137,9 +165,17 @@ class EntryTable:
                 self.stats.refusals["too-large"] += len(fresh) - len(fits)
             fresh = fits
         fresh = fresh[-self.limit :]  # more than fit: the earliest would be evicted at once
+        if fresh and self.tenant_limit is not None:
+            fresh = fresh[-self.tenant_limit :]
+            own: OrderedDict[bytes, None] = self._tenants.get(tenant_of(scope), OrderedDict())
+            excess = len(own) + len(fresh) - self.tenant_limit
+            if excess > 0:
+                victims = [self._entries[key] for _, key in zip(range(excess), own)]
+                self.drop(victims)
+                self.stats.evictions += len(victims)
         if fresh:
             self._make_room(len(fresh), now)
-            scope_id = self._scope_ids.setdefault(scope, len(self._scope_ids))
+            scope_id = self._scope_id(scope)
             index = torch.tensor(fresh, dtype=torch.int64, device=vectors.device)
             rows = self.index.add(vectors[index], scope_id, [expires_at] * len(fresh))
             for i, row in zip(fresh, rows):
@@ -167,7 +203,7 @@ class EntryTable:
         expires_at: Sequence[float],
     ) -> list[Entry]:
         """Entries read back from a snapshot, in the order given (least recently used first)."""
-        scope_id = self._scope_ids.setdefault(scope, len(self._scope_ids))
+        scope_id = self._scope_id(scope)
         rows = self.index.add(vectors, scope_id, expires_at)
         entries = [Entry(prompt_key(scope, p), scope, p, r, row) for (p, r), row in zip(items, rows)]
         for entry in entries:
@@ -177,7 +213,18 @@ class EntryTable:
     def reorder(self, entries: Sequence[Entry]) -> None:
         """Put ``entries`` in this recency order, least recently used first."""
         for entry in entries:
-            self._entries.move_to_end(entry.key)
+            self.touch(entry)
+
+    def trim_tenants(self) -> None:
+        """Evict each tenant's least recently used past ``tenant_limit`` (after a restore)."""
+        if self.tenant_limit is None:
+            return
+        for own in list(self._tenants.values()):
+            excess = len(own) - self.tenant_limit
+            if excess > 0:
+                victims = [self._entries[key] for _, key in zip(range(excess), own)]
+                self.drop(victims)
+                self.stats.evictions += len(victims)
 
     def purge_expired(self, now: float) -> int:
         rows = self.index.expired_rows(now)
@@ -198,6 +245,9 @@ class EntryTable:
             self._entries.clear()
             self._by_row.clear()
             self.text_bytes = 0
+            self._scope_ids.clear()
+            self._scope_sizes.clear()
+            self._tenants.clear()
             self.index.clear()
         else:
             self.drop([e for e in self._entries.values() if e.scope == scope])
@@ -212,11 +262,24 @@ class EntryTable:
             del self._entries[entry.key]
             del self._by_row[entry.row]
             self.text_bytes -= entry.size
+            left = self._scope_sizes[entry.scope] - 1
+            if left:
+                self._scope_sizes[entry.scope] = left
+            else:  # its last entry: the scope is forgotten, and its id with it
+                del self._scope_sizes[entry.scope], self._scope_ids[entry.scope]
+            if self.tenant_limit is not None:
+                own = self._tenants[tenant_of(entry.scope)]
+                del own[entry.key]
+                if not own:
+                    del self._tenants[tenant_of(entry.scope)]
         self.index.remove([e.row for e in entries])
 
     def _insert(self, entry: Entry) -> None:
         entry.size = text_size(entry.prompt, entry.response)
         self.text_bytes += entry.size
+        self._scope_sizes[entry.scope] = self._scope_sizes.get(entry.scope, 0) + 1
+        if self.tenant_limit is not None:
+            self._tenants.setdefault(tenant_of(entry.scope), OrderedDict())[entry.key] = None
         self._entries[entry.key] = entry
         self._by_row[entry.row] = entry
 

@@ -55,6 +55,11 @@ class CacheSettings:
         "it the least recently used are evicted, and an entry larger than all of it is not stored "
         "(`None`: entries alone bound it)", shown="`1 GiB`",
     )
+    tenant_capacity: int | None = _setting(
+        None, "most entries one tenant keeps (a scope's part before its first `/`, as a server's "
+        "scopes begin with the tenant); past it that tenant's least recently used go, no one "
+        "else's. `None`: one LRU for all, which keeps what is used most whoever asked it",
+    )
     ttl: float | None = _setting(
         None, "default seconds an entry lives (`None`: until evicted); `put(..., ttl=)` overrides"
     )
@@ -107,6 +112,8 @@ class CacheSettings:
         check_ttl(self.ttl)
         if self.max_text_bytes is not None:
             check_positive_int(self.max_text_bytes, "max_text_bytes")
+        if self.tenant_capacity is not None:
+            check_positive_int(self.tenant_capacity, "tenant_capacity")
         check_positive_int(self.replay_chunk_chars, "replay_chunk_chars")
         check_quantization(self.quantization)
         if self.max_device_bytes is not None:

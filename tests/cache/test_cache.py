@@ -388,6 +388,36 @@ def test_capacity_also_bounds_the_memory_the_texts_hold(fake_embedder, clock):
     assert len(cache) == 0 and cache.stats().refusals["too-large"] == 2
 
 
+def test_one_tenants_junk_evicts_its_own_entries_and_no_one_elses(fake_embedder, clock):
+    cache = SemanticCache(fake_embedder, capacity=100, tenant_capacity=5, device="cpu", timer=clock,
+                          threshold=0.8)
+    cache.warm([(f"team question {n}", "a") for n in range(5)], scope="key:team/ns:x")
+    for n in range(50):
+        cache.put(f"junk {n}", "j", scope=f"key:mallory/q:{n % 7}")  # across many of its scopes
+    assert all(cache.get(f"team question {n}", scope="key:team/ns:x") for n in range(5))
+    mallory = [n for n in range(50) if cache.get(f"junk {n}", scope=f"key:mallory/q:{n % 7}")]
+    assert mallory == list(range(45, 50)) and len(cache) == 10
+    # without a tenant capacity, one LRU for all: the same junk pushes the team out
+    shared = SemanticCache(fake_embedder, capacity=10, device="cpu", timer=clock, threshold=0.8)
+    shared.warm([(f"team question {n}", "a") for n in range(5)], scope="key:team/ns:x")
+    for n in range(50):
+        shared.put(f"junk {n}", "j", scope=f"key:mallory/q:{n % 7}")
+    assert not any(shared.get(f"team question {n}", scope="key:team/ns:x") for n in range(5))
+
+
+def test_a_scope_is_forgotten_with_its_last_entry(fake_embedder, clock):
+    cache = SemanticCache(fake_embedder, device="cpu", timer=clock, threshold=0.8)
+    for n in range(20):
+        cache.put("a question", "a", scope=f"key:k/q:{n}")
+    assert cache.core.table.scopes == 20
+    for n in range(20):
+        cache.invalidate("a question", scope=f"key:k/q:{n}")
+    assert cache.core.table.scopes == 0
+    cache.put("a question", "again", scope="key:k/q:3")  # a scope used again works as new
+    assert cache.get("a question", scope="key:k/q:3").response == "again"
+    assert cache.get("a question", scope="key:k/q:4") is None
+
+
 def test_a_snapshot_restored_under_a_smaller_text_budget_keeps_the_most_recent(fake_embedder, tmp_path):
     big = SemanticCache(fake_embedder, device="cpu", threshold=0.8)
     for n in range(4):

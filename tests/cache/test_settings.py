@@ -19,6 +19,7 @@ NON_DEFAULT = {
     "top_k": 3,
     "capacity": 500,
     "max_text_bytes": 2**20,
+    "tenant_capacity": 50,
     "ttl": 60.0,
     "replay_chunk_chars": 7,
     "quantization": "int8",
