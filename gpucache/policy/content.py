@@ -9,7 +9,9 @@ not kept, so it is never replayed to anyone else.
 ``ContentPolicy`` is the default. Its rules, each with its reason string for ``stats()``:
 
     empty-response     the response is empty or whitespace
-    too-large          the response is longer than ``max_response_chars``
+    too-large          the response is longer than ``max_response_chars``, or the prompt than
+                       ``max_prompt_chars`` (past the patterns' scan a secret could hide, and
+                       one multi-megabyte prompt would hold what thousands of questions do)
     error-response     the response matches an error/refusal pattern: a model's "I'm sorry, I
                        can't" or an upstream "rate limit exceeded" must not be served to others
     secret             prompt or response carries a credential: private key blocks, AWS, GitHub,
@@ -129,6 +131,8 @@ class ContentPolicy:
 
     Args:
         max_response_chars: longest response stored (characters).
+        max_prompt_chars: longest prompt stored (characters; at most ``max_scan_chars``, so
+            every stored prompt is scanned whole).
         error_patterns: case-insensitive regular expressions; a response matching any is an
             error or refusal and is not stored. Defaults to ``DEFAULT_ERROR_PATTERNS``.
         refuse_secrets: refuse prompts or responses carrying credentials.
@@ -143,6 +147,7 @@ class ContentPolicy:
         self,
         *,
         max_response_chars: int = 200_000,
+        max_prompt_chars: int = 200_000,
         error_patterns: Iterable[str] | None = None,
         refuse_secrets: bool = True,
         refuse_personal_data: bool = True,
@@ -156,12 +161,18 @@ class ContentPolicy:
             max_scan_chars < 1
         ):
             raise ValueError(f"max_scan_chars must be an int >= 1, got {max_scan_chars!r}")
+        if isinstance(max_prompt_chars, bool) or not isinstance(max_prompt_chars, int) or not (
+            1 <= max_prompt_chars <= max_scan_chars
+        ):
+            raise ValueError(f"max_prompt_chars must be an int in 1..max_scan_chars, "
+                             f"got {max_prompt_chars!r}")
         patterns = DEFAULT_ERROR_PATTERNS if error_patterns is None else tuple(error_patterns)
         try:
             self._errors = [re.compile(p, re.IGNORECASE) for p in patterns]
         except re.error as exc:
             raise ValueError(f"error_patterns holds an invalid regular expression: {exc}") from exc
         self.max_response_chars = max_response_chars
+        self.max_prompt_chars = max_prompt_chars
         self.error_patterns = patterns
         self.refuse_secrets = refuse_secrets
         self.refuse_personal_data = refuse_personal_data
@@ -170,7 +181,7 @@ class ContentPolicy:
     def decide(self, prompt: str, response: str, scope: str) -> PolicyDecision:
         if not response.strip():
             return PolicyDecision(False, "empty-response")
-        if len(response) > self.max_response_chars:
+        if len(response) > self.max_response_chars or len(prompt) > self.max_prompt_chars:
             return PolicyDecision(False, "too-large")
         head = response[: self.max_scan_chars]
         if any(p.search(head) for p in self._errors):

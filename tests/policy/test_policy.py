@@ -16,6 +16,7 @@ P = ContentPolicy()
         ("q", "", "empty-response"),
         ("q", "   \n\t", "empty-response"),
         ("q", "x" * 200_001, "too-large"),
+        ("x" * 200_001, "an answer", "too-large"),  # a prompt longer than the patterns scan
         ("q", "I'm sorry, but I can't help with that.", "error-response"),
         ("q", "I cannot assist with that request.", "error-response"),
         ("q", "As an AI language model, I do not have opinions.", "error-response"),
@@ -69,6 +70,9 @@ def test_rules_can_be_configured():
         ContentPolicy(error_patterns=["("])
     with pytest.raises(ValueError):
         ContentPolicy(max_response_chars=0)
+    assert ContentPolicy(max_prompt_chars=10).decide("x" * 11, "fine", "s").reason == "too-large"
+    with pytest.raises(ValueError, match="max_prompt_chars"):  # longer than the scan: unscanned text
+        ContentPolicy(max_prompt_chars=300, max_scan_chars=200)
 
 
 def test_luhn():
