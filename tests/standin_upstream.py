@@ -234,6 +234,11 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         drip.set()
         return JSONResponse({"ok": True})
 
+    async def revoke(request: Request) -> Response:
+        # for a process of its own (the safety matrix): the key in the body is refused from now
+        revoked.add((await request.json())["key"])
+        return JSONResponse({"ok": True})
+
     async def anything(request: Request) -> Response:
         raw = request.scope.get("raw_path") or request.url.path.encode()
         paths.append((request.method, raw.decode("latin-1")))
@@ -246,6 +251,7 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/control/drip", release, methods=["POST"]),
+            Route("/control/revoke", revoke, methods=["POST"]),
             Route("/{path:path}", anything, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
         ]
     )

@@ -62,6 +62,17 @@ def unforwardable(headers: Any) -> Refused | None:
     return None
 
 
+def leaves_body_unread(request: Request) -> bool:
+    """Whether a request answered now leaves a large body unread: then the connection is closed
+    after the answer (``connection: close``) rather than kept, which would read and discard
+    every byte a client refused before its body was read keeps sending."""
+    if getattr(request.state, "body_read", False):
+        return False
+    declared = request.headers.get("content-length", "")
+    return "transfer-encoding" in request.headers or (
+        declared.isdigit() and int(declared) > PARSE_ON_LOOP_BYTES)
+
+
 class Intake:
     """The front of the caching path: ``config``'s tenancy and its ``auth`` mode's checker."""
 
@@ -102,6 +113,7 @@ class Intake:
         """The body read and keyed, or why it is refused."""
         try:
             raw = await read_body(request, self.config.max_body_bytes)
+            request.state.body_read = True
             if len(raw) > PARSE_ON_LOOP_BYTES:  # parsing megabytes would stall every other request
                 body, key = await asyncio.to_thread(keyed, kind, raw, identity.scope)
             else:

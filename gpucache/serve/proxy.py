@@ -59,7 +59,7 @@ from gpucache.serve.exchange import (
     may_store,
     upstream_lifetime,
 )
-from gpucache.serve.intake import Intake, TooLarge, read_body, unforwardable
+from gpucache.serve.intake import Intake, TooLarge, leaves_body_unread, read_body, unforwardable
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
@@ -109,6 +109,8 @@ class Proxy:
         assert outcome is not None
         self.record(PATHS[kind], outcome)
         response = self.respond(exchange, outcome)
+        if not isinstance(exchange, Exchange) and leaves_body_unread(request):
+            response.headers["connection"] = "close"
         # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
         upstream = exchange.timing["upstream"] if isinstance(exchange, Exchange) else 0.0
         overhead = max(0.0, time.perf_counter() - started - upstream)

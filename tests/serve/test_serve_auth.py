@@ -296,3 +296,23 @@ def test_health_says_ready_and_nothing_more_without_the_admin_token(real_embedde
         assert upstream.app.state.checks == []  # and the upstream was not called for it
         full = httpx.get(f"{proxy.url}/health", headers={"authorization": f"Bearer {ADMIN}"}).json()
         assert full["status"] == "ok" and full["upstream"] == "reachable" and "entries" in full
+
+
+def test_a_refused_request_with_a_large_unread_body_has_its_connection_closed(real_embedder):
+    """Answered before its body was read, a request declaring megabytes is not kept alive: the
+    proxy would otherwise read and discard every byte the refused client keeps sending."""
+    import socket
+
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: 8000000\r\n\r\n" + b'{"model": "smol", "messages": [')
+            reply = b""
+            while part := sock.recv(65536):  # until the proxy closes the connection
+                reply += part
+        head = reply.partition(b"\r\n\r\n")[0].lower()
+        assert head.startswith(b"http/1.1 401") and b"connection: close" in head
+        # a small refused request keeps its connection for the next one
+        with httpx.Client() as client:
+            r = client.post(f"{proxy.url}/v1/chat/completions", json={"model": "smol", "messages": []})
+            assert r.status_code == 401 and r.headers.get("connection") != "close"
