@@ -1,6 +1,6 @@
 """``gpucache serve`` with replication through a real Redis and Valkey: what the share refuses
 (a replayed event, among them) is counted where an operator looks, ``/admin/stats`` and
-``/metrics``. The replay rules themselves are tests/share/test_replay.py's."""
+``/metrics``. The replay rules themselves are tests/share/test_share_replay.py's."""
 
 from __future__ import annotations
 
