@@ -164,7 +164,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from gpucache import TransformerEmbedder
-    from gpucache.guard.calibration import Scored, choose, interval, skip_sets, to_toml, upper_bound
+    from gpucache.guard.calibration import Scored, choose, fold_of, interval, skip_sets, to_toml, upper_bound
     from gpucache.guard.lexical import LexicalNearMissVerifier
 
     try:
@@ -186,16 +186,22 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     sims = (vectors[:n] * vectors[n:]).sum(dim=1).tolist()
     # each pair both ways round: the cache may hold either prompt
     scored = [Scored(label, int(sim * 1000) if sim < 1 else 1000,
-                     {skip: v.verify(a, b, sim) and v.verify(b, a, sim) for skip, v in verifiers.items()})
+                     {skip: v.verify(a, b, sim) and v.verify(b, a, sim) for skip, v in verifiers.items()},
+                     fold_of(a, b))
               for (a, b, label), sim in zip(pairs, sims)]
     choice = choose(scored, args.budget, args.confidence)
     positives = sum(p.label for p in scored)
+    held_out = [p for p in scored if p.fold]
+    negatives_out = sum(p.label == 0 for p in held_out)
     print(f"{n} pairs: {positives} same request, {n - positives} different; budget {args.budget:.2%} "
           f"false hits on the {args.confidence:.0%} upper bound")
+    print(f"the point is chosen on {n - len(held_out)} pairs and its figures and bound are those of the "
+          f"other {len(held_out)} (split by a hash of each pair's text): a bound on the pairs that "
+          "chose it would favour the luckiest of 1,280 candidates")
     if choice is None:
-        print("no operating point keeps the false-hit bound within the budget: with "
-              f"{n - positives} different-request pairs, the bound at 0 served is "
-              f"{upper_bound(0, n - positives, args.confidence):.2%}; "
+        print("no operating point keeps the false-hit bound within the budget on the held-out half: "
+              f"with its {negatives_out} different-request pairs, the bound at 0 served is "
+              f"{upper_bound(0, negatives_out, args.confidence):.2%}; "
               "add label-0 pairs or raise the budget", file=sys.stderr)
         return 1
     hit_low, hit_high = interval(choice.hits, choice.positives, args.confidence)
@@ -208,8 +214,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
           f"upper bound {choice.false_hit_bound:.2%})")
     command = (f"gpucache calibrate {shlex.quote(args.pairs)} --budget {args.budget} "
                f"--confidence {args.confidence}")
+    if args.model:
+        command += f" --model {shlex.quote(args.model)}"
     with open(args.out, "w", encoding="utf-8") as f:
-        f.write(to_toml(choice, command))
+        f.write(to_toml(choice, command, args.model))
     print(f"wrote {args.out} (SemanticCache.from_config, gpucache serve --config)")
     return 0
 

@@ -418,11 +418,14 @@ class SemanticCache:
         cls, path: str | os.PathLike[str], embedder: Embedder | None = None, **collaborators: Any
     ) -> SemanticCache:
         """A cache with the settings of a TOML settings file: its ``[cache]`` table
-        (``CacheSettings``) and its ``[guard]`` table (the soft rules switched off), as
-        ``gpucache calibrate`` writes them. ``collaborators`` as for the constructor; a
+        (``CacheSettings``), its ``[guard]`` table (the soft rules switched off) and the model of
+        its ``[embedder]`` table (where no ``embedder`` is given), as ``gpucache calibrate``
+        writes them. ``collaborators`` as for the constructor; a
         ``verifier=`` given here replaces the file's guard."""
-        settings, guard = read_settings_file(path)
+        settings, guard, model = read_settings_file(path)
         collaborators.setdefault("verifier", guard.build())
+        if embedder is None and model is not None:  # the model the file's threshold was chosen with
+            embedder = TransformerEmbedder(model, device=collaborators.get("device", "auto"))
         return cls(embedder, settings=settings, **collaborators)
 
     def _request(

@@ -204,11 +204,12 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"the settings file {path} is not valid TOML: {exc}") from exc
 
 
-def read_settings_file(path: str | os.PathLike[str]) -> tuple[CacheSettings, Any]:
+def read_settings_file(path: str | os.PathLike[str]) -> tuple[CacheSettings, Any, str | None]:
     """The ``[cache]`` and ``[guard]`` tables of a TOML settings file (``gpucache calibrate``
     writes them; ``gpucache serve --config`` reads the same file, with its server settings),
-    as ``CacheSettings`` and ``GuardSettings``. Other tables and keys are a server's and are
-    left alone; an unknown key inside these two is refused by name."""
+    as ``CacheSettings`` and ``GuardSettings``, and its ``[embedder]`` model (None: not named).
+    Other tables and keys are a server's and are left alone; an unknown key inside the first
+    two is refused by name."""
     from gpucache.guard.settings import GuardSettings
 
     doc = read_toml(path)
@@ -218,5 +219,8 @@ def read_settings_file(path: str | os.PathLike[str]) -> tuple[CacheSettings, Any
     unknown = sorted(set(guard) - {"skip_rules"})
     if unknown:
         raise ValueError(f"{path}: unknown [guard] setting(s) {unknown}; the setting is skip_rules")
+    model = (doc.get("embedder") or {}).get("model") if isinstance(doc.get("embedder"), dict) else None
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"{path}: [embedder] model must be a string")
     return (CacheSettings.from_options(**cache),
-            GuardSettings(tuple(guard.get("skip_rules", ()))))
+            GuardSettings(tuple(guard.get("skip_rules", ()))), model)

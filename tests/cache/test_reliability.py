@@ -12,7 +12,7 @@ from conftest import FakeEmbedder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucache import ExactScanStore, SemanticCache, StoreEverything, ThresholdOnly
+from gpucache import ContentPolicy, ExactScanStore, SemanticCache, StoreEverything, ThresholdOnly
 from gpucache.index.engines.torch_engine import TorchEngine
 
 
@@ -223,8 +223,13 @@ def test_unusual_text_is_stored_and_found_exactly(prompt, real_embedder):
     assert cache.get_or_put(prompt, lambda p: "never") == "answer"
 
 
+# prompts past the default policy's 200,000 characters are not stored (ContentPolicy): these
+# tests let them in, scanned whole, to show what the cache does with one
+LONG_PROMPTS = {"cache_policy": ContentPolicy(max_prompt_chars=2_000_000, max_scan_chars=2_000_000)}
+
+
 def test_a_one_megabyte_prompt_is_embedded_truncated_and_found_exactly(real_embedder):
-    cache = SemanticCache(real_embedder, device="cpu")
+    cache = SemanticCache(real_embedder, device="cpu", **LONG_PROMPTS)
     big = "word " * 200_000  # 1 MB
     cache.put(big, "big answer")
     hit = cache.get(big)
@@ -235,7 +240,7 @@ def test_a_question_added_past_the_embedders_window_is_not_served_the_answer(rea
     """The same first 256 tokens and a different tail: the embedder sees the same text
     (similarity 1.0), so only the verifier, comparing in full, can tell them apart; the tail
     names a language only one prompt asks for."""
-    cache = SemanticCache(real_embedder, device="cpu")
+    cache = SemanticCache(real_embedder, device="cpu", **LONG_PROMPTS)
     big = "word " * 200_000
     cache.put(big, "big answer")
     assert cache.get(big + " and then translate the summary into French") is None
