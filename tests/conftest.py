@@ -28,6 +28,24 @@ import pytest  # noqa: E402
 
 from gpucache import TransformerEmbedder  # noqa: E402
 
+# The exams (data/exam/) are read by their report alone (bench/guard_exam.py) and by the exam's
+# own checks (tests/guard/test_exam.py, which sets ``exam_reads_allowed``): any other open of a
+# file there during the tests, by whatever path it was built from, is refused at the open
+# itself (an audit hook: every open in this process passes through it).
+EXAM_FOLDER = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "data", "exam")) + os.sep
+exam_reads_allowed = False
+
+
+def _refuse_exam_reads(event: str, args: tuple) -> None:  # type: ignore[type-arg]
+    if event != "open" or exam_reads_allowed or not isinstance(args[0], (str, bytes, os.PathLike)):
+        return
+    path = os.fsdecode(args[0])
+    if os.path.realpath(path).startswith(EXAM_FOLDER):  # links and ".." resolved
+        raise PermissionError(f"{path}: the exams are read by their report alone (tests/guard/test_exam.py)")
+
+
+sys.addaudithook(_refuse_exam_reads)
+
 _DEVICES = [pytest.param("cpu", id="cpu")]
 if torch.cuda.is_available():
     _DEVICES.append(pytest.param("cuda", id="cuda", marks=pytest.mark.gpu))

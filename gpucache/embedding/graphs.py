@@ -121,6 +121,18 @@ class GraphedEncoder:
         self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.failure: str | None = None  # why the graphs were turned off, where they were
 
+    def _reproduces(self, bucket: _Bucket, rows: int, cols: int) -> bool:
+        """Whether a new bucket's replay gives the eager pass's output on an input unlike the
+        one it was captured with (token ids that vary by position, a padded last row): a
+        capture that recorded nothing, or replays stale buffers, is caught once, here, and
+        the encoder stays eager rather than answering every later input with one output."""
+        ids = (torch.arange(rows * cols, device=self._device).view(rows, cols) % 997) + 1000
+        mask = torch.ones_like(ids)
+        mask[-1, max(1, cols // 2):] = 0
+        replayed = bucket(ids, mask)
+        eager = self._forward(ids, mask)
+        return bool(torch.allclose(replayed.float(), eager.float(), rtol=1e-3, atol=1e-3))
+
     @property
     def captured(self) -> tuple[tuple[int, int], ...]:
         """The buckets recorded so far, as (batch, length)."""
@@ -137,6 +149,9 @@ class GraphedEncoder:
             if bucket is None:
                 try:
                     bucket = _Bucket(*key, self._device, self._forward, self._capture, self._pool)
+                    if not self._reproduces(bucket, *key):
+                        self.failure = f"a replay of bucket {key} did not reproduce the eager pass"
+                        return None
                 except Exception as error:  # noqa: BLE001 - any capture failure means eager
                     self.failure = f"{type(error).__name__}: {error}"
                     return None

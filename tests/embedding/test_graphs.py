@@ -59,6 +59,31 @@ def test_a_bucket_is_captured_once_and_pads_and_slices_its_inputs():
     assert set(calls) == {(2, 16), (1, 16)}  # every pass ran at a bucket's shape
 
 
+def test_a_replay_that_does_not_reproduce_the_eager_pass_turns_the_graphs_off():
+    """A capture whose replay does nothing (or replays stale buffers) would answer every input
+    of its bucket with the capture's own output: it is caught when the bucket is made."""
+    def idle_capture(step, pool):
+        output = step()
+        return (lambda: None), output  # replays nothing: the output stays the capture's
+
+    calls: list[tuple[int, int]] = []
+    graphs = GraphedEncoder(recording_forward(calls), torch.device("cpu"), idle_capture)
+    ids = torch.tensor([[101, 7, 8, 102], [101, 9, 102, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    assert graphs(ids, mask) is None and "did not reproduce" in graphs.failure
+    assert graphs(ids, mask) is None  # and the eager pass answers from then on
+
+
+def test_a_replay_reproduces_the_eager_pass_on_inputs_unlike_its_capture():
+    graphs = GraphedEncoder(recording_forward([]), torch.device("cpu"), eager_capture)
+    for seed in range(3):
+        ids = torch.randint(1000, 2000, (2, 10), generator=torch.Generator().manual_seed(seed))
+        mask = torch.ones_like(ids)
+        out = graphs(ids, mask)
+        assert out is not None and torch.equal(out[..., 0].long(), ids)
+    assert graphs.captured == ((2, 16),) and graphs.failure is None
+
+
 def test_an_input_no_bucket_holds_is_left_to_the_eager_pass():
     calls: list[tuple[int, int]] = []
     graphs = GraphedEncoder(recording_forward(calls), torch.device("cpu"), eager_capture)

@@ -13,8 +13,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAM = "exam/"  # the folder: the exams and GPTCache's benchmark, kept for the report alone
-ALLOWED = {"bench/guard_exam.py", "tests/guard/test_exam.py"}
+ALLOWED = {"bench/guard_exam.py", "tests/guard/test_exam.py", "tests/conftest.py"}  # conftest: the guard
 EXAM_2 = ROOT / "data" / "exam" / "guard_exam_2.jsonl"  # the second exam, written blind
+
+
+@pytest.fixture(autouse=True)
+def exam_reads():
+    """This module's checks read the exams: the tests' audit hook (conftest.py) lets them."""
+    import conftest
+
+    conftest.exam_reads_allowed = True
+    yield conftest
+    conftest.exam_reads_allowed = False
+
+
+def test_any_other_open_of_an_exam_file_is_refused_however_its_path_was_built(exam_reads, tmp_path):
+    exam_reads.exam_reads_allowed = False  # as everywhere else in the tests
+    for path in (ROOT / "data" / ("ex" + "am") / "guard_exam_2.jsonl",
+                 str(ROOT / "data" / "tests" / ".." / "exam" / "guard_exam.jsonl")):
+        with pytest.raises(PermissionError, match="read by their report alone"):
+            open(path, encoding="utf-8")
+    link = tmp_path.parent / "innocent.jsonl"  # a path with no trace of the folder's name
+    link.unlink(missing_ok=True)
+    link.symlink_to(EXAM_2)
+    with pytest.raises(PermissionError):
+        link.read_text()
+    (tmp_path / "mine.jsonl").write_text("{}")  # every other file opens as ever
+    assert (tmp_path / "mine.jsonl").read_text() == "{}"
 
 
 def test_no_code_but_the_exam_report_opens_the_exam_folder():

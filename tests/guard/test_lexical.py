@@ -542,6 +542,53 @@ def _shipped_classes() -> list[list[str]]:
     return [[entry.strip() for entry in line.split(",")] for line in lines if line]
 
 
+def _category_words() -> dict[str, set[str]]:
+    """categories.txt's words by kind, stemmed, as written (not read through the table)."""
+    from importlib import resources
+
+    from gpucache.guard.words import stem
+
+    text = resources.files("gpucache.guard").joinpath("categories.txt").read_text("utf-8")
+    kinds: dict[str, set[str]] = {}
+    kind = ""
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("["):
+            kind = line.strip("[]")
+        elif line:
+            kinds.setdefault(kind, set()).update(stem(w.casefold()) for w in line.split())
+    return kinds
+
+
+def test_a_table_class_never_joins_two_things_of_one_kind():
+    """A class joins words of one meaning. Two countries, two weekdays, two languages are two
+    things of one kind (categories.txt): joining them would serve one's answer for the other."""
+    from gpucache.guard.words import stem
+
+    # one thing named two ways, each listed in categories.txt under both names (read by a person)
+    one_thing = {("audience", ("child", "children")), ("entity", ("postgre", "postgresql")),
+                 ("tone", ("brief", "short"))}
+    kinds = _category_words()
+    joined = set()
+    for entries in _shipped_classes():
+        words = {stem(e.casefold()) for e in entries if " " not in e}
+        for kind, members in kinds.items():
+            if len(words & members) > 1:
+                joined.add((kind, tuple(sorted(words & members))))
+    assert joined - one_thing == set()
+
+
+@pytest.mark.parametrize("cached, new", [
+    ("What is the capital city of Brazil?", "What is the capital city of Argentina?"),
+    ("Book the team lunch for Monday", "Book the team lunch for Tuesday"),
+    ("Summarise the plot of Hamlet in five lines", "Summarise the plot of Macbeth in five lines"),
+    ("what time zone is japan in", "what time zone is korea in"),
+])
+def test_two_things_of_one_kind_are_never_one_request(cached, new):
+    """The pairs a wrong class in the table would join: each must stay two requests."""
+    assert V.explain(cached, new).rejected and V.explain(new, cached).rejected
+
+
 @pytest.mark.parametrize("entries", _shipped_classes(), ids=lambda entries: entries[0])
 def test_every_table_entry_reads_as_its_class_and_only_its_class(entries):
     """Each shipped entry, put in place of its class's first entry, is the same request; and in

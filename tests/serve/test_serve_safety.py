@@ -408,6 +408,43 @@ def test_a_lookup_that_times_out_still_stores_the_upstreams_answer(upstream, fak
         assert tier(served, headers, "What happens under a spike?") == "exact"
 
 
+class SlowEmbedder:
+    """The real embedder, 150 ms slower per call: a known delay of the proxy's own."""
+
+    delay = 0.15
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode(self, *args, **kwargs):
+        import time
+
+        time.sleep(self.delay)  # stall: the proxy's own work, which the header must count
+        return self.inner.encode(*args, **kwargs)
+
+
+def test_the_overhead_header_counts_the_proxys_delay_and_not_the_upstreams(upstream, real_embedder):
+    """A miss behind an upstream that takes 200 ms ([slow]) and an embedder that takes 150 ms
+    more per call: the header says at least the embedder's 150 ms and at most the total less
+    the upstream's 200 ms."""
+    import time
+
+    config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
+    app = create_app(config, cache_factory=lambda: SemanticCache(
+        SlowEmbedder(real_embedder), device="cpu", lookup_timeout_seconds=30.0))
+    with Served(app) as slow:
+        body = {"model": "smol", "messages": [{"role": "user", "content": "[slow] Time this, please"}]}
+        started = time.perf_counter()
+        miss = httpx.post(f"{slow.url}/v1/chat/completions", json=body, headers={"authorization": "k"},
+                          timeout=60)
+        total_ms = 1000 * (time.perf_counter() - started)
+        assert miss.headers["x-gpucache"] == "miss"
+        assert 1000 * SlowEmbedder.delay <= float(miss.headers["x-gpucache-overhead-ms"]) <= total_ms - 200
+
+
 def test_every_answer_says_the_proxys_own_time(proxy):
     """``x-gpucache-overhead-ms``: the proxy's time less the upstream's. A miss whose upstream
     takes at least 200 ms ([slow]) reports at most the client's total less those 200 ms."""
