@@ -12,6 +12,7 @@ byte of its body is parsed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -60,6 +61,12 @@ def unforwardable(headers: Any) -> Refused | None:
         if not value.isascii():
             return Refused(400, f"the {name} header is not ASCII", "invalid_header")
     return None
+
+
+async def disconnected(receive: Callable[[], Awaitable[Any]]) -> None:
+    """Returns when the client has hung up (the ASGI ``http.disconnect``), the body read."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def leaves_body_unread(request: Request) -> bool:

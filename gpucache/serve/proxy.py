@@ -59,7 +59,7 @@ from gpucache.serve.exchange import (
     may_store,
     upstream_lifetime,
 )
-from gpucache.serve.intake import Intake, TooLarge, leaves_body_unread, read_body, unforwardable
+from gpucache.serve.intake import Intake, TooLarge, disconnected, leaves_body_unread, read_body, unforwardable
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
@@ -83,12 +83,6 @@ def storable(kind: str, response: Any, control: CacheControl) -> str | None:
         return None
     allowed = may_store(response.status_code, text, finish, replayable, control, response.headers)
     return text if allowed else None
-
-
-async def disconnected(receive: Callable[[], Awaitable[Any]]) -> None:
-    """Returns when the client has hung up (the ASGI ``http.disconnect``), the body read."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class Proxy:
