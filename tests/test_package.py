@@ -160,17 +160,16 @@ def test_every_package_of_the_tree_is_installed_with_the_library():
 
 
 def _layout_names() -> set[str]:
-    """The file names the README's layout section mentions."""
+    """The file names the layout (docs/architecture.md) mentions."""
     import re
 
-    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Layout"):]
+    section = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
     block = section[section.index("```") + 3:]
     block = block[: block.index("```")]
     return set(re.findall(r"[\w-]+\.(?:py|txt)\b", block))
 
 
-def test_the_readmes_layout_names_every_module_and_only_modules_that_exist():
+def test_the_layout_page_names_every_module_and_only_modules_that_exist():
     named = _layout_names()
     tree = {p.name for p in (PACKAGE.parent).rglob("*") if not {".git", ".venv"} & set(p.parts)}
     assert sorted(named - tree) == []  # nothing named that is gone

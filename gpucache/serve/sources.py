@@ -243,3 +243,42 @@ def resolve(args: argparse.Namespace | None = None, environ: Mapping[str, str] |
                     value = parse_text(option, given)
                 values[option.key], sources[option.key] = value, f"flag {option.flag_name}"
     return Resolved(values, sources)
+
+
+def _shown(option: Option) -> str:
+    if option.default is dataclasses.MISSING:
+        return "required"
+    if option.secret:
+        return "not set" if option.default is None else "(set)"
+    value = option.default
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return ", ".join(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def settings_reference() -> str:
+    """Every setting of ``gpucache serve`` as a Markdown page (docs/settings.md): its flag, its
+    variable, its key in a settings file, its default and its doc, from the settings tree
+    itself, so the page cannot drift from the code (a test compares them)."""
+    lines = ["# Settings", "",
+             "Every setting of `gpucache serve`, generated from the settings tree "
+             "(`python3 -m gpucache.serve.sources > docs/settings.md`). Each layer overrides the one "
+             "before: the default, a settings file (`--config gpucache.toml`), the environment "
+             "(`GPUCACHE_<NAME>`), the command line (`--<name>`). `SemanticCache` takes the `[cache]` "
+             "settings as keyword arguments; its own defaults differ where the server's do "
+             "(a server batches lookups in a 2 ms window and bounds them at 1 s).", ""]
+    for section in (None, *SECTIONS):
+        lines += [f"## {'Server' if section is None else f'[{section}]'}", "",
+                  "| setting | flag | variable | default | what it does |", "|---|---|---|---|---|"]
+        for o in (o for o in options() if o.section == section):
+            flag = f"`{o.flag_name}`" if o.flag else "–"
+            doc = o.doc.replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| `{o.key}` | {flag} | `{o.env}` | `{_shown(o)}` | {doc} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(settings_reference(), end="")

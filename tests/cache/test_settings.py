@@ -89,10 +89,10 @@ def test_a_snapshot_with_a_setting_this_version_does_not_know_is_refused():
     assert CacheSettings.from_json({"top_k": 2}) == CacheSettings(top_k=2)  # an older snapshot
 
 
-def test_the_readme_options_table_is_the_settings():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+def test_the_library_settings_table_is_the_settings():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "library-settings.md").read_text(encoding="utf-8")
     for row in CacheSettings.markdown_rows():
-        assert row in readme, row
+        assert row in page, row
 
 
 def test_info_shows_every_setting():
