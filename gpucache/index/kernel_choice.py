@@ -8,24 +8,32 @@ has, so a store with ``scan_kernel="auto"`` on CUDA measures both kernels on its
 first time it scans a given shape, and keeps the faster.
 
 A shape is a query bucket (1, up to 64, more) and a size class (the store's rows, in powers of
-4): a store that grows 4x is measured again. The measurement (about eight scans: a warm-up,
-which also compiles the Triton kernel, and three timed runs per kernel) runs in a thread of its
-own, never in the lookup that met the new shape: that lookup, and every lookup of the shape
-until the measurement ends, scans with torch, so no lookup waits on a compile or holds the
-cache's lock through eight scans. Below ``MIN_ROWS`` both kernels take well under a
-millisecond and the torch path is used unmeasured. Both kernels return the same scores (fp32 in
-IEEE precision, the half-precision modes rescored in fp32), so the choice moves speed only,
+4): a store that grows 4x is measured again. A bucket is measured at its own largest shape
+(``bucket_top``: 1, 64 or 256 queries), whatever the batch that met it: a 2-query first batch
+must not decide for the 64-query batches that follow. Each timed run waits until no caller's
+scan is running (``scanning``), so a measurement neither slows a caller's scan nor is slowed
+by one; and a shape whose observed scans stray far from what was measured (``observe``: over
+``STRAY`` times slower) is measured again, at most ``MAX_REMEASURES`` times.
+
+The measurement (twelve scans: a warm-up, which also compiles the Triton kernel, and five timed
+runs per kernel) runs in a thread of its own, never in the lookup that met the new shape: that
+lookup, and every lookup of the shape until the measurement ends, scans the unmeasured way, so
+no lookup waits on a compile or holds the cache's lock through the measurement. Below
+``MIN_ROWS`` both kernels take well under a millisecond and the torch path is used unmeasured.
+Both kernels return the same scores (fp32 in IEEE precision, the half-precision modes rescored
+in fp32), so the choice moves speed only,
 never an answer. A measurement that fails (out of memory, a compile error) settles the shape
 on torch and keeps the error in ``errors``, so it is not retried on every lookup.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -34,7 +42,10 @@ KERNELS = ("torch", "triton")
 # over-fetched candidates) or its exact fp32 copy (``gpucache.index.refine``).
 STORE_PATHS = ("quantized", "copy")
 MIN_ROWS = 65536
-TIMED_RUNS = 3  # after one warm-up run, which also compiles the Triton kernel
+TIMED_RUNS = 5  # after one warm-up run, which also compiles the Triton kernel
+STRAY = 4.0  # an observed scan this many times slower than measured: measure the shape again
+MAX_REMEASURES = 3  # per shape: a machine whose timings swing is not measured forever
+IDLE_WAIT = 0.5  # seconds a timed run waits for callers' scans to end before it runs anyway
 
 
 def bucket(queries: int) -> str:
@@ -44,6 +55,11 @@ def bucket(queries: int) -> str:
     return "<=64" if queries <= 64 else ">64"
 
 
+def bucket_top(queries: int) -> int:
+    """The batch a bucket is measured at: its largest (256 for the open bucket past 64)."""
+    return {"1": 1, "<=64": 64, ">64": 256}[bucket(queries)]
+
+
 def size_class(rows: int) -> int:
     """Rows in powers of 4: a store 4x larger is a new shape (integer arithmetic, exact at
     every boundary, where a float logarithm rounds)."""
@@ -51,10 +67,13 @@ def size_class(rows: int) -> int:
 
 
 def wall_timer(
-    run: Callable[[], object], device: torch.device, clock: Callable[[], float] = time.perf_counter
+    run: Callable[[], object], device: torch.device, clock: Callable[[], float] = time.perf_counter,
+    before: Callable[[], object] = lambda: None,
 ) -> float:
-    """Median seconds of ``TIMED_RUNS`` runs after a warm-up, synchronising the device."""
+    """Median seconds of ``TIMED_RUNS`` runs after a warm-up, synchronising the device;
+    ``before()`` is called ahead of each run, outside its timing."""
     def once() -> float:
+        before()
         start = clock()
         run()
         if device.type == "cuda":
@@ -76,8 +95,8 @@ class ScanKernelChooser:
     The same measurement decides the scan kernel on CUDA (torch against Triton, ``KERNELS``)
     and, on a CPU, whether a quantized store scans its quantized rows or its exact fp32 copy
     (``STORE_PATHS``): whether int8 products beat fp32 ones for a batch depends on the CPU
-    (fast with VNNI, reported far slower than fp32 on an AVX2 machine without it;
-    ``bench/reports/cpu-paths.md`` for this machine), so neither answer can be written down for every machine.
+    (fast with VNNI; without it an int8 batch may be slower than fp32, not measured here:
+    ``bench/reports/cpu-paths.md`` for this machine), so neither answer holds for every machine.
 
     Args:
         device: the store's device (the timer synchronises it).
@@ -89,6 +108,8 @@ class ScanKernelChooser:
         options: the two (or more) names ``run`` takes; ties go to the first.
         unmeasured: ``unmeasured(queries, rows) -> name``, the choice for a shape not (yet)
             measured; by default the first option.
+        idle_wait: seconds a timed run waits for callers' scans to end (``scanning``) before it
+            runs anyway, so a busy store is still measured.
     """
 
     def __init__(
@@ -100,18 +121,24 @@ class ScanKernelChooser:
         start: Callable[[Callable[[], None]], None] = in_a_thread,
         options: tuple[str, ...] = KERNELS,
         unmeasured: Callable[[int, int], str] | None = None,
+        idle_wait: float = IDLE_WAIT,
     ) -> None:
         self.device = device
         self.min_rows = min_rows
         self.options = options
         self._unmeasured = unmeasured or (lambda queries, rows: options[0])
-        self._timer = timer
+        self._timer: Callable[[Callable[[], object], torch.device], float] = (
+            functools.partial(wall_timer, before=self._wait_idle) if timer is wall_timer else timer)
         self._start = start
         self._lock = threading.Condition()
         self._pending: set[tuple[str, int]] = set()
         self.choices: dict[tuple[str, int], str] = {}  # (bucket, size class) -> option
         self.timings: dict[tuple[str, int], dict[str, float]] = {}  # seconds, as measured
         self.errors: dict[tuple[str, int], str] = {}  # shapes whose measurement failed
+        self.remeasured: dict[tuple[str, int], int] = {}  # shapes measured again (``observe``)
+        self._scanning = 0  # callers' scans running now (``scanning``)
+        self.idle_wait = idle_wait  # seconds a timed run waits for them, then runs anyway
+        self.idle_waits = 0  # timed runs that waited for callers' scans to end
 
     def choose(self, queries: int, rows: int, run: Callable[[str], object]) -> str:
         """The option for a scan of ``queries`` over ``rows``: the measured faster one, or the
@@ -128,6 +155,46 @@ class ScanKernelChooser:
         self._start(functools.partial(self._measure, shape, run, fallback))
         with self._lock:
             return self.choices.get(shape, fallback)
+
+    @contextlib.contextmanager
+    def scanning(self) -> Iterator[None]:
+        """Around a caller's scan: a measurement's timed runs wait until none is running."""
+        with self._lock:
+            self._scanning += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._scanning -= 1
+                self._lock.notify_all()
+
+    def _wait_idle(self) -> None:
+        with self._lock:
+            if self._scanning:
+                self.idle_waits += 1
+                self._lock.notify_all()
+                self._lock.wait_for(lambda: not self._scanning, self.idle_wait)
+
+    def wait_for(self, predicate: Callable[[ScanKernelChooser], bool], timeout: float | None = None) -> bool:
+        """Block until ``predicate(self)`` holds (tests: "the measurement is waiting")."""
+        with self._lock:
+            return self._lock.wait_for(lambda: predicate(self), timeout)
+
+    def observe(self, queries: int, rows: int, option: str, seconds: float) -> None:
+        """A caller's scan of ``queries`` over ``rows`` took ``seconds`` the ``option`` way:
+        where the shape was measured (at its largest batch) and this is over ``STRAY`` times
+        slower, the machine has changed under the measurement (another load, a frequency
+        drop, a store grown within its class): the shape is measured again at its next scan."""
+        if rows < self.min_rows:
+            return
+        shape = (bucket(queries), size_class(rows))
+        with self._lock:
+            measured = self.timings.get(shape, {}).get(option)
+            if (measured is None or self.choices.get(shape) != option or seconds <= STRAY * measured
+                    or self.remeasured.get(shape, 0) >= MAX_REMEASURES or shape in self._pending):
+                return
+            self.remeasured[shape] = self.remeasured.get(shape, 0) + 1
+            del self.choices[shape], self.timings[shape]
 
     def wait_measured(self, timeout: float | None = None) -> bool:
         """Block until no measurement is running; False if ``timeout`` seconds pass first."""

@@ -24,6 +24,7 @@ rows and the cache evicts to stay within them.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 import torch
@@ -34,7 +35,7 @@ from gpucache.index.engines.base import RowsView, ScanEngine, ScanJob
 from gpucache.index.engines.choose import default_engine, engine_for
 from gpucache.index.fallback import OomFallback
 from gpucache.index.interface import AUTO, DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
-from gpucache.index.kernel_choice import STORE_PATHS, ScanKernelChooser, bucket
+from gpucache.index.kernel_choice import STORE_PATHS, ScanKernelChooser, bucket, bucket_top
 from gpucache.index.probes import CpuPaths
 from gpucache.index.refine import FullCopy, RefinePolicy, matmul_is_exact, overfetch, rescore_rows
 from gpucache.index.rows import RowTable
@@ -293,14 +294,30 @@ class ExactScanStore:
         if self.path_chooser is not None:
             copy_view, quantized_view = self._view(self.copy.data), self._view(self.codec.data)
 
+            # measured at the bucket's largest batch: these queries, repeated to its size
+            top = bucket_top(q)
+            sample = queries.repeat((top + q - 1) // q, 1)[:top]
+
             def measured(path: str) -> object:
                 # the measurement may run after this search returned, while the store changes:
                 # it scans these views (their tensors stay alive) into buffers of its own
                 view = copy_view if path == "copy" else quantized_view
-                return self._search_path(path, view, queries, k, scope_id, now, host_buffer)
+                return self._search_path(path, view, sample, k, scope_id, now, host_buffer)
 
-            if self.path_chooser.choose(q, self.rows.high, measured) == "copy":
-                return self._scan_exactly(queries, k, scope_id, now, self.copy.data)
+            chooser, high = self.path_chooser, self.rows.high
+            path = chooser.choose(q, high, measured)
+            with chooser.scanning():
+                begun = time.perf_counter()
+                found = (self._scan_exactly(queries, k, scope_id, now, self.copy.data) if path == "copy"
+                         else self._scan_quantized(queries, k, scope_id, now))
+                chooser.observe(q, high, path, time.perf_counter() - begun)
+            return found
+        return self._scan_quantized(queries, k, scope_id, now)
+
+    def _scan_quantized(self, queries: torch.Tensor, k: int, scope_id: int,
+                        now: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The quantized rows' top candidates, rescored exactly from the fp32 copy."""
+        assert self.copy is not None
         wide = min(overfetch(k), self.rows.high)
         _, rows = self._scan(queries, wide, scope_id, now, exact=False)  # (Q, wide) by quantized score
         scores, rows = self.copy.rescore(queries, rows, k)

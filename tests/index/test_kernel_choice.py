@@ -82,7 +82,7 @@ def test_a_small_store_uses_torch_unmeasured_and_a_tie_keeps_torch():
 def test_wall_timer_warms_up_then_takes_the_median():
     """Each run advances a scripted clock by its own duration: the warm-up's (the slowest) is
     left out, and the median of the timed runs is neither their mean nor their minimum."""
-    durations = [9.0, 3.0, 1.0, 2.0, 100.0][: TIMED_RUNS + 1]
+    durations = [9.0, 3.0, 1.0, 2.0, 100.0, 4.0, 7.0, 5.0][: TIMED_RUNS + 1]
     now, calls = [0.0], []
 
     def run():
@@ -286,10 +286,11 @@ def test_a_quantized_cpu_store_answers_batches_the_way_measured_faster(faster):
     scans_before = store.engine.scans
     again_scores, again_rows = store.search(queries, 3, 0)
     assert (store.engine.scans > scans_before) is (faster == "quantized")
-    # the measured runs and the lookups agree: the path moves speed, never an answer
+    # the measured runs and the lookups agree: the path moves speed, never an answer (the
+    # measured runs scanned the bucket's largest batch: these 40 queries, repeated to 64)
     for got_scores, got_rows in (timer.results["quantized"], timer.results["copy"], (again_scores, again_rows)):
-        torch.testing.assert_close(got_scores, scores, rtol=0, atol=1e-6)
-        assert torch.equal(got_rows, rows)
+        torch.testing.assert_close(got_scores[:40], scores, rtol=0, atol=1e-6)
+        assert torch.equal(got_rows[:40], rows)
 
 
 def test_an_unmeasured_quantized_cpu_store_scans_int8_for_one_query_and_the_copy_for_batches():
@@ -335,3 +336,45 @@ def test_auto_storage_answers_a_batch_no_slower_than_fp32_here():
             store.search(queries, 4, 0)
             times[name].append(time.perf_counter() - started)
     assert min(times["auto"]) <= 1.5 * min(times["fp32"]), (times, auto.scan_paths)
+
+
+def test_a_bucket_is_measured_at_its_largest_batch_whatever_batch_met_it():
+    """A 2-query first batch once chose for every 64-query batch of its bucket; now the
+    measurement scans 64 queries (the 2 repeated), as the bucket's largest batch would."""
+    store, timer = measured_int8_store(3000, {"quantized": 1.0, "copy": 2.0})
+    sizes = []
+    search_path = store._search_path
+    store._search_path = lambda path, view, queries, *rest: (sizes.append(queries.shape[0]),
+                                                              search_path(path, view, queries, *rest))[1]
+    store.search(unit_rows(2, 32, seed=8), 3, 0)
+    assert sizes == [64, 64] and timer.measured == ["quantized", "copy"]
+
+
+def test_a_shape_whose_scans_stray_far_from_its_measurement_is_measured_again():
+    timer = ScriptedTimer({"torch": 1.0, "triton": 2.0})
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=timer, start=INLINE)
+    run = lambda kernel: kernel  # noqa: E731
+    assert chooser.choose(10, 1000, run) == "torch" and timer.measured == ["torch", "triton"]
+    chooser.observe(10, 1000, "torch", 3.9)  # within STRAY of the 1.0 measured: nothing
+    chooser.choose(10, 1000, run)
+    assert timer.measured == ["torch", "triton"]
+    timer.seconds = {"torch": 9.0, "triton": 2.0}  # the machine changed under the measurement
+    chooser.observe(10, 1000, "torch", 9.0)
+    assert chooser.choose(10, 1000, run) == "triton" and len(timer.measured) == 4
+    for _ in range(10):  # a machine whose timings swing is measured a bounded number of times
+        chooser.observe(10, 1000, chooser.choices[("<=64", 4)], 1e6)
+        chooser.choose(10, 1000, run)
+    assert chooser.remeasured[("<=64", 4)] == 3
+
+
+def test_a_measurement_waits_for_callers_scans_and_never_runs_beside_one():
+    import threading
+
+    ran = threading.Event()
+    # the real timer, in a thread; waiting for the caller as long as the test needs
+    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, idle_wait=60)
+    with chooser.scanning():  # a caller's scan is running
+        chooser.choose(10, 1000, lambda kernel: ran.set())
+        assert chooser.wait_for(lambda c: c.idle_waits >= 1, timeout=30)  # the measurement waits
+        assert not ran.is_set()  # and has run nothing beside the caller's scan
+    assert chooser.wait_measured(timeout=60) and ran.is_set()  # after it, the measurement ran
