@@ -52,7 +52,10 @@ def test_bench_quick_writes_a_report(tmp_path, real_embedder):
     semantic = outcomes["get_or_put (semantic hit)"]  # counted for its own row, and reported
     assert sum(semantic.values()) == count and semantic["semantic"] > 0 and semantic["exact"] == 0
     assert f"| {semantic['semantic']} semantic" in text
-    assert all(0 < v["p50"] <= v["p99"] for v in latency["ms"].values())
+    # every row's figures are the measured ones, printed as measured (p50 <= p99 holds by
+    # definition, so it is not what is checked)
+    for name, ms in latency["ms"].items():
+        assert ms["p50"] > 0 and f"| {name} | {ms['p50']:.2f} | {ms['p99']:.2f} |" in text, name
     assert "### One lookup at a time" in text
     from gpucache.index.store import resolve_quantization
 
