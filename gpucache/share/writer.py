@@ -38,6 +38,9 @@ class Writer:
         self.pending: deque[dict[str, Any]] = deque(maxlen=pending_max)
         self.wake = threading.Condition()
         self.model: tuple[str, int] = ("", 0)
+        # registered once: a pipeline sends it by its SHA-1 (EVALSHA), loading it only where the
+        # server does not have it, instead of the script's text with every release
+        self.release = link.redis.register_script(RELEASE_SCRIPT)
 
     def enqueue(self, event: dict[str, Any]) -> None:
         with self.wake:
@@ -122,7 +125,8 @@ class Writer:
         pipe = link.redis.pipeline(transaction=True)
         for event in batch:
             if event["op"] == "unlock":
-                pipe.eval(RELEASE_SCRIPT, 1, keys.claim(event["scope"], event["prompt"]), event["token"])
+                self.release(keys=[keys.claim(event["scope"], event["prompt"])], args=[event["token"]],
+                             client=pipe)
                 continue  # not an event other replicas need
             # the writer, its sequence and the time, signed with the rest: what lets a replica
             # refuse this event, or the record it writes, once it is put back (replay.py). A
