@@ -7,25 +7,52 @@ as in ``gpucache serve``, the last human message is the text compared by meaning
 earlier message joins the scope, so a follow-up matches only after the same conversation. An
 LLM's prompt is compared whole.
 
-An answer is stored as its text, and comes back as a ``ChatGeneration`` for a chat model and a
-``Generation`` for an LLM; a call that produced several generations is not stored. Needs
-``langchain-core`` (not a requirement of gpucache itself).
+What is stored is the generations themselves, serialised as LangChain's own caches serialise
+them (``langchain_core.load``), so a hit is what was stored: every generation of a call with
+several, with its ``generation_info`` and, for a chat model, its message; LangChain's standard
+cache suites hold the adapter to that (tests/integrations/test_langchain_standard.py).
+
+Each generation's text goes through the cache policy as it is; the record then goes through it
+again, as every write does, and is base64 so that this second pass sees nothing to refuse. In
+plain JSON the first pass would miss what the policy anchors at the start of an answer ("I'm
+sorry, I can't"), and the second would refuse some chat answers as personal data, for digits
+in their run id (``lc_run--<uuid>``) that read as a phone number. Records are
+revived with an allowlist of the output and AI message classes alone: an entry may come from
+another replica or a snapshot, and ``loads`` builds whatever classes an entry names.
+
+An entry that is not a record is plain text, as versions before records stored (one answer, the
+text alone): it comes back as one ``ChatGeneration`` for a chat model and one ``Generation`` for
+an LLM. A record that does not load (truncated, another format version) is a miss, and the call
+that follows replaces it. Needs ``langchain-core`` (not a requirement of gpucache itself).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.caches import BaseCache
-from langchain_core.messages import AIMessage
-from langchain_core.outputs import ChatGeneration, Generation
+from langchain_core.load import Serializable, dumps, loads
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
 
 from gpucache.cache.semantic import SemanticCache
 from gpucache.cache.validation import check_scope
+
+log = logging.getLogger(__name__)
+
+# A record: this opening, the format's version, ":", then dumps(generations) in base64. Plain
+# text stored before records existed does not open so.
+_RECORD_OPENING = "gpucache.langchain/v"
+_RECORD_VERSION = "1"
+_REVIVABLE: list[type[Serializable]] = [
+    Generation, GenerationChunk, ChatGeneration, ChatGenerationChunk, AIMessage, AIMessageChunk,
+]
 
 
 class GpuSemanticCache(BaseCache):
@@ -42,13 +69,18 @@ class GpuSemanticCache(BaseCache):
     def lookup(self, prompt: str, llm_string: str) -> Sequence[Generation] | None:
         text, scope, chat = self._key(prompt, llm_string)
         hit = self.cache.get(text, scope=scope)
-        return None if hit is None else [_generation(hit.response, chat)]
+        return None if hit is None else _revive(hit.response, chat)
 
     def update(self, prompt: str, llm_string: str, return_val: Sequence[Generation]) -> None:
-        if len(return_val) != 1 or not return_val[0].text:
-            return  # several generations (n > 1), or none to speak of: not one answer to keep
         text, scope, _ = self._key(prompt, llm_string)
-        self.cache.put(text, return_val[0].text, scope=scope)
+        # every generation could be served, so each must be one the policy would store (an
+        # empty text, a tool call's, is refused as an empty answer always was)
+        core = self.cache.core
+        with core.lock:  # as the cache's own writes consult the policy
+            allowed = bool(return_val) and all(core.allowed(text, g.text, scope) for g in return_val)
+        if not allowed:
+            return
+        self.cache.put(text, _record(return_val), scope=scope)
         self._scopes.add(scope)
 
     def clear(self, **kwargs: Any) -> None:
@@ -60,7 +92,7 @@ class GpuSemanticCache(BaseCache):
     async def alookup(self, prompt: str, llm_string: str) -> Sequence[Generation] | None:
         text, scope, chat = self._key(prompt, llm_string)
         hit = await self.cache.aget(text, scope=scope)
-        return None if hit is None else [_generation(hit.response, chat)]
+        return None if hit is None else _revive(hit.response, chat)
 
     async def aupdate(self, prompt: str, llm_string: str, return_val: Sequence[Generation]) -> None:
         await asyncio.to_thread(self.update, prompt, llm_string, return_val)
@@ -93,5 +125,25 @@ def _last_human(prompt: str) -> tuple[str, str | None]:
     return json.dumps(messages[:-1], sort_keys=True), last["content"]
 
 
-def _generation(text: str, chat: bool) -> Generation:
-    return ChatGeneration(message=AIMessage(content=text)) if chat else Generation(text=text)
+def _record(generations: Sequence[Generation]) -> str:
+    payload = base64.b64encode(dumps(list(generations)).encode()).decode("ascii")
+    return f"{_RECORD_OPENING}{_RECORD_VERSION}:{payload}"
+
+
+def _revive(stored: str, chat: bool) -> list[Generation] | None:
+    """The generations in a stored entry; None (a miss) for a record that does not load."""
+    if not stored.startswith(_RECORD_OPENING):
+        return [ChatGeneration(message=AIMessage(content=stored)) if chat else Generation(text=stored)]
+    version, _, payload = stored[len(_RECORD_OPENING) :].partition(":")
+    try:
+        if version != _RECORD_VERSION:
+            raise ValueError(f"format version {version!r}, not {_RECORD_VERSION}")
+        generations = loads(base64.b64decode(payload, validate=True).decode(), allowed_objects=_REVIVABLE)
+        if not isinstance(generations, list) or not generations or not all(
+            isinstance(g, Generation) for g in generations
+        ):
+            raise ValueError("not a list of generations")
+    except Exception as error:  # a stored entry is data: whatever it makes the loader raise, a miss
+        log.warning("a stored LangChain record does not load, served as a miss: %r", error)
+        return None
+    return generations
