@@ -70,7 +70,7 @@ class Engine:
     its own process group so that :meth:`kill` takes both). ``url`` is the ``/v1`` base."""
 
     def __init__(self, port: int | None = None, max_model_len: int = MAX_MODEL_LEN,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, extra: tuple[str, ...] = ()) -> None:
         why = missing()
         if why is not None:
             raise RuntimeError(why)
@@ -78,6 +78,7 @@ class Engine:
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.max_model_len = max_model_len
         self.api_key = api_key  # vLLM then refuses any other bearer token (401)
+        self.extra = extra  # more of vLLM's own flags
         self.log: collections.deque[str] = collections.deque(maxlen=200)
         self._ready = threading.Event()
         self._process: subprocess.Popen[str] | None = None
@@ -87,7 +88,7 @@ class Engine:
                 "--model", str(MODEL), "--served-model-name", SERVED_NAME, "--dtype", "float32",
                 "--max-model-len", str(self.max_model_len), "--host", "127.0.0.1",
                 "--port", str(self.port), "--enforce-eager", "--disable-uvicorn-access-log",
-                *(["--api-key", self.api_key] if self.api_key else [])]
+                *(["--api-key", self.api_key] if self.api_key else []), *self.extra]
 
     def start(self) -> Engine:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
