@@ -21,6 +21,9 @@ process of its own, and the load from this one, bounded in requests and time.
 - Warming up: a proxy started empty, 200 clients, 60% repeats: how many repeats after the
   first 10 seconds were served from the cache, and how many requests failed.
 - Throughput: semantic hits per second at 64 clients, with the lookup window at 2 ms and at 0.
+- The peer: LiteLLM's proxy with its local exact cache (bench/serve_peer.py) in front of the same
+  upstream, exact hits at 1, 16, 64 and 256 clients.
+- ``--before``: an earlier report's cells beside this run's (bench/serve_compare.py).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from importlib import resources
 from pathlib import Path
 
 import httpx
+import serve_compare
+import serve_peer
 
 # the stand-in model server, test support (an OpenAI-compatible upstream that answers at once)
 STANDIN = Path(__file__).resolve().parents[1] / "tests" / "standin_upstream.py"
@@ -54,11 +59,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(command: list[str], url: str) -> subprocess.Popen[bytes]:
+def start(command: list[str], url: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # stderr to a file, never a pipe nobody reads: a server logging under load would fill the
     # pipe and stall on its next write
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
@@ -130,7 +135,8 @@ request = function()
   return wrk.format("POST", nil, headers, body)
 end
 response = function(status, headers, body)
-  local tier = headers["x-gpucache"] or "none"
+  -- LiteLLM sets x-litellm-cache-key only on an answer from its cache: an exact hit
+  local tier = headers["x-gpucache"] or (headers["x-litellm-cache-key"] and "exact") or "none"
   if status == 200 and (expect == "" or tier == expect) then ok = ok + 1 else wrong = wrong + 1 end
   if string.find(body, "REPEAT", 1, true) and os.time() - begun >= warm then
     late = late + 1
@@ -222,14 +228,23 @@ async def semantic_hits(proxy: str, items: list[tuple[str, list[str]]]) -> list[
 
 
 def measure(url: str, prompts: list[str], clients: int, args: argparse.Namespace,
-            expect: str = "") -> tuple[int, float, float, float, str]:
+            expect: str = "", errors_allowed: bool = False) -> tuple[int, float, float, float, str]:
     """(requests, p50 s, p99 s, requests per second, verified) of ``clients`` concurrent
     clients for ``--seconds``; a prompt holding UNIQUE is made unique per request (a miss each
-    time); ``verified`` says how many answers were 200s of the ``expect``ed tier."""
+    time); ``verified`` says how many answers were 200s of the ``expect``ed tier. Errors fail
+    the run, except for the peer (``errors_allowed``), whose errors are reported in the row."""
     cell = wrk(url, prompts, clients, args.seconds, expect)
-    if cell.errors:
+    if cell.errors and not errors_allowed:
         raise RuntimeError(f"{cell.errors} of {cell.requests} requests to {url} failed")
-    return cell.requests, cell.p50, cell.p99, cell.rate, f"{cell.ok}/{cell.ok + cell.wrong}"
+    verified = f"{cell.ok}/{cell.ok + cell.wrong}" + (f", {cell.errors} errors" if cell.errors else "")
+    return cell.requests, cell.p50, cell.p99, cell.rate, verified
+
+
+def prime(url: str, prompts: list[str]) -> None:
+    """Ask each prompt once, so that a cache in front of ``url``'s upstream holds it."""
+    with httpx.Client(timeout=60, headers=HEADERS) as client:
+        for prompt in prompts:
+            client.post(url, json=body(prompt)).raise_for_status()
 
 
 def metric(proxy: str, name: str) -> float:
@@ -274,9 +289,13 @@ def main() -> None:
     parser.add_argument("--out", default="bench/reports/serve.md")
     parser.add_argument("--token-delay", type=float, default=0.002, help="upstream seconds per word")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of one cell")
+    parser.add_argument("--before", default=None,
+                        help="an earlier serve.md whose cells are set beside this run's")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("bench/serve.py needs wrk (Debian: apt-get install wrk)")
+    if serve_peer.executable() is None:
+        sys.exit("bench/serve.py runs LiteLLM beside gpucache: pip install -e '.[bench]'")
 
     up_port = free_port()
     upstream = start(
@@ -322,6 +341,17 @@ def main() -> None:
                 throughput[window] = cell.ok / cell.seconds
             finally:
                 stop(proxy)
+        # the peer, in front of the same upstream, under the same exact-hit cells
+        peer_port = free_port()
+        peer = serve_peer.start(up_port, peer_port)
+        try:
+            peer_url = f"http://127.0.0.1:{peer_port}/v1/chat/completions"
+            prime(peer_url, repeats)
+            for clients in (*CONCURRENCY, 256):
+                rows.append(("LiteLLM, exact hit", clients,
+                             *measure(peer_url, repeats, clients, args, "exact", errors_allowed=True)))
+        finally:
+            stop(peer)
         port = free_port()
         proxy = start(proxy_command(up_port, "--port", str(port), "--grace", "5"),
                       f"http://127.0.0.1:{port}/health")
@@ -338,7 +368,7 @@ def main() -> None:
     info = subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True, text=True).stdout
     info = info.split("\nserve ")[0].strip()  # the machine; the server settings are the defaults
     command = (f"python3 bench/serve.py --out {args.out} --token-delay {args.token_delay} "
-               f"--seconds {args.seconds}")
+               f"--seconds {args.seconds}" + (f" --before {args.before}" if args.before else ""))
     lines = [
         "# Serving: proxy overhead, exact repeats, overload and batched lookups",
         "",
@@ -365,12 +395,15 @@ def main() -> None:
     ]
     upstream_64 = next(r[5] for r in rows if r[0] == "upstream directly" and r[1] == 64)
     exact_64 = next(r[5] for r in rows if r[0] == "proxy, exact hit" and r[1] == 64)
+    peer_64 = next(r[5] for r in rows if r[0] == "LiteLLM, exact hit" and r[1] == 64)
     lines += [
         f"| proxy, exact hit | 256 | {exact_256[0]} | {1000 * exact_256[1]:.1f} | {1000 * exact_256[2]:.1f} "
         f"| {exact_256[3]:.0f} | {exact_256[4]} |",
         "",
         f"Exact hits/s at 64 clients: {exact_64 / upstream_64:.2f}x the upstream's own requests/s at 64; "
-        f"at 256 clients: {exact_256[3] / exact_64:.2f}x the figure at 64.",
+        f"at 256 clients: {exact_256[3] / exact_64:.2f}x the figure at 64; "
+        f"{exact_64 / peer_64:.1f}x LiteLLM's exact hits/s at 64 (LiteLLM {serve_peer.version()}, "
+        "its local exact cache, one worker, a master key, before the same upstream).",
         "",
         "## Exact hits beside misses that saturate the embedder",
         "",
@@ -417,6 +450,9 @@ def main() -> None:
         f"Batching across requests: {ratio:.2f}x the hits per second.",
         "",
     ]
+    if args.before:
+        lines += serve_compare.before_and_after(Path(args.before).read_text(encoding="utf-8"),
+                                                "\n".join(lines))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines), encoding="utf-8")
     print("\n".join(lines))
