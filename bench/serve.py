@@ -290,7 +290,7 @@ def main() -> None:
     parser.add_argument("--token-delay", type=float, default=0.002, help="upstream seconds per word")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of one cell")
     parser.add_argument("--before", default=None,
-                        help="an earlier serve.md whose cells are set beside this run's")
+                        help="an earlier report (a file, or REV:PATH in git) set beside this run's")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("bench/serve.py needs wrk (Debian: apt-get install wrk)")
@@ -451,8 +451,7 @@ def main() -> None:
         "",
     ]
     if args.before:
-        lines += serve_compare.before_and_after(Path(args.before).read_text(encoding="utf-8"),
-                                                "\n".join(lines))
+        lines += serve_compare.before_and_after(serve_compare.read(args.before), "\n".join(lines))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines), encoding="utf-8")
     print("\n".join(lines))

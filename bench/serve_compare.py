@@ -1,7 +1,7 @@
 """An earlier bench/serve.py report's cells beside a new one's: ``python3 bench/serve.py --before
 OLD.md`` appends the table this module builds.
 
-    python3 bench/serve_compare.py OLD.md NEW.md     # the same table, for two reports on disk
+    python3 bench/serve_compare.py OLD NEW    # the same table for two reports (files or REV:PATH)
 
 Cells are matched by their row's path and clients (the latency table and the table of exact
 hits beside saturating misses); the miss's overhead beyond embedding and scanning and the
@@ -14,10 +14,19 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
+from pathlib import Path
 
 ROW = re.compile(r"^\| ([^|]+?) \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| (\d+) \|", re.M)
 BEYOND = re.compile(r"([\d.]+) ms\s+beyond embedding and scanning")
 BATCHED = re.compile(r"^\| batched across requests \(window 2 ms\) \| (\d+) \|", re.M)
+
+
+def read(source: str) -> str:
+    """A report from a file, or ``REV:PATH`` from git (a committed report, reproducibly)."""
+    if Path(source).is_file() or ":" not in source:
+        return Path(source).read_text(encoding="utf-8")
+    return subprocess.run(["git", "show", source], capture_output=True, text=True, check=True).stdout
 
 
 def cells(report: str) -> dict[tuple[str, int], tuple[float, float, float]]:
@@ -63,5 +72,4 @@ if __name__ == "__main__":
     parser.add_argument("before")
     parser.add_argument("after")
     args = parser.parse_args()
-    with open(args.before, encoding="utf-8") as b, open(args.after, encoding="utf-8") as a:
-        print("\n".join(before_and_after(b.read(), a.read())))
+    print("\n".join(before_and_after(read(args.before), read(args.after))))
