@@ -20,7 +20,6 @@ import asyncio
 import dataclasses
 import hmac
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,6 +32,7 @@ from gpucache.cache.semantic import SemanticCache
 from gpucache.cache.snapshot import SnapshotError
 from gpucache.serve.answers import error
 from gpucache.serve.keying import BadRequest, parse_json, request_key
+from gpucache.serve.lifecycle import build_cache
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.passthrough import route
 from gpucache.serve.proxy import Proxy
@@ -45,55 +45,18 @@ log = logging.getLogger("gpucache.serve")
 
 def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache] | None = None) -> FastAPI:
     """The proxy's app. ``cache_factory`` builds the cache at start (the default: from the
-    settings' embedder, cache and replication sections); a snapshot at ``config.snapshot``
-    replaces it when present. A factory brings its own embedder, settings and replication, so a
-    config that names a Redis beside one is refused: the Redis would be silently unused."""
+    settings' embedder, cache and replication sections); a snapshot at ``config.snapshot`` is
+    restored into it when present (lifecycle.py). A factory brings its own embedder, settings
+    and replication, so a config that names a Redis beside one is refused: the Redis would be
+    silently unused."""
     if cache_factory is not None and config.replication.redis is not None:
         raise ConfigError("a cache_factory brings its own replication: build its cache with "
                           "shared=RedisShare(...) and leave replication.redis unset")
     metrics = ProxyMetrics()
 
-    def build() -> SemanticCache:
-        """The cache at start: ``cache_factory``'s, or one made from the config's settings
-        tree (embedder, device, ``CacheSettings``, replication); a snapshot, where there is one,
-        is restored into it with every setting of the config: the server's flags win over
-        what the file saved."""
-        shared = None  # a factory's cache brings its own replication, if any
-        if cache_factory is not None:
-            base: SemanticCache | None = cache_factory()
-            assert base is not None
-            embedder, device, settings = base.embedder, base.device, base.settings
-            collaborators: dict[str, Any] = {"verifier": base.verifier, "cache_policy": base.cache_policy}
-        else:
-            base = None
-            embedder = config.embedder.build()
-            device, settings = embedder.device, config.cache
-            collaborators = {"verifier": config.guard.build()}
-            shared = config.replication.build(config.replication_key)
-
-        def fresh() -> SemanticCache:
-            if base is not None:
-                return base
-            return SemanticCache(embedder, device=device, settings=settings, shared=shared, **collaborators)
-
-        if not (config.snapshot and os.path.exists(config.snapshot)):
-            return fresh()
-        try:
-            return SemanticCache.load(config.snapshot, embedder=embedder, device=device,
-                                      key=config.snapshot_key, shared=shared, **collaborators,
-                                      **dict(settings.items()))
-        except Exception as exc:  # noqa: BLE001 - any file that does not restore: keep serving,
-            # and keep the file for a person to look at (a checksum-valid file with a bad field
-            # fails past the snapshot's own checks, with whatever error that field raises)
-            aside = f"{config.snapshot}.corrupt"
-            os.replace(config.snapshot, aside)
-            log.error("gpucache: the snapshot did not restore (%s: %s); starting empty, the file "
-                      "is now %s", type(exc).__name__, exc, aside)
-            return fresh()
-
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cache = await asyncio.to_thread(build)
+        cache = await asyncio.to_thread(build_cache, config, cache_factory)
         upstream = Upstream(config.upstream, config.upstream_timeout)
         metrics.watch(cache)
         app.state.proxy = Proxy(config, cache, upstream, metrics)

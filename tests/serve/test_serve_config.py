@@ -176,3 +176,44 @@ def test_a_snapshot_is_restored_with_the_servers_settings(tmp_path, real_embedde
             assert cache.settings == settings and cache.quantization == "fp32"
             assert cache.get("A question kept in the snapshot", scope="somewhere").response == "kept"
         assert not (tmp_path / "c.gpucache.corrupt").exists()
+
+
+def test_a_snapshot_is_restored_into_the_factorys_cache_and_nothing_is_left_open(tmp_path, real_embedder):
+    """A factory's cache carries what the config cannot (here: its own class and cache
+    policy); a snapshot beside it is restored into that cache, which is the one served and the
+    one closed at shutdown, so no second cache is left running unserved."""
+    pytest.importorskip("fastapi")
+    import httpx
+    from serving import Served, make_upstream
+
+    from gpucache import SemanticCache
+    from gpucache.serve.app import create_app
+    from gpucache.serve.settings import ServeSettings
+
+    class Kept(SemanticCache):
+        closed = 0
+
+        def close(self) -> None:
+            Kept.closed += 1
+            super().close()
+
+    path = tmp_path / "c.gpucache"
+    made: list[Kept] = []
+    with Served(make_upstream()) as upstream:
+        config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(path),
+                               namespace_secret=b"a-secret-for-the-config-test")
+        saved = SemanticCache(real_embedder, device="cpu")
+        saved.put("A question kept in the snapshot", "kept", scope="somewhere")
+        saved.save(path, key=config.snapshot_key)
+
+        def factory() -> Kept:
+            made.append(Kept(real_embedder, device="cpu", capacity=555))
+            return made[-1]
+
+        with Served(create_app(config, cache_factory=factory)) as served:
+            assert httpx.get(f"{served.url}/health", timeout=60).status_code == 200
+            cache = served.app.state.proxy.cache
+            assert cache is made[0] and cache.settings.capacity == 555
+            assert cache.get("A question kept in the snapshot", scope="somewhere").response == "kept"
+        assert len(made) == 1 and Kept.closed == 1
+    assert not (tmp_path / "c.gpucache.corrupt").exists()
