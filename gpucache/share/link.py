@@ -4,7 +4,8 @@ counters, and the condition every change to them is announced on. The writer (wr
 tail (tail.py) and the facade (redis.py) each hold the one link.
 
 Why a condition on the counters: "replica B has applied replica A's entry" is an event, and
-tests and callers wait on it (``RedisShare.wait_for``) instead of sleeping.
+tests and callers wait on it (``RedisShare.wait_for``) instead of sleeping. Every counter changes
+through ``Link.count`` and the connection's state through the ``Breaker``, both under it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from redis.backoff import ExponentialBackoff
 
 from gpucache.cache.replication import SharedEntry
 from gpucache.share.records import Keys, Refusal, Signer, decode_entries, text, version_of
@@ -41,8 +44,48 @@ class ShareStats:
     tombstones: int = 0  # deletes and clears remembered against replays (at most max_tombstones)
     errors: int = 0
     pending: int = 0
-    connected: bool = False
+    connected: bool = False  # the breaker's state (Breaker): Redis answered this replica last
     extra: dict[str, int] = field(default_factory=dict)
+
+
+class Breaker:
+    """Whether this replica asks Redis now, and how long a thread that met a failure waits
+    before it tries again. Closed (``connected``) while Redis answers; a failure anywhere (the
+    writer, the tail, a lookup's claim or fetch) trips it open, and while it is open lookups do
+    without Redis at once instead of each waiting out a timeout; the writer's or the tail's next
+    success closes it. One per link, so the three threads that use Redis agree on one fact; its
+    state lives in ``ShareStats.connected`` and changes under the link's condition, so a waiter
+    sees it. The wait is redis-py's ``ExponentialBackoff``: 50 ms, doubling to 2 s, from the
+    first failure since the last success."""
+
+    FIRST_S, CAP_S = 0.05, 2.0
+
+    def __init__(self, stats: ShareStats, changed: threading.Condition) -> None:
+        self._stats, self._changed = stats, changed
+        self._backoff = ExponentialBackoff(cap=self.CAP_S, base=self.FIRST_S)
+        self._failures = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._stats.connected
+
+    def succeeded(self) -> None:
+        """Redis answered: closed, and the next failure waits the shortest time again."""
+        with self._changed:
+            self._failures = 0
+            if not self._stats.connected:
+                self._stats.connected = True
+                self._changed.notify_all()
+
+    def trip(self) -> float:
+        """Redis failed: open, the error counted; how long the caller waits before trying again."""
+        with self._changed:
+            delay = self._backoff.compute(self._failures)
+            self._failures += 1
+            self._stats.connected = False
+            self._stats.errors += 1
+            self._changed.notify_all()
+        return delay
 
 
 class Link:
@@ -68,6 +111,7 @@ class Link:
         self.guard = guard if secret is not None else None
         self.stats = ShareStats()
         self.changed = threading.Condition()
+        self.breaker = Breaker(self.stats, self.changed)
         self.stop = threading.Event()
         self.errors, self.transient = errors, transient
 
@@ -78,23 +122,24 @@ class Link:
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
             self.changed.notify_all()
 
-    def set_connected(self, connected: bool) -> None:
+    def gauge(self, **values: int) -> None:
+        """Set counters that say how many there are now (``pending``, ``tombstones``)."""
         with self.changed:
-            self.stats.connected = connected
+            for name, value in values.items():
+                setattr(self.stats, name, value)
             self.changed.notify_all()
 
     def wait_for(self, predicate: Callable[[ShareStats], bool], timeout: float | None) -> bool:
         with self.changed:
             return self.changed.wait_for(lambda: predicate(self.stats), timeout)
 
-    def failed(self, exc: Exception, doing: str, backoff: float) -> float:
-        """Count a failure, log it if it is not Redis being away, wait; the next backoff."""
-        self.stats.errors += 1
-        self.stats.connected = False
+    def failed(self, exc: Exception, doing: str) -> None:
+        """A thread's failure: the breaker tripped, logged where it is not Redis being away,
+        then the breaker's wait (cut short by ``stop``)."""
+        delay = self.breaker.trip()
         if not isinstance(exc, self.errors):
             log.error("gpucache: %s failed", doing, exc_info=exc)
-        self.stop.wait(backoff)
-        return min(backoff * 2, 2.0)
+        self.stop.wait(delay)
 
     def next_seq(self) -> int:
         """The sequence of the next event this replica signs (called by the writer's thread)."""

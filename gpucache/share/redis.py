@@ -152,7 +152,7 @@ class RedisShare:
             self.redis.hsetnx(meta_key, "model", model)
             self.redis.hsetnx(meta_key, "dim", str(dim))
             meta = self.redis.hgetall(meta_key)
-            self.stats.connected = True
+            self.link.breaker.succeeded()
         except self.link.errors as exc:  # Redis is away: join blind, check once it is back
             log.warning("gpucache: Redis at %s is unreachable (%r); serving locally", self.url, exc)
             meta = {}
@@ -199,7 +199,7 @@ class RedisShare:
         """The cache stored these (prompt, response) pairs with their (M, D) vectors."""
         if math.isfinite(expires_at) and expires_at > time.time() + MAX_TTL_SECONDS + 86400:
             # Redis would refuse its expiry: checked here, before it could fail a batch
-            self.stats.poisoned += len(items)
+            self.link.count(poisoned=len(items))
             log.error("gpucache: %d entries expire past what Redis accepts (%r): kept in this "
                       "replica only", len(items), expires_at)
             return
@@ -220,7 +220,7 @@ class RedisShare:
         """Claims across replicas on these misses (SET NX PX with a random token): the ones
         this replica got, prompt -> token, and the prompts another replica is loading. With
         Redis away, every miss is this replica's to load, unclaimed."""
-        if not self.stats.connected:
+        if not self.link.breaker.connected:
             return {}, []
         tokens = {p: uuid.uuid4().hex for p in prompts}
         try:
@@ -228,9 +228,8 @@ class RedisShare:
             for prompt, token in tokens.items():
                 pipe.set(self.keys.claim(scope, prompt), token, nx=True, px=int(self.claim_ttl * 1000))
             got = pipe.execute()
-        except Exception:
-            self.stats.errors += 1
-            self.stats.connected = False
+        except Exception:  # Redis away: every miss is this replica's to load, unclaimed
+            self.link.breaker.trip()
             return {}, []
         mine = {p: t for (p, t), ok in zip(tokens.items(), got) if ok}
         return mine, [p for p in prompts if p not in mine]
@@ -300,17 +299,16 @@ class RedisShare:
         """The live records of these (scope, prompt) pairs, read from Redis in one round trip:
         an exact repeat asked here right after another replica stored it is answered even
         while this replica's tail is behind. Nothing (and no wait) while Redis is away."""
-        if not pairs or not self.stats.connected:
+        if not pairs or not self.link.breaker.connected:
             return []
-        self.stats.fetches += 1
+        self.link.count(fetches=1)
         try:
             pipe = self.redis.pipeline(transaction=False)
             for scope, prompt in pairs:
                 pipe.hgetall(self.keys.record(scope, prompt))
             records = [r for r in pipe.execute() if r]
         except Exception:  # Redis away: the lookup goes on without it
-            self.stats.errors += 1
-            self.stats.connected = False
+            self.link.breaker.trip()
             return []
         now = time.time()
         embedder = self.tail.owner.embedder

@@ -44,7 +44,7 @@ class Tail:
         return self.replica
 
     def loop(self) -> None:
-        link, backoff = self.link, 0.05
+        link = self.link
         while not link.stop.is_set():
             try:
                 if self.last_id is None or self._trimmed():
@@ -63,10 +63,9 @@ class Tail:
                         except Exception as exc:  # one bad event must not stop the tail
                             link.refused(Refusal("malformed", event_id, repr(exc)), "event")
                         self.last_id = event_id.decode()
-                link.stats.connected = True
-                backoff = 0.05
+                link.breaker.succeeded()
             except Exception as exc:  # Redis away (or a bug): reconnect with backoff, never die
-                backoff = link.failed(exc, "tailing the shared log", backoff)
+                link.failed(exc, "tailing the shared log")
 
     def _trimmed(self) -> bool:
         """Whether the stream was trimmed past the last event applied here (events this replica
@@ -96,7 +95,7 @@ class Tail:
             if records:
                 self.apply_records(records)
         self.last_id = start_id
-        link.stats.connected = True
+        link.breaker.succeeded()
         link.count(bootstraps=1)
 
     def _learn(self, start_id: str) -> None:
@@ -146,7 +145,7 @@ class Tail:
         elif op == "clear":
             guard.cleared(None if f.get("all") == b"1" else text(f["scope"]), version.at)
         if op in ("del", "clear"):
-            link.stats.tombstones = len(guard)
+            link.gauge(tombstones=len(guard))
         return op, f
 
     def _apply_event(self, event_id: bytes, fields: dict[Any, Any]) -> None:

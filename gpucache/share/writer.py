@@ -45,7 +45,7 @@ class Writer:
     def enqueue(self, event: dict[str, Any]) -> None:
         with self.wake:
             if len(self.pending) == self.pending.maxlen:
-                self.link.stats.dropped += 1  # the oldest goes: it stays in this replica only
+                self.link.count(dropped=1)  # the oldest goes: it stays in this replica only
                 if self.link.stats.dropped == 1:
                     log.warning(
                         "gpucache: more than %d shared events wait to be written; the oldest "
@@ -53,14 +53,14 @@ class Writer:
                         self.pending.maxlen,
                     )
             self.pending.append(event)
-            self.link.stats.pending = len(self.pending)
+            self.link.gauge(pending=len(self.pending))
             self.wake.notify()
 
     def drain(self, timeout: float, running: bool) -> None:
         """Wait (up to ``timeout``) until the queue is written, while Redis answers."""
         with self.wake:
             self.wake.wait_for(
-                lambda: not self.pending or not self.link.stats.connected or not running, timeout
+                lambda: not self.pending or not self.link.breaker.connected or not running, timeout
             )
 
     def stopped(self) -> None:
@@ -69,7 +69,7 @@ class Writer:
             self.wake.notify_all()
 
     def loop(self) -> None:
-        link, backoff = self.link, 0.05
+        link = self.link
         while not link.stop.is_set():
             with self.wake:
                 self.wake.wait_for(lambda: self.pending or link.stop.is_set())
@@ -79,7 +79,7 @@ class Writer:
             try:
                 self.write(batch)
             except link.transient as exc:  # Redis away: keep the events, retry with backoff
-                backoff = link.failed(exc, "writing shared events", backoff)
+                link.failed(exc, "writing shared events")
                 continue
             except Exception as exc:  # one event Redis refuses must not hold back the others
                 log.warning("gpucache: a batch of %d shared events failed (%r); writing them one "
@@ -88,16 +88,14 @@ class Writer:
                 link.count(written=-dropped)
                 if written < len(batch):  # Redis went away meanwhile: the rest wait
                     batch = batch[:written]
-                    backoff = link.failed(ConnectionError("Redis went away"), "writing shared events",
-                                          backoff)
+                    link.failed(ConnectionError("Redis went away"), "writing shared events")
                     if not batch:
                         continue
-            backoff = 0.05
             with self.wake:
                 for event in batch:  # the oldest may have been dropped meanwhile (pending_max)
                     if self.pending and self.pending[0] is event:
                         self.pending.popleft()
-                link.stats.pending = len(self.pending)
+                link.gauge(pending=len(self.pending))
                 self.wake.notify_all()  # close() may be waiting for the queue to drain
             link.count(written=len(batch))
 
@@ -113,7 +111,7 @@ class Writer:
                 return done, dropped
             except Exception as exc:
                 dropped += 1
-                self.link.stats.poisoned += 1
+                self.link.count(poisoned=1)
                 log.error("gpucache: dropped a shared %s event that cannot be written (%r); it "
                           "stays in this replica only", event["op"], exc)
         return len(batch), dropped
@@ -157,7 +155,7 @@ class Writer:
                 fields["all"] = "1" if event["all"] else "0"
             pipe.xadd(keys.key("log"), link.signer.signed(fields), maxlen=link.maxlen, approximate=True)
         pipe.execute()
-        link.stats.connected = True
+        link.breaker.succeeded()
 
     def _records_of(self, scope: str | None) -> list[bytes]:
         """The record keys of ``scope`` (of every scope, with None)."""

@@ -215,7 +215,7 @@ def test_two_proxies_share_one_redis(server, real_embedder):
 def test_an_exact_repeat_is_answered_from_redis_before_the_tail_brings_it(replicas):
     a, b = replicas(), replicas()
     b.shared.close()  # b's tail stops: only the shared records can answer it now
-    b.shared.stats.connected = True  # as it would be, its connection otherwise healthy
+    b.shared.link.breaker.succeeded()  # as it would be, its connection otherwise healthy
     a.put("What is the airspeed of a swallow?", "African or European?")
     assert a.shared.wait_written(1, timeout=10)
     hit = b.get("What is the airspeed of a swallow?")

@@ -288,7 +288,7 @@ def test_two_writers_and_a_replica_joining_late_count_no_replay(server, replicas
         assert {(p, s): cache.get(p, scope=s).response for p, s in expected} == expected
     fetching = signed(replicas)  # its tail stopped: lookups read the records through Redis
     fetching.shared.close()
-    fetching.shared.stats.connected = True
+    fetching.shared.link.breaker.succeeded()
     fetching.clear()  # nothing here yet: its own clear, which its stopped tail never reads
     assert fetching.get("b's question 2").response == "b 2, stored again"
     assert fetching.get("a scoped question", scope="x").response == "stored after the clear"
