@@ -117,17 +117,16 @@ class Streams:
     async def replay(
         meta: wire.StreamMeta, first: str | None, pieces: AsyncIterator[str], include_usage: bool
     ) -> AsyncIterator[bytes]:
-        """A stored answer (a hit, or another call's load) as a stream of its text."""
-        if meta.kind == "chat":
-            yield wire.chunk(meta, role=True, content="")
+        """A stored answer (a hit, or another call's load) as a stream of its text, framed as
+        ``wire`` frames every replayed answer."""
+        for line in wire.opening(meta):
+            yield line
         if first is not None:
             yield wire.chunk(meta, content=first)
             async for piece in pieces:
                 yield wire.chunk(meta, content=piece)
-        yield wire.chunk(meta, finish="stop")
-        if include_usage:
-            yield wire.chunk(meta, usage=dict(wire.ZERO_USAGE))
-        yield wire.DONE
+        for line in wire.ending(meta, include_usage):
+            yield line
 
     def cut(self, exc: Exception) -> bytes:
         """The error event that ends a client's stream whose upstream failed mid-stream."""

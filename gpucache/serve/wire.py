@@ -12,7 +12,6 @@ import itertools
 import json
 import secrets
 import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,17 +129,16 @@ def sse(event: dict[str, Any]) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def replay(meta: StreamMeta, pieces: Iterable[str], include_usage: bool) -> Iterator[bytes]:
-    """A whole streamed answer: a role chunk, the content chunks, a finish chunk, a usage
-    chunk where the client asked for one, then ``[DONE]``."""
-    if meta.kind == "chat":
-        yield chunk(meta, role=True, content="")
-    for piece in pieces:
-        yield chunk(meta, content=piece)
-    yield chunk(meta, finish="stop")
-    if include_usage:
-        yield chunk(meta, usage=dict(ZERO_USAGE))
-    yield DONE
+def opening(meta: StreamMeta) -> list[bytes]:
+    """What a replayed answer's stream sends before its text: a chat's role chunk."""
+    return [chunk(meta, role=True, content="")] if meta.kind == "chat" else []
+
+
+def ending(meta: StreamMeta, include_usage: bool) -> list[bytes]:
+    """What a replayed answer's stream sends after its text: the finish chunk, a usage chunk
+    where the client asked for one (nothing was generated for it), then ``[DONE]``."""
+    usage = [chunk(meta, usage=dict(ZERO_USAGE))] if include_usage else []
+    return [chunk(meta, finish="stop"), *usage, DONE]
 
 
 # Fields of an answer besides its text. A cached answer is its text alone, so an answer that
