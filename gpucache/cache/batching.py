@@ -2,17 +2,23 @@
 
 Why: a server runs one ``aget_or_put`` per request, each with one prompt; looked up alone, every
 request pays for its own embedder call and its own scan over every stored row. Requests that
-arrive within ``window`` seconds of the first in a batch (or until ``max_batch`` have come)
-share one ``lookup_batch``: one embedder batch and one scan per scope (lookup.py). Each caller
-gets the plan it would have got alone.
+gather share one ``lookup_batch``: one embedder batch and one scan per scope (lookup.py). Each
+caller gets the plan it would have got alone.
 
-One batch is in flight at a time: requests that arrive while one is being looked up gather into
-the next, which is sent as soon as the first returns. Under load the batches therefore grow
-with the load, as a model server's continuous batching does, instead of many small batches
-competing for the same cores and the cache's lock.
+Batch only what gathers. A lookup that arrives while none of its loop's batches is computing is
+sent at once, alone: waiting for company that may never come only adds latency (a lone miss
+used to wait out the whole window). One batch is in flight at a time: requests that arrive
+while one is being looked up gather into the next, which is sent the moment the first returns
+(up to ``max_batch``; the rest form the one after). Under load the batches therefore grow with
+the load, as a model server's continuous batching does, instead of many small batches
+competing for the same cores and the cache's lock; at low load nobody waits for anybody.
 
-With ``window=0`` every request is its own batch, sent at once: the path the async API takes
-when coalescing is off, so timeouts and cancellation work the same way either way.
+So a gathered lookup waits for the running batch to finish, not for a timer: sending it beside
+the running batch after a fixed window would, under a steady load longer than the window,
+put a new batch in flight every window and lose the sharing (and, on a CPU, split its cores
+between batches). ``window`` is therefore a switch: above 0, lookups coalesce as above; with
+``window=0`` every request is its own batch, sent at once: the path the async API takes when
+coalescing is off, so timeouts and cancellation work the same way either way.
 
 A caller that gives up (its ``timeout`` passes, or its task is cancelled) may leave a lookup
 running in a worker thread, which may have claimed misses for that caller to load. Those
@@ -46,20 +52,21 @@ class _Ticket:
 
 @dataclass
 class _Window:
-    tickets: list[_Ticket] = field(default_factory=list)
-    timer: asyncio.TimerHandle | None = None
+    tickets: list[_Ticket] = field(default_factory=list)  # gathered behind the running batch
     busy: bool = False  # a batch of this loop's is being looked up
 
 
 class LookupCoalescer:
-    """Batches the lookups submitted on an event loop within ``window`` seconds.
+    """Batches the lookups submitted on an event loop while one of its batches computes.
 
     Args:
         run: ``lookup_batch`` for the cache: requests in, a plan per request out; runs in a
             worker thread.
         release: gives up a plan's claims (its caller is gone).
-        window: seconds a batch stays open after its first request; 0 sends each at once.
-        max_batch: a batch is sent as soon as it holds this many requests.
+        window: above 0, lookups coalesce: one is sent at once where no batch is computing,
+            else it joins the next batch, sent when the running one returns; 0: each lookup
+            its own batch, sent at once. No lookup waits for a timer either way.
+        max_batch: the most requests one batch holds.
     """
 
     def __init__(
@@ -77,6 +84,12 @@ class LookupCoalescer:
         )
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def gathered(self) -> int:
+        """Lookups gathered behind a running batch, on every loop: a count read from any
+        thread (for tests and metrics), never a lock on the loop's state."""
+        return sum(len(w.tickets) for w in list(self._windows.values()))
+
     async def submit(self, request: LookupRequest, timeout: float | None = None) -> Plan:
         """The request's plan, from the batch it joins; ``LookupTimeout`` past ``timeout``."""
         loop = asyncio.get_running_loop()
@@ -85,10 +98,9 @@ class LookupCoalescer:
         window.tickets.append(ticket)
         if self.window <= 0:
             self._send(loop, window, [ticket])
-        elif not window.busy and len(window.tickets) >= self.max_batch:
+        elif not window.busy:  # nothing computing: nobody to wait for, and nobody gathering
             self._send_next(loop, window)
-        elif not window.busy and window.timer is None:
-            window.timer = loop.call_later(self.window, self._send_next, loop, window)
+        # else it gathers behind the running batch and goes with the next one (``_after``)
         try:
             return await asyncio.wait_for(ticket.future, timeout)
         except asyncio.TimeoutError:
@@ -100,9 +112,6 @@ class LookupCoalescer:
 
     def _send_next(self, loop: asyncio.AbstractEventLoop, window: _Window) -> None:
         """Send the waiting tickets (up to ``max_batch``) as this loop's batch in flight."""
-        if window.timer is not None:
-            window.timer.cancel()
-            window.timer = None
         # a ticket whose caller gave up (its deadline passed while it queued) is dropped, not
         # computed: under overload, embedding lookups nobody waits for is how a queue collapses
         with self._lock:

@@ -261,9 +261,10 @@ class CacheCore:
     async def alookup(self, request: LookupRequest) -> Plan:
         """``_lookup_batch`` for one request, from the event loop: an exact repeat answered on
         the spot where the lock is free, else after waiting for the lock in the exact tier's own
-        thread (``exact_plan``); otherwise in a worker thread,
-        batched with the requests that arrive within ``lookup_window_seconds``, and bounded by
-        ``lookup_timeout_seconds`` (``LookupTimeout``) (batching.py)."""
+        thread (``exact_plan``); otherwise in a worker thread, at once where no batch is
+        computing, else in the next batch with the requests that gathered behind it (where
+        ``lookup_window_seconds`` is above 0), and bounded by ``lookup_timeout_seconds``
+        (``LookupTimeout``) (batching.py)."""
         plan = exact_plan(self, request, wait=False)
         if plan is LOCK_BUSY and all(self.table.may_hold(request.scope, p) for p in request.prompts):
             # a scan or a store holds the lock, and every prompt looks stored: wait for the lock

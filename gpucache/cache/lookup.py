@@ -182,8 +182,8 @@ def exact_plan(core: LookupState, request: LookupRequest, wait: bool) -> Plan | 
     on a scan. ``wait`` True: from a thread that may wait for the lock (a scan holds it for
     milliseconds).
 
-    Why: a repeat needs a dictionary lookup, yet through the coalescer it waits out the
-    lookup window and a thread hop, and queues behind the embedder under load."""
+    Why: a repeat needs a dictionary lookup, yet through the coalescer it takes a thread hop
+    and queues behind the embedder under load."""
     if not core.lock.acquire(blocking=wait):
         return LOCK_BUSY
     try:

@@ -80,9 +80,11 @@ class CacheSettings:
     )
     lookup_window_seconds: float = _setting(
         0.0,
-        "async lookups that arrive within this many seconds of each other share one embedder "
-        "batch and one scan per scope (a server's concurrent requests); `0` looks each up at "
-        "once. Not kept in snapshots",
+        "above `0`, concurrent async lookups coalesce: one that arrives while no batch is "
+        "computing is sent at once, alone; those that arrive while one computes share the next "
+        "batch (one embedder call, one scan per scope), sent the moment the running one returns. "
+        "No lookup waits for this many seconds: the value is a switch (kept a number for the "
+        "configs that set it). `0`: each lookup its own batch, at once. Not kept in snapshots",
         saved=False,
     )
     lookup_batch: int = _setting(

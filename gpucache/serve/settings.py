@@ -35,7 +35,8 @@ ADMIN_TOKEN_ENV = "GPUCACHE_ADMIN_TOKEN"
 PASSTHROUGH = ("GET models", "GET models/*", "POST embeddings", "POST moderations")
 
 
-# A server's cache: concurrent lookups share batches, and a slow one fails open after 1 s.
+# A server's cache: concurrent lookups share batches (any value above 0 turns it on: the number
+# no longer delays a lookup, batching.py), and a slow one fails open after 1 s.
 SERVE_CACHE_DEFAULTS = CacheSettings(lookup_window_seconds=0.002, lookup_timeout_seconds=1.0)
 
 
@@ -190,10 +191,10 @@ class ServeSettings:
     )
     cache: CacheSettings = field(default_factory=lambda: SERVE_CACHE_DEFAULTS, metadata={"section": True})
     """The cache's settings, the one place each lives (``CacheSettings``): a server's defaults
-    batch concurrent lookups (a 2 ms window) and bound them (1 s, then the request goes
-    upstream and the cache fails open). Its ``ttl`` is how long a stored answer lives; clients
-    cannot set it: a request's ``max-age`` says what age it accepts, not how long others may be
-    served the answer."""
+    batch concurrent lookups (those that gather behind a running batch) and bound them (1 s,
+    then the request goes upstream and the cache fails open). Its ``ttl`` is how long a stored
+    answer lives; clients cannot set it: a request's ``max-age`` says what age it accepts, not
+    how long others may be served the answer."""
     embedder: EmbedderSettings = field(default_factory=EmbedderSettings, metadata={"section": True})
     replication: ReplicationSettings = field(default_factory=ReplicationSettings,
                                              metadata={"section": True})

@@ -268,7 +268,7 @@ def settings_reference() -> str:
              "before: the default, a settings file (`--config gpucache.toml`), the environment "
              "(`GPUCACHE_<NAME>`), the command line (`--<name>`). `SemanticCache` takes the `[cache]` "
              "settings as keyword arguments; its own defaults differ where the server's do "
-             "(a server batches lookups in a 2 ms window and bounds them at 1 s).", ""]
+             "(a server batches the lookups that gather behind a running batch and bounds them at 1 s).", ""]
     for section in (None, *SECTIONS):
         lines += [f"## {'Server' if section is None else f'[{section}]'}", "",
                   "| setting | flag | variable | default | what it does |", "|---|---|---|---|---|"]

@@ -17,7 +17,86 @@ def make(embedder, **options) -> SemanticCache:
                          cache_policy=StoreEverything(), **options)
 
 
+class HeldEmbedder:
+    """The fake embedder, each ``encode`` call held inside it until released, and its texts
+    recorded (``batches``, a list per call): a test sees what was computed together, and acts
+    while a batch is in the embedder."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.dim, self.device = inner, inner.name, inner.dim, inner.device
+        self.batches: list[list[str]] = []
+        self._let_out = 0
+        self._changed = threading.Condition()
+
+    def encode(self, texts):
+        with self._changed:
+            self.batches.append(list(texts))
+            call = len(self.batches)
+            self._changed.notify_all()
+            assert self._changed.wait_for(lambda: self._let_out >= call, 10)
+        return self.inner.encode(texts)
+
+    def entered(self, calls: int = 1) -> bool:
+        """From a thread: wait until the ``calls``-th call has come into ``encode``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.batches) >= calls, 10)
+
+    def release(self, calls: int = 10**9) -> None:
+        """Let the first ``calls`` calls out of ``encode`` (by default all, now and later)."""
+        with self._changed:
+            self._let_out = calls
+            self._changed.notify_all()
+
+    def hold(self) -> None:
+        """Hold the calls from now on (those made so far were let out)."""
+        self.release(len(self.batches))
+
+
+async def behind_a_running_batch(cache, held, *lookups):
+    """``lookups`` (coroutines) submitted while another lookup's batch is in the embedder, then
+    that batch released: their results, and the batches the embedder saw."""
+    running = asyncio.ensure_future(cache.aget("the batch in the embedder"))
+    assert await asyncio.to_thread(held.entered, len(held.batches) + 1)
+    gathered = [asyncio.ensure_future(lookup) for lookup in lookups]
+    await asyncio.sleep(0)  # one turn of the loop (no wait): each runs to its await in submit
+    held.release()
+    assert await running is None
+    return await asyncio.gather(*gathered, return_exceptions=True)
+
+
+def test_a_lone_lookup_is_sent_at_once_without_waiting_for_company(fake_embedder):
+    """No batch is computing, so nobody is gathering: the lookup goes into the embedder as it
+    is submitted, not when a window closes (1 s here, the longest allowed)."""
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=1.0)
+
+    async def main():
+        lone = asyncio.ensure_future(cache.aget("a lone question"))
+        await asyncio.sleep(0)  # one turn of the loop (no wait): the lookup runs to its await
+        sent = cache.core.batches  # sent as it was submitted: no timer was set for it
+        assert await asyncio.to_thread(held.entered)
+        held.release()
+        return sent, await lone
+
+    assert run(main()) == (1, None)
+    assert held.batches == [["a lone question"]]
+
+
+def test_lookups_that_arrive_while_a_batch_computes_share_the_next(fake_embedder):
+    """The batching gain under load: what gathers behind the batch in the embedder is sent as
+    one batch the moment that batch returns."""
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=0.002, lookup_batch=64)
+    prompts = [f"gathered question {i}" for i in range(5)]
+    answers = run(behind_a_running_batch(cache, held, *(cache.aget(p) for p in prompts)))
+    assert answers == [None] * 5
+    assert held.batches == [["the batch in the embedder"], prompts]
+    assert cache.core.batches == 2
+
+
 def test_concurrent_lookups_share_one_embedder_call(fake_embedder):
+    """Twelve at once: the exact hit needs no batch; the first new prompt is sent alone as it
+    arrives; the ten that arrive while it computes share the next batch and its encode call."""
     cache = make(fake_embedder, lookup_window_seconds=0.05, lookup_batch=64)
     cache.warm([("what is a monad", "a monoid in the category of endofunctors")])
     calls_before = fake_embedder.calls
@@ -32,59 +111,44 @@ def test_concurrent_lookups_share_one_embedder_call(fake_embedder):
     answers = run(main())
     assert answers[:2] == ["a monoid in the category of endofunctors"] * 2  # exact, semantic
     assert answers[2:] == [f"loaded: question {i}" for i in range(10)]
-    # one batch: the exact hit needs no embedding, the other eleven share one encode call
-    assert cache.core.batches == 1
-    assert fake_embedder.calls - calls_before == 1  # stores reuse the lookup's vectors
+    assert cache.core.batches == 2
+    assert fake_embedder.calls - calls_before == 2  # stores reuse the lookups' vectors
+    assert fake_embedder.texts[-11:] == ["What is a monad?"] + [f"question {i}" for i in range(10)]
     assert cache.stats().exact_hits == 1 and cache.stats().semantic_hits == 1
 
 
-def test_a_full_batch_is_sent_before_its_window_closes(fake_embedder):
-    cache = make(fake_embedder, lookup_window_seconds=1.0, lookup_batch=4)
-
-    async def main():
-        return await asyncio.gather(*(cache.aget(f"prompt {i}") for i in range(8)))
-
-    assert run(main()) == [None] * 8  # two full batches: neither waited out its second
-    assert cache.core.batches == 2
+def test_a_batch_holds_at_most_lookup_batch_and_the_rest_go_next(fake_embedder):
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=1.0, lookup_batch=4)
+    prompts = [f"prompt {i}" for i in range(6)]
+    assert run(behind_a_running_batch(cache, held, *(cache.aget(p) for p in prompts))) == [None] * 6
+    assert held.batches == [["the batch in the embedder"], prompts[:4], prompts[4:]]
 
 
 def test_scopes_in_one_batch_never_see_each_others_entries(fake_embedder):
-    cache = make(fake_embedder, lookup_window_seconds=0.05)
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=0.05)
+    held.release()
     cache.put("reset my password", "tenant a's answer", scope="a")
-
-    async def main():
-        return await asyncio.gather(cache.aget("reset my password", scope="a"),
-                                    cache.aget("reset my password", scope="b"),
-                                    cache.aget("Reset my password!", scope="b"))
-
-    a, b, b_reworded = run(main())
+    held.hold()
+    a, b, b_reworded = run(behind_a_running_batch(
+        cache, held, cache.aget("Reset my password!", scope="a"),
+        cache.aget("reset my password", scope="b"), cache.aget("Reset my password!", scope="b")))
     assert a.response == "tenant a's answer" and b is None and b_reworded is None
-    assert cache.core.batches == 1
+    assert len(held.batches) == 3  # the put's, the running one's, and the three's
 
 
 def test_each_caller_keeps_its_own_threshold(fake_embedder):
-    cache = make(fake_embedder, lookup_window_seconds=0.05)
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=0.05)
+    held.release()
     cache.put("how do i bake bread", "knead, rise, bake")
-
-    async def main():
-        return await asyncio.gather(cache.aget("how do i bake bread today", threshold=0.99),
-                                    cache.aget("how do i bake bread today", threshold=0.5))
-
-    strict, lenient = run(main())
+    held.hold()
+    strict, lenient = run(behind_a_running_batch(
+        cache, held, cache.aget("how do i bake bread today", threshold=0.99),
+        cache.aget("how do i bake bread today", threshold=0.5)))
     assert strict is None and lenient.response == "knead, rise, bake"
-
-
-class HeldEmbedder:
-    """The fake embedder, held inside ``encode`` until released."""
-
-    def __init__(self, inner):
-        self.inner, self.name, self.dim, self.device = inner, inner.name, inner.dim, inner.device
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def encode(self, texts):
-        self.entered.set()
-        assert self.release.wait(10)
-        return self.inner.encode(texts)
+    assert len(held.batches) == 3  # the put's, the running one's, and the two's
 
 
 @pytest.mark.parametrize("window", [0.0, 0.01])
@@ -98,7 +162,7 @@ def test_a_lookup_past_its_timeout_claims_nothing_for_its_gone_caller(fake_embed
 
         with pytest.raises(LookupTimeout):
             await cache.aget_or_put("slow question", loader)
-        held.release.set()  # the abandoned lookup finishes in its thread, and claims
+        held.release()  # the abandoned lookup finishes in its thread, and claims
         # a second caller is not left waiting on a load the first will never run
         return await cache.aget_or_put("slow question", loader)
 
@@ -114,28 +178,41 @@ def test_a_cancelled_caller_in_a_batch_leaves_the_others_their_answers(fake_embe
         async def loader(prompt):
             return f"loaded: {prompt}"
 
+        running = asyncio.ensure_future(cache.aget("the batch in the embedder"))
+        assert await asyncio.to_thread(held.entered)
         quitter = asyncio.ensure_future(cache.aget_or_put("first", loader))
         stayer = asyncio.ensure_future(cache.aget_or_put("second", loader))
-        await asyncio.to_thread(held.entered.wait, 10)  # the batch is in the embedder
+        await asyncio.sleep(0)  # one turn of the loop (no wait): both gather behind the first
+        held.release(1)
+        assert await running is None
+        assert await asyncio.to_thread(held.entered, 2)  # their batch is in the embedder
         quitter.cancel()
-        held.release.set()
+        held.release()
         with pytest.raises(asyncio.CancelledError):
             await quitter
         second = await stayer
         return second, await cache.aget_or_put("first", loader)
 
     assert run(main()) == ("loaded: second", "loaded: first")
+    assert held.batches[1] == ["first", "second"]
     assert len(cache.core.flights) == 0
 
 
 def test_an_embedder_failure_reaches_every_caller_of_the_batch(fake_embedder):
-    cache = make(fake_embedder, lookup_window_seconds=0.05)
-    fake_embedder.fail_with = RuntimeError("CUDA error: device-side assert")
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=0.05)
 
     async def main():
-        return await asyncio.gather(cache.aget("one"), cache.aget("two"), return_exceptions=True)
+        running = asyncio.ensure_future(cache.aget("the batch in the embedder"))
+        assert await asyncio.to_thread(held.entered)
+        gathered = asyncio.gather(cache.aget("one"), cache.aget("two"), return_exceptions=True)
+        await asyncio.sleep(0)  # one turn of the loop (no wait): both gather behind the first
+        fake_embedder.fail_with = RuntimeError("CUDA error: device-side assert")
+        held.release()
+        return [*await asyncio.gather(running, return_exceptions=True), *await gathered]
 
     errors = run(main())
+    assert held.batches[1:] == [["one", "two"]] and len(errors) == 3
     assert all(isinstance(e, RuntimeError) and "device-side" in str(e) for e in errors)
     fake_embedder.fail_with = None
     assert run(cache.aget("one")) is None  # and the cache goes on
@@ -206,10 +283,10 @@ def test_a_lookup_whose_caller_gave_up_while_it_queued_is_never_computed(fake_em
 
     async def main():
         first = asyncio.ensure_future(cache.aget("the batch in the embedder"))
-        await asyncio.to_thread(held.entered.wait, 10)  # that batch holds the embedder
+        assert await asyncio.to_thread(held.entered)  # that batch holds the embedder
         with pytest.raises(LookupTimeout):  # this one queued behind it past its deadline
             await cache.aget("a lookup nobody waits for any more")
-        held.release.set()
+        held.release()
         with pytest.raises(LookupTimeout):  # its batch was sent; its caller gave up too
             await first
         return await cache.aget("a later lookup")

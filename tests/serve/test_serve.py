@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -254,17 +255,42 @@ def lookup_batches(proxy) -> float:
     raise AssertionError("no gpucache_lookup_batches_total in /metrics")
 
 
-def test_sixty_four_concurrent_clients_share_one_lookup_batch_and_one_upstream_call_per_prompt(
+class FirstCallHeld:
+    """The real embedder, its first call held until ``ready()`` says so (polled, from the
+    embedder's thread): the requests the test sends gather behind that batch meanwhile."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.dim, self.device = inner, inner.name, inner.dim, inner.device
+        self.ready = lambda: True
+        self.calls: list[int] = []  # each call's batch size
+
+    def encode(self, texts):
+        if not self.calls:  # a condition polled, not a time guessed: it waits as long as it takes
+            deadline = time.monotonic() + 60
+            while not self.ready() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        self.calls.append(len(texts))
+        return self.inner.encode(texts)
+
+
+def test_sixty_four_concurrent_clients_share_lookup_batches_and_one_upstream_call_per_prompt(
         upstream, real_embedder):
-    """A batch is sent when it holds ``lookup_batch`` lookups or its window passes; here the
-    window is the longest allowed (1 s), far longer than 64 local requests take to arrive, so the
-    64 lookups are exactly one batch, sent as the 64th arrives (looked up one by one, they would
-    be 64 batches). Single-flight then loads each of the 8 distinct prompts once."""
+    """The first of 64 requests is looked up at once, alone (no batch was computing); the 63
+    that arrive while it is in the embedder (held there until all 63 have gathered) share the
+    next batch, sent as it returns: two batches, where looked up one by one they would be 64.
+    Single-flight then loads each of the 8 distinct prompts once."""
     prompts = [f"[slow] Gathered question number {i} about subject {i}" for i in range(8)]
+    held = FirstCallHeld(real_embedder)
+    made: list[SemanticCache] = []
+
+    def factory() -> SemanticCache:
+        made.append(SemanticCache(held, device="cpu", lookup_batch=64, lookup_window_seconds=0.002,
+                                  lookup_timeout_seconds=120.0))
+        held.ready = lambda: made[0].core.coalescer.gathered >= 63
+        return made[0]
+
     app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET),
-                     cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_batch=64,
-                                                         lookup_window_seconds=1.0,
-                                                         lookup_timeout_seconds=120.0))
+                     cache_factory=factory)
     with Served(app) as served:
         assert lookup_batches(served) == 0
 
@@ -278,7 +304,8 @@ def test_sixty_four_concurrent_clients_share_one_lookup_batch_and_one_upstream_c
         answers = asyncio.run(main())
         assert [a.choices[0].message.content for a in answers] == [answer_to(prompts[i % 8]) for i in range(64)]
         assert [upstream_calls(upstream, p) for p in prompts] == [1] * 8
-        assert lookup_batches(served) == 1
+        assert lookup_batches(served) == 2
+        assert held.calls[:2] == [1, 8]  # the lone one; then the 63, the 8 prompts embedded once
 
 
 def test_metrics_count_what_happened(proxy):
