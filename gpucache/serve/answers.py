@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from gpucache.cache.lookup import Hit as CacheHit
@@ -14,6 +15,7 @@ from gpucache.serve.exchange import (
     Bypassed,
     Exchange,
     FailedOpen,
+    Forwarded,
     Hit,
     Joined,
     Loaded,
@@ -63,7 +65,8 @@ def respond(ex: Exchange | Refused | None, outcome: Outcome, max_concurrency: in
         shed.headers["retry-after"] = str(outcome.retry_after)
         return shed
     if isinstance(outcome, (Bypassed, FailedOpen)):
-        return outcome.response  # type: ignore[no-any-return]
+        assert outcome.answer is not None
+        return relayed(outcome.answer, "bypass" if isinstance(outcome, Bypassed) else "miss")
     if isinstance(outcome, PassedThrough):
         return Response(
             outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
@@ -128,6 +131,15 @@ def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome) -> None:
         m.requests.labels(endpoint, "error").inc()
         return
     m.requests.labels(endpoint, "miss").inc()  # Loaded, Joined, PassedThrough, FailedOpen
+
+def relayed(answer: Forwarded, tier: str) -> Response:
+    """A forwarded answer as it came back, marked with the tier it went by."""
+    headers = {**returned(answer.headers), "x-gpucache": tier}
+    if answer.stream is None:
+        return Response(answer.content, answer.status, headers=headers)
+    close = BackgroundTask(answer.close) if answer.close is not None else None
+    return StreamingResponse(answer.stream, status_code=answer.status, headers=headers, background=close)
+
 
 def hit_headers(hit: CacheHit) -> dict[str, str]:
     headers = {"x-gpucache": "exact" if hit.exact else "semantic"}

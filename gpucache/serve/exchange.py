@@ -17,7 +17,7 @@ Outcomes:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,15 +209,28 @@ class Unauthorized:
 
 
 @dataclass(frozen=True)
+class Forwarded:
+    """The upstream's answer to a request forwarded as it came, to be relayed as it came back:
+    its status and headers, and its body (JSON) or its byte stream with what closes the
+    upstream's response once the client has read it."""
+
+    status: int
+    headers: Any
+    content: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+    close: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True)
 class Bypassed:
     reason: str
-    response: Any  # the forwarded answer, an HTTP response already
+    answer: Forwarded | None  # None: counted only (a test's outcome)
 
 
 @dataclass(frozen=True)
 class FailedOpen:
     error: BaseException
-    response: Any  # the forwarded answer, an HTTP response already
+    answer: Forwarded
 
 
 @dataclass(frozen=True)

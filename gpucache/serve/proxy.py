@@ -34,9 +34,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
-from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.lookup import Hit as CacheHit
@@ -48,6 +47,7 @@ from gpucache.serve.exchange import (
     CacheControl,
     Exchange,
     FailedOpen,
+    Forwarded,
     Hit,
     Joined,
     Loaded,
@@ -64,7 +64,7 @@ from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
 from gpucache.serve.streams import Relay, Streams, upstream_events
-from gpucache.serve.upstream import Upstream, UpstreamUnavailable, returned
+from gpucache.serve.upstream import Upstream, UpstreamUnavailable
 
 log = logging.getLogger("gpucache.serve")
 # Answers of timed-out lookups waiting to be stored after they were sent: each store embeds,
@@ -169,7 +169,7 @@ class Proxy:
 
     async def run(self, ex: Exchange) -> Outcome:
         if ex.key.bypass is not None:
-            forwarded = await self.forward_exchange(ex, "bypass")
+            forwarded = await self.forward_exchange(ex)
             return forwarded if isinstance(forwarded, Unavailable) else Bypassed(ex.key.bypass, forwarded)
         if not ex.control.reads:
             return await self.refresh(ex)
@@ -341,7 +341,7 @@ class Proxy:
             # the cache policy), so the cache warms under load instead of staying cold; stored
             # after the answer is sent, since storing embeds and the embedder is what is slow
             return await self.refresh(ex, later=True)
-        forwarded = await self.forward_exchange(ex, "miss")
+        forwarded = await self.forward_exchange(ex)
         return forwarded if isinstance(forwarded, Unavailable) else FailedOpen(exc, forwarded)
 
     # ------------------------------------------------------------------------- respond
@@ -366,32 +366,25 @@ class Proxy:
             self.metrics.errors.labels("cache").inc()
 
     async def forward(
-        self, path: str, method: str, headers: Any, query: Any, body: bytes, stream: bool, outcome: str
-    ) -> Response | Unavailable:
-        """The request as it came, to the upstream, and its answer as it came back."""
-        marker = {"x-gpucache": outcome}
+        self, path: str, method: str, headers: Any, query: Any, body: bytes, stream: bool
+    ) -> Forwarded | Unavailable:
+        """The request as it came, to the upstream, and its answer as it came back (as a value:
+        answers.respond makes it HTTP)."""
         try:
             if not stream:
                 response = await self.upstream.send(method, path, headers, body, params=query)
-                return Response(
-                    response.content, response.status_code, headers={**returned(response.headers), **marker}
-                )
+                return Forwarded(response.status_code, response.headers, response.content)
             response = await self.upstream.open(path, headers, body, params=query)
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
-        return StreamingResponse(
-            self.streams.raw_relay(response),
-            status_code=response.status_code,
-            headers={**returned(response.headers), **marker},
-            background=BackgroundTask(response.aclose),
-        )
+        return Forwarded(response.status_code, response.headers, stream=self.streams.raw_relay(response),
+                         close=response.aclose)
 
-    async def forward_exchange(self, ex: Exchange, outcome: str) -> Response | Unavailable:
+    async def forward_exchange(self, ex: Exchange) -> Forwarded | Unavailable:
         """``forward`` for a cached endpoint's request, its wait counted as the upstream's."""
         begun = time.perf_counter()
         try:
-            return await self.forward(ex.endpoint, ex.method, ex.headers, ex.query, ex.raw,
-                                      ex.key.stream, outcome)
+            return await self.forward(ex.endpoint, ex.method, ex.headers, ex.query, ex.raw, ex.key.stream)
         finally:
             ex.waited_upstream(time.perf_counter() - begun)
 
@@ -411,7 +404,7 @@ class Proxy:
             outcome = refused
         else:
             forwarded = await self.forward(path, request.method, request.headers, request.url.query, body,
-                                           False, "bypass")
+                                           False)
             outcome = forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)
         self.record(label, outcome)
         return self.respond(None, outcome)
