@@ -9,9 +9,10 @@
     POST /admin/invalidate, /admin/clear, /admin/revoke, /admin/snapshot; GET /admin/stats
                                                   behind the admin token, when one is set
 
-At start the cache is built (the embedder loaded) and the snapshot, if there is one, loaded; at
-shutdown (SIGTERM: uvicorn stops accepting requests and lets those in flight finish first) the
-snapshot is saved, atomically.
+At start the cache is built (the embedder loaded), the snapshot, if there is one, loaded, and
+what start-up loaded frozen out of the collector's full collections (heap.py); at shutdown
+(SIGTERM: uvicorn stops accepting requests and lets those in flight finish first) the snapshot
+is saved, atomically.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 
 from gpucache.cache.semantic import SemanticCache
 from gpucache.cache.snapshot import SnapshotError
+from gpucache.serve import heap
 from gpucache.serve.answers import error
 from gpucache.serve.keying import BadRequest, parse_json, request_key
 from gpucache.serve.lifecycle import build_cache
@@ -59,10 +61,15 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         cache = await asyncio.to_thread(build_cache, config, cache_factory)
         upstream = Upstream(config.upstream, config.upstream_timeout)
         metrics.watch(cache)
-        app.state.proxy = Proxy(config, cache, upstream, metrics)
+        proxy = Proxy(config, cache, upstream, metrics)
+        # last at start, before the first request: the loop is not held up by full collections
+        # of what start-up loaded (heap.py)
+        app.state.frozen = heap.freeze()
+        app.state.proxy = proxy
         try:
             yield
         finally:
+            heap.thaw(app.state.frozen)
             if config.snapshot:
                 await asyncio.to_thread(cache.save, config.snapshot, key=config.snapshot_key)
                 log.info("gpucache: saved the cache to %s", config.snapshot)
