@@ -13,7 +13,10 @@ A shape is a query bucket (1, up to 64, more) and a size class (the store's rows
 must not decide for the 64-query batches that follow. Each timed run waits until no caller's
 scan is running (``scanning``), so a measurement neither slows a caller's scan nor is slowed
 by one; and a shape whose observed scans stray far from what was measured (``observe``: over
-``STRAY`` times slower) is measured again, at most ``MAX_REMEASURES`` times.
+``STRAY`` times slower, ``STRAYS_IN_A_ROW`` scans running) is measured again, at most
+``MAX_REMEASURES`` times. One slow scan is not enough: the first scan after other work (caches
+cold, another store's rows in them) strays alone, and measuring again for it left a shape on
+its unmeasured path, beside a measurement, for the next scans (bench/reports/cpu-paths.md).
 
 The measurement (twelve scans: a warm-up, which also compiles the Triton kernel, and five timed
 runs per kernel) runs in a thread of its own, never in the lookup that met the new shape: that
@@ -45,6 +48,7 @@ MIN_ROWS = 65536
 TIMED_RUNS = 5  # after one warm-up run, which also compiles the Triton kernel
 STRAY = 4.0  # an observed scan this many times slower than measured: measure the shape again
 MAX_REMEASURES = 3  # per shape: a machine whose timings swing is not measured forever
+STRAYS_IN_A_ROW = 3  # stray scans, one after another, that say the machine changed
 IDLE_WAIT = 0.5  # seconds a timed run waits for callers' scans to end before it runs anyway
 
 
@@ -136,6 +140,7 @@ class ScanKernelChooser:
         self.timings: dict[tuple[str, int], dict[str, float]] = {}  # seconds, as measured
         self.errors: dict[tuple[str, int], str] = {}  # shapes whose measurement failed
         self.remeasured: dict[tuple[str, int], int] = {}  # shapes measured again (``observe``)
+        self._strays: dict[tuple[str, int], int] = {}  # stray scans in a row, per shape
         self._scanning = 0  # callers' scans running now (``scanning``)
         self.idle_wait = idle_wait  # seconds a timed run waits for them, then runs anyway
         self.idle_waits = 0  # timed runs that waited for callers' scans to end
@@ -182,17 +187,26 @@ class ScanKernelChooser:
 
     def observe(self, queries: int, rows: int, option: str, seconds: float) -> None:
         """A caller's scan of ``queries`` over ``rows`` took ``seconds`` the ``option`` way:
-        where the shape was measured (at its largest batch) and this is over ``STRAY`` times
-        slower, the machine has changed under the measurement (another load, a frequency
-        drop, a store grown within its class): the shape is measured again at its next scan."""
+        where the shape was measured (at its largest batch) and this is the
+        ``STRAYS_IN_A_ROW``-th scan running over ``STRAY`` times slower, the machine has changed
+        under the measurement (another load, a frequency drop, a store grown within its class):
+        the shape is measured again at its next scan. A scan within ``STRAY`` starts the count
+        over."""
         if rows < self.min_rows:
             return
         shape = (bucket(queries), size_class(rows))
         with self._lock:
             measured = self.timings.get(shape, {}).get(option)
-            if (measured is None or self.choices.get(shape) != option or seconds <= STRAY * measured
+            if (measured is None or self.choices.get(shape) != option
                     or self.remeasured.get(shape, 0) >= MAX_REMEASURES or shape in self._pending):
                 return
+            if seconds <= STRAY * measured:
+                self._strays.pop(shape, None)
+                return
+            self._strays[shape] = self._strays.get(shape, 0) + 1
+            if self._strays[shape] < STRAYS_IN_A_ROW:
+                return
+            del self._strays[shape]
             self.remeasured[shape] = self.remeasured.get(shape, 0) + 1
             del self.choices[shape], self.timings[shape]
 
