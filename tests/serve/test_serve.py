@@ -357,6 +357,18 @@ def test_admin_endpoints_need_the_token_and_do_their_job(proxy, real_embedder):
     assert len(SemanticCache.load(saved, embedder=real_embedder, device="cpu")) == entries
 
 
+@pytest.mark.parametrize("method, path", [("POST", "invalidate"), ("POST", "clear"), ("POST", "revoke"),
+                                          ("POST", "snapshot"), ("GET", "stats")])
+def test_every_admin_endpoint_refuses_a_wrong_token_before_its_body_is_read(proxy, method, path):
+    for token in (None, "Bearer not-the-admin-token", f"Basic {ADMIN}"):
+        headers = {"authorization": token} if token else {}
+        refused = httpx.request(method, f"{proxy.url}/admin/{path}", headers=headers, content=b"{not json")
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+    answered = httpx.request(method, f"{proxy.url}/admin/{path}", content=b"{not json",
+                             headers={"authorization": f"bearer {ADMIN}"})
+    assert answered.status_code == (400 if method == "POST" and path != "snapshot" else 200)
+
+
 def test_a_client_that_disconnects_mid_stream_cancels_the_upstream_and_stores_nothing(proxy, upstream):
     text = "[drip] Tell me a very long story"
     upstream.app.state.closed.clear()
