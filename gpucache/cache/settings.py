@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpucache.cache.validation import check_positive_int, check_threshold, check_ttl
+from gpucache.fields import setting
 from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, SCAN_KERNELS
 from gpucache.index.store import check_quantization
 
@@ -35,7 +36,7 @@ DEFAULT_CAPACITY = 100_000
 
 
 def _setting(default: Any, doc: str, *, shown: str | None = None, saved: bool = True) -> Any:
-    return field(default=default, metadata={"doc": doc, "shown": shown, "saved": saved})
+    return setting(default, doc, shown=shown, saved=saved)
 
 
 @dataclass(frozen=True)

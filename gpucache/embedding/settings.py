@@ -6,23 +6,21 @@ The settings a server (or any application) names its embedder by, kept apart fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from gpucache.fields import setting
 
 DTYPES = ("auto", "fp32", "fp16", "bf16")
 
 
-def _setting(default: Any, doc: str) -> Any:
-    return field(default=default, metadata={"doc": doc})
-
-
 @dataclass(frozen=True)
 class EmbedderSettings:
-    model: str | None = _setting(
+    model: str | None = setting(
         None, "the embedding model: a local folder (none: the packaged all-MiniLM-L6-v2)"
     )
-    device: str = _setting("auto", 'where the embedder and the index run: "auto", "cpu" or "cuda[:N]"')
-    dtype: str = _setting(
+    device: str = setting("auto", 'where the embedder and the index run: "auto", "cpu" or "cuda[:N]"')
+    dtype: str = setting(
         "auto", '"auto" (fp16 on CUDA, bf16 on a CPU with native bf16, each kept only where it '
         'agrees with fp32), or "fp32", "fp16", "bf16"',
     )

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpucache.cache.settings import CacheSettings
 from gpucache.embedding.settings import EmbedderSettings
+from gpucache.fields import setting
 from gpucache.guard.settings import GuardSettings
 from gpucache.serve.auth import AUTH_MODES, KeyFile, KeyFileError
 from gpucache.serve.tenancy import CREDENTIAL_HEADERS, CREDENTIAL_PARAMS, NAMESPACE_HEADER, Tenancy
@@ -97,7 +98,7 @@ def _option(default: Any, doc: str, *, flag: bool = True, secret: bool = False, 
     """A server setting: its documentation (a flag's help), whether it has a flag (a secret
     given on the command line is visible to every local user: the tenancy secret has none),
     and whether ``gpucache info`` shows its value (``secret``: only whether it is set)."""
-    return field(default=default, metadata={"doc": doc, "flag": flag, "secret": secret}, **extra)
+    return setting(default, doc, flag=flag, secret=secret, **extra)
 
 
 @dataclass(frozen=True)

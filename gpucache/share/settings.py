@@ -3,21 +3,19 @@ no Redis client; ``build`` does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-
-def _setting(default: Any, doc: str) -> Any:
-    return field(default=default, metadata={"doc": doc})
+from gpucache.fields import setting
 
 
 @dataclass(frozen=True)
 class ReplicationSettings:
-    redis: str | None = _setting(
+    redis: str | None = setting(
         None, "a Redis or Valkey URL: replicas share their entries through it (none: this process only)"
     )
-    redis_prefix: str = _setting("gpucache", "the prefix of every key this deployment writes in Redis")
-    replay_window: float = _setting(
+    redis_prefix: str = setting("gpucache", "the prefix of every key this deployment writes in Redis")
+    replay_window: float = setting(
         300.0, "seconds a signed event's time may differ from its place in the shared log; outside "
         "it the event is refused as a replay"
     )

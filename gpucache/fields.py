@@ -1,0 +1,15 @@
+"""One way to declare a setting, for every settings tree (cache, embedder, replication, serve):
+a dataclass field with a default, its documentation, and what else the layer that reads the
+tree needs of it (``metadata``: the cache's ``shown``/``saved``, the server's ``flag``/``secret``).
+The settings pages (docs/settings.md, docs/library-settings.md) and the command line's help are
+made from these fields, so a setting is documented where it is declared. Importing this module
+imports nothing of the package: a settings module stays light."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+
+def setting(default: Any, doc: str, **metadata: Any) -> Any:
+    return field(default=default, metadata={"doc": doc, **metadata})
