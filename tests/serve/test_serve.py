@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -256,19 +255,33 @@ def lookup_batches(proxy) -> float:
 
 
 class FirstCallHeld:
-    """The real embedder, its first call held until ``ready()`` says so (polled, from the
-    embedder's thread): the requests the test sends gather behind that batch meanwhile."""
+    """The real embedder, its first call held (in the embedder's thread) until ``ready()``
+    says so: the requests the test sends gather behind that batch meanwhile. ``watch`` makes
+    each lookup the cache submits announce that it has joined, so the hold waits on that
+    event, never on a time guessed."""
 
     def __init__(self, inner) -> None:
         self.inner, self.name, self.dim, self.device = inner, inner.name, inner.dim, inner.device
         self.ready = lambda: True
         self.calls: list[int] = []  # each call's batch size
+        self.joined = threading.Condition()
+
+    def watch(self, coalescer) -> None:
+        submit = coalescer.submit
+
+        async def announced(request, timeout=None):
+            task = asyncio.ensure_future(submit(request, timeout))
+            await asyncio.sleep(0)  # one turn of the loop: the task's first step filed its ticket
+            with self.joined:
+                self.joined.notify_all()
+            return await task
+
+        coalescer.submit = announced
 
     def encode(self, texts):
-        if not self.calls:  # a condition polled, not a time guessed: it waits as long as it takes
-            deadline = time.monotonic() + 60
-            while not self.ready() and time.monotonic() < deadline:
-                time.sleep(0.001)
+        if not self.calls:
+            with self.joined:
+                self.joined.wait_for(self.ready, timeout=60)
         self.calls.append(len(texts))
         return self.inner.encode(texts)
 
@@ -287,6 +300,7 @@ def test_sixty_four_concurrent_clients_share_lookup_batches_and_one_upstream_cal
         made.append(SemanticCache(held, device="cpu", lookup_batch=64, lookup_window_seconds=0.002,
                                   lookup_timeout_seconds=120.0))
         held.ready = lambda: made[0].core.coalescer.gathered >= 63
+        held.watch(made[0].core.coalescer)
         return made[0]
 
     app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET),
