@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_upstream  # noqa: E402
-from serve import free_port, start, stop  # noqa: E402
+from serve import free_port, percentile, start, stop  # noqa: E402
 
 from gpucache.demo.replay import WorkloadItem, load_workload  # noqa: E402
 
@@ -110,10 +110,7 @@ def wrong_hits(run: Replay) -> list[Answer]:
 
 
 def ms(values: list[float], q: float) -> str:
-    if not values:
-        return "–"
-    ordered = sorted(values)
-    return f"{1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.0f}"
+    return f"{1000 * percentile(values, q):.0f}" if values else "–"
 
 
 def main() -> None:
