@@ -34,7 +34,7 @@ from gpucache.cache.batching import LookupCoalescer
 from gpucache.cache.entries import Entry, EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight, Unstored
 from gpucache.cache.lookup import LOCK_BUSY, LookupRequest, Plan, exact_plan, lookup_batch
-from gpucache.cache.replication import LocalOnly, Replication, SharedEntry
+from gpucache.cache.replication import LocalOnly, RemovalFence, Replication, SharedEntry
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import Snapshot, SnapshotEntry
 from gpucache.cache.stats import CacheStats, StatsCounter
@@ -99,6 +99,7 @@ class CacheCore:
             initial_rows=min(1024, s.capacity), scan_kernel=s.scan_kernel, engine=engine,
         )
         self.lock = threading.RLock()
+        self.fence = RemovalFence()  # removals, for the reads from the shared store (fetched)
         self.counters = StatsCounter()
         # the most entries kept: the capacity, or fewer where the device budget says so
         limit = min(s.capacity, self.store.max_rows or s.capacity)
@@ -123,10 +124,10 @@ class CacheCore:
     def invalidate(self, scope: str, prompt: str) -> bool:
         """Remove the entry stored under exactly ``prompt`` in ``scope``, here and on every
         replica; True if there was one here."""
-        with self.lock:
-            removed = self.table.remove(scope, prompt)
-        self.shared.removed(scope, prompt)  # and on every replica, wherever it was stored
-        return removed
+        with self.lock:  # the fence, the queued event and the removal as one step (fetched)
+            self.fence.removed(scope, prompt)
+            self.shared.removed(scope, prompt)  # and on every replica, wherever it was stored
+            return self.table.remove(scope, prompt)
 
     def may_hold(self, scope: str, prompt: str) -> bool:
         """Whether an entry may be stored under exactly ``prompt``, without the lock
@@ -135,8 +136,9 @@ class CacheCore:
 
     def clear(self, scope: str | None) -> None:
         with self.lock:
+            self.fence.cleared(scope)
+            self.shared.cleared(scope)
             self.table.clear(scope)
-        self.shared.cleared(scope)
 
     def clear_under(self, prefix: str) -> int:
         """Remove every entry whose scope is ``prefix`` or under it, here and on every replica
@@ -144,9 +146,10 @@ class CacheCore:
         were removed here."""
         with self.lock:
             found = self.table.under(prefix)
+            for scope in sorted({e.scope for e in found}):
+                self.fence.cleared(scope)
+                self.shared.cleared(scope)
             self.table.drop(found)
-        for scope in sorted({e.scope for e in found}):
-            self.shared.cleared(scope)
         return len(found)
 
     def close(self) -> None:
@@ -359,11 +362,26 @@ class CacheCore:
 
     def apply_replicated_removal(self, scope: str, prompt: str) -> None:
         with self.lock:
+            self.fence.removed(scope, prompt)
             self.table.remove(scope, prompt)
 
     def apply_replicated_clear(self, scope: str | None) -> None:
         with self.lock:
+            self.fence.cleared(scope)
             self.table.clear(scope)
+
+    def fetched(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
+        """Exact repeats read from the shared store (one round trip, outside the lock) and
+        kept here; an entry that a removal applied meanwhile covers is dropped (the fence)."""
+        with self.lock:
+            since = self.fence.mark()
+        found = self.shared.fetch(pairs)
+        if not found:
+            return []
+        with self.lock:
+            found = [e for e in found if not self.fence.stale(e.scope, e.prompt, since)]
+            self.apply_replicated(found)
+        return found
 
     def abort(self, plan: Plan, error: BaseException) -> None:
         """Release this call's claims, handing ``error`` to their waiters. Takes only

@@ -60,7 +60,7 @@ class LookupState(Protocol):
 
     def embedded(self, prompts: Sequence[str]) -> list[str]: ...
 
-    def apply_replicated(self, entries: Sequence[SharedEntry]) -> None: ...
+    def fetched(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]: ...
 
 
 @dataclass(frozen=True)
@@ -209,10 +209,7 @@ def exact_plan(core: LookupState, request: LookupRequest, wait: bool) -> Plan | 
 def _exact_from_shared(core: LookupState, plans: list[Plan], need: dict[tuple[str, str], list[int]]) -> None:
     """Exact repeats that another replica stored and this one's tail has not applied yet,
     answered from the shared records (and kept here); ``need`` loses them."""
-    found = core.shared.fetch(list(need))
-    if not found:
-        return
-    core.apply_replicated(found)
+    found = core.fetched(list(need))
     for entry in found:
         for i in need.pop((entry.scope, entry.prompt), []):
             plans[i].hits[entry.prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)

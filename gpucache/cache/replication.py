@@ -13,6 +13,7 @@ replication, so the packages depend one way only.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -120,3 +121,44 @@ class LocalOnly:
 
     def close(self) -> None:
         pass
+
+
+class RemovalFence:
+    """The removals this cache has applied, numbered, so that an entry read from the shared
+    store before a removal and applied after it stays out.
+
+    A fetch (an exact repeat read from Redis) takes a round trip outside the cache's lock; a
+    delete or a clear may be applied meanwhile, here or from another replica's event. The
+    fetch marks the fence before it reads (``mark``) and, under the lock again, drops every
+    entry a removal since then covers (``stale``): an admin clear that returned is never undone
+    by a read that was in flight. Only the last ``KEPT`` removals are kept; a fetch older than
+    all of them keeps nothing. Callers hold the cache's lock."""
+
+    KEPT = 1024
+
+    def __init__(self) -> None:
+        self.number = 0  # removals so far
+        self._recent: deque[tuple[int, str | None, str | None]] = deque(maxlen=self.KEPT)
+
+    def removed(self, scope: str, prompt: str) -> None:
+        self.number += 1
+        self._recent.append((self.number, scope, prompt))
+
+    def cleared(self, scope: str | None) -> None:
+        """A clear of ``scope`` (of every scope, with None)."""
+        self.number += 1
+        self._recent.append((self.number, scope, None))
+
+    def mark(self) -> int:
+        return self.number
+
+    def stale(self, scope: str, prompt: str, since: int) -> bool:
+        """Whether a removal after ``since`` covers the entry (scope, prompt)."""
+        if self.number - since > len(self._recent):
+            return True  # removals since then no longer kept: any may cover it
+        for number, gone_scope, gone_prompt in reversed(self._recent):
+            if number <= since:
+                return False
+            if gone_scope is None or (gone_scope == scope and gone_prompt in (None, prompt)):
+                return True
+        return False

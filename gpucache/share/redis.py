@@ -302,6 +302,15 @@ class RedisShare:
         if not pairs or not self.link.breaker.connected:
             return []
         self.link.count(fetches=1)
+        # what a queued delete or clear removes is not read: Redis holds it until the writer
+        # has written the removal. One queued after this look is the cache's fence's to drop
+        # (CacheCore.fetched)
+        removing = self.writer.removals()
+        if removing:
+            pairs = [(s, p) for s, p in pairs
+                     if not any(gs is None or (gs == s and gp in (None, p)) for gs, gp in removing)]
+            if not pairs:
+                return []
         try:
             pipe = self.redis.pipeline(transaction=False)
             for scope, prompt in pairs:

@@ -56,6 +56,14 @@ class Writer:
             self.link.gauge(pending=len(self.pending))
             self.wake.notify()
 
+    def removals(self) -> list[tuple[str | None, str | None]]:
+        """The deletes and clears queued and not yet written, as (scope, prompt): prompt None
+        for a clear, scope None for a clear of everything. Until one is written, Redis still
+        holds what it removes (``RedisShare.fetch`` must not bring it back)."""
+        with self.wake:
+            return [(None if e.get("all") else e["scope"], e.get("prompt") if e["op"] == "del" else None)
+                    for e in self.pending if e["op"] in ("del", "clear")]
+
     def drain(self, timeout: float, running: bool) -> None:
         """Wait (up to ``timeout``) until the queue is written, while Redis answers."""
         with self.wake:

@@ -8,8 +8,10 @@ import ast
 import math
 from pathlib import Path
 
+import pytest
+
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly
-from gpucache.cache.replication import LocalOnly, SharedEntry
+from gpucache.cache.replication import LocalOnly, RemovalFence, SharedEntry
 
 
 class Recording(LocalOnly):
@@ -62,6 +64,67 @@ def test_the_cache_tells_its_replication_and_takes_entries_through_its_public_fa
     shared.elsewhere.clear()  # the other replica invalidated it: its removal arrives
     cache.core.apply_replicated_removal("s", "stored elsewhere")
     assert cache.get("stored elsewhere", scope="s") is None
+
+
+class RemovedWhileRead(Recording):
+    """A replication whose read from the shared store is overtaken by a removal: ``during``
+    runs while the round trip is in flight (another thread's clear, or another replica's)."""
+
+    def __init__(self, elsewhere, during):
+        super().__init__(elsewhere)
+        self.during = during
+
+    def fetch(self, pairs):
+        found = super().fetch(pairs)  # read before the removal...
+        self.during(self.replica)  # ...which is applied before the read is
+        return found
+
+
+@pytest.mark.parametrize("removal", [
+    lambda core: core.clear("s"),
+    lambda core: core.invalidate("s", "stored elsewhere"),
+    lambda core: core.apply_replicated_clear(None),
+    lambda core: core.apply_replicated_removal("s", "stored elsewhere"),
+], ids=["clear", "invalidate", "replicated clear", "replicated removal"])
+def test_an_entry_read_from_the_shared_store_before_a_removal_is_not_kept_after_it(fake_embedder, removal):
+    vector = fake_embedder.encode(["stored elsewhere"])[0]
+    entry = SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)
+    cache = make(fake_embedder, RemovedWhileRead([entry], removal))
+    assert cache.get("stored elsewhere", scope="s") is None  # the removal stands
+    cache.shared.during = lambda core: None
+    cache.shared.elsewhere.clear()
+    assert cache.get("stored elsewhere", scope="s") is None  # and nothing was kept here
+
+
+def test_a_removal_of_something_else_leaves_a_read_from_the_shared_store_alone(fake_embedder):
+    vector = fake_embedder.encode(["stored elsewhere"])[0]
+    entry = SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)
+    cache = make(fake_embedder, RemovedWhileRead([entry], lambda core: core.clear("other")))
+    hit = cache.get("stored elsewhere", scope="s")
+    assert hit is not None and hit.exact and hit.response == "their answer"
+
+
+def test_the_fence_covers_what_each_removal_since_the_mark_removed():
+    fence = RemovalFence()
+    fence.removed("s", "before")
+    since = fence.mark()
+    assert not fence.stale("s", "before", since)  # applied before the read began
+    fence.removed("s", "a")
+    assert fence.stale("s", "a", since) and not fence.stale("s", "b", since)
+    assert not fence.stale("t", "a", since)
+    fence.cleared("t")
+    assert fence.stale("t", "anything", since) and not fence.stale("u", "x", since)
+    fence.cleared(None)
+    assert fence.stale("u", "x", since)
+
+
+def test_a_read_older_than_every_removal_the_fence_keeps_is_dropped():
+    fence = RemovalFence()
+    since = fence.mark()
+    for i in range(RemovalFence.KEPT + 1):
+        fence.removed("s", f"prompt {i}")
+    assert fence.stale("other scope", "never removed", since)  # it cannot tell: nothing kept
+    assert not fence.stale("other scope", "never removed", fence.mark())
 
 
 def test_the_cache_package_never_imports_a_replication():

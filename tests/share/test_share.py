@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -222,6 +223,38 @@ def test_an_exact_repeat_is_answered_from_redis_before_the_tail_brings_it(replic
     assert hit is not None and hit.exact and hit.response == "African or European?"
     assert b.get("What is the airspeed of a swallow?").exact  # and now it is b's own entry
     assert b.shared.stats.applied == 0  # not through the tail
+
+
+@pytest.mark.parametrize("removal", ["clear", "invalidate"])
+def test_a_removal_still_queued_is_not_undone_by_reading_the_record_back(replicas, monkeypatch, removal):
+    """A clear or an invalidate returns before the writer has deleted the record from Redis;
+    an exact repeat asked meanwhile must not read the removed answer back from there."""
+    a = replicas()
+    a.put("What is my balance?", "before the removal", scope="one")
+    assert a.shared.wait_written(1, timeout=10)
+    writing, release = threading.Event(), threading.Event()
+    write = a.shared.writer.write
+
+    def held(batch):
+        writing.set()
+        release.wait(30)
+        write(batch)
+
+    monkeypatch.setattr(a.shared.writer, "write", held)
+    try:
+        if removal == "clear":
+            a.clear("one")
+        else:
+            a.invalidate("What is my balance?", scope="one")
+        assert writing.wait(10)  # the removal is queued; Redis still holds the record
+        fetches = a.shared.stats.fetches
+        assert a.get("What is my balance?", scope="one") is None
+        assert a.get("What is the airspeed of a swallow?", scope="one") is None
+        assert a.shared.stats.fetches == fetches + 2  # both were asked of Redis
+    finally:
+        release.set()
+    assert a.shared.wait_written(2, timeout=10)
+    assert a.get("What is my balance?", scope="one") is None
 
 
 def test_with_redis_away_a_lookup_does_not_wait_on_it(server, replicas):

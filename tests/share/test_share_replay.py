@@ -289,7 +289,7 @@ def test_two_writers_and_a_replica_joining_late_count_no_replay(server, replicas
     fetching = signed(replicas)  # its tail stopped: lookups read the records through Redis
     fetching.shared.close()
     fetching.shared.link.breaker.succeeded()
-    fetching.clear()  # nothing here yet: its own clear, which its stopped tail never reads
+    fetching.clear("y")  # its own clear (of another scope), which its stopped tail never reads
     assert fetching.get("b's question 2").response == "b 2, stored again"
     assert fetching.get("a scoped question", scope="x").response == "stored after the clear"
     assert [c.shared.stats.replayed for c in (a, b, reader, late, fetching)] == [0] * 5
