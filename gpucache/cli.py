@@ -242,7 +242,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               "pip install 'gpucache[serve]'", file=sys.stderr)
         return 2
     try:
-        config = serve_config(args)
+        config = serve_config(args).resolved()
     except (OSError, TypeError, ValueError) as exc:
         print(f"gpucache serve: {exc}", file=sys.stderr)
         return 2

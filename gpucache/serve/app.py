@@ -46,6 +46,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
     restored into it when present (lifecycle.py). A factory brings its own embedder, settings
     and replication, so a config that names a Redis beside one is refused: the Redis would be
     silently unused."""
+    config = config.resolved()  # the secrets and files the settings name, read once, here
     if cache_factory is not None and config.replication.redis is not None:
         raise ConfigError("a cache_factory brings its own replication: build its cache with "
                           "shared=RedisShare(...) and leave replication.redis unset")

@@ -1,11 +1,15 @@
 """``ServeSettings``: how ``gpucache serve`` runs. Every field has a default and a reason.
 
-The tenancy secret is resolved here, once: ``namespace_secret`` where given, else the
-``GPUCACHE_NAMESPACE_SECRET`` environment variable, else ``secret_file`` (created, 0600, where
-``create_secret`` asks), else a random one for this process. A random secret files every
+Constructing settings only checks them: no file is read and no environment variable looked at,
+so a value is what it was given, and two constructions of the same values are equal. What the
+settings name outside themselves is read by ``resolved()``, once, when the server is built
+(``create_app``): the tenancy secret (``namespace_secret`` where given, else the
+``GPUCACHE_NAMESPACE_SECRET`` environment variable, else ``secret_file``, created 0600 where
+``create_secret`` asks, else a random one for this process), the admin token from
+``admin_token_file``, and a first read of ``keys_file``. A random secret files every
 authenticated tenant's entries under a hash the next process cannot compute, so with a
-snapshot or Redis (entries that outlive the process or are shared with other replicas) the
-config refuses to start without a stable one, and says how to give it.
+snapshot or Redis (entries that outlive the process or are shared with other replicas)
+``resolved()`` refuses to start without a stable one, and says how to give it.
 """
 
 from __future__ import annotations
@@ -215,11 +219,6 @@ class ServeSettings:
             raise ConfigError(f"auth must be one of {', '.join(AUTH_MODES)}, got {self.auth!r}")
         if (self.auth == "keys") != (self.keys_file is not None):
             raise ConfigError("auth=keys needs keys_file, and keys_file is read only with auth=keys")
-        if self.keys_file is not None:
-            try:
-                KeyFile(self.keys_file)
-            except KeyFileError as exc:
-                raise ConfigError(str(exc)) from exc
         if not self.auth_ttl >= 0:
             raise ConfigError(f"auth_ttl must be >= 0, got {self.auth_ttl!r}")
         if self.max_tenant_concurrency is not None and self.max_tenant_concurrency < 1:
@@ -236,22 +235,35 @@ class ServeSettings:
             method, _, path = rule.partition(" ")
             if method not in ("GET", "POST", "PUT", "DELETE", "PATCH") or not path or ".." in path:
                 raise ConfigError(f"a passthrough rule is 'METHOD path', got {rule!r}")
-        object.__setattr__(self, "namespace_secret", self._secret())
-        if self.admin_token_file is not None:
-            if self.admin_token is not None:
-                raise ConfigError("give the admin token or its file, not both")
-            try:
-                with open(self.admin_token_file, encoding="utf-8") as token:
-                    object.__setattr__(self, "admin_token", token.read().strip())
-            except OSError as exc:
-                raise ConfigError(f"the admin token file cannot be read: {exc}") from exc
+        if self.namespace_secret is not None and len(self.namespace_secret) < 16:
+            raise ConfigError("namespace_secret must be at least 16 bytes")  # not a 500 per request
+        if self.admin_token_file is not None and self.admin_token is not None:
+            raise ConfigError("give the admin token or its file, not both")
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ConfigError("the admin token must be at least 16 characters")
 
+    def resolved(self) -> ServeSettings:
+        """These settings with what they name outside themselves read in (the module's
+        docstring): the tenancy secret, the admin token from its file; the key file read once,
+        so a server with one it cannot read refuses to start. Settings already resolved come
+        back as they are. ``ConfigError`` says what is missing or unreadable."""
+        if self.keys_file is not None:
+            try:
+                KeyFile(self.keys_file)
+            except KeyFileError as exc:
+                raise ConfigError(str(exc)) from exc
+        token = self.admin_token
+        if self.admin_token_file is not None:
+            try:
+                with open(self.admin_token_file, encoding="utf-8") as file:
+                    token = file.read().strip()
+            except OSError as exc:
+                raise ConfigError(f"the admin token file cannot be read: {exc}") from exc
+        return dataclasses.replace(self, namespace_secret=self._secret(), admin_token=token,
+                                   admin_token_file=None)
+
     def _secret(self) -> bytes:
         if self.namespace_secret is not None:
-            if len(self.namespace_secret) < 16:  # refused here, not as a 500 on every request
-                raise ConfigError("namespace_secret must be at least 16 bytes")
             return self.namespace_secret
         configured = os.environ.get(SECRET_ENV)
         if configured:
@@ -271,22 +283,25 @@ class ServeSettings:
             )
         return secrets.token_bytes(32)
 
+    def _known_secret(self) -> bytes:
+        if self.namespace_secret is None:
+            raise RuntimeError("gpucache bug: keys derived from settings that were never resolved "
+                               "(ServeSettings.resolved())")
+        return self.namespace_secret
+
     @cached_property
     def snapshot_key(self) -> bytes:
         """The key snapshots are signed with and checked against: derived from the tenancy
         secret (so a file planted by anyone without it is refused), never the secret itself."""
-        assert self.namespace_secret is not None
-        return hmac.new(self.namespace_secret, b"gpucache snapshot", hashlib.sha256).digest()
+        return hmac.new(self._known_secret(), b"gpucache snapshot", hashlib.sha256).digest()
 
     @cached_property
     def replication_key(self) -> bytes:
         """The key replicas sign their shared records with: derived from the tenancy secret,
         which every replica shares, never the secret itself."""
-        assert self.namespace_secret is not None
-        return hmac.new(self.namespace_secret, b"gpucache replication", hashlib.sha256).digest()
+        return hmac.new(self._known_secret(), b"gpucache replication", hashlib.sha256).digest()
 
     @cached_property
     def tenancy(self) -> Tenancy:
-        assert self.namespace_secret is not None
-        return Tenancy(self.namespace_secret, self.credential_headers, self.namespace_header,
+        return Tenancy(self._known_secret(), self.credential_headers, self.namespace_header,
                        self.trust_namespace_header, self.require_auth, self.credential_params)

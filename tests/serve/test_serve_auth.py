@@ -246,11 +246,11 @@ def test_auth_keys_needs_a_readable_key_file_at_start(tmp_path):
     with pytest.raises(ValueError, match="auth=keys needs keys_file"):
         ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys")
     with pytest.raises(ValueError, match="cannot be read"):
-        ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys", keys_file=str(tmp_path / "absent"))
+        create_app(ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys", keys_file=str(tmp_path / "absent")))
     bad = tmp_path / "bad"
     bad.write_text("sha256:1234\n")
     with pytest.raises(ValueError, match="64 hex digits"):
-        ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys", keys_file=str(bad))
+        create_app(ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys", keys_file=str(bad)))
 
 
 # ----------------------------------------------------------------------------- /admin/revoke

@@ -217,3 +217,27 @@ def test_a_snapshot_is_restored_into_the_factorys_cache_and_nothing_is_left_open
             assert cache.get("A question kept in the snapshot", scope="somewhere").response == "kept"
         assert len(made) == 1 and Kept.closed == 1
     assert not (tmp_path / "c.gpucache.corrupt").exists()
+
+
+def test_constructing_settings_reads_nothing_and_resolving_reads_what_they_name(tmp_path, monkeypatch):
+    """Settings are values: no file or environment is read until ``resolved()`` (which the
+    server calls once at start), and resolved settings resolve to themselves."""
+    monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "a-secret-from-the-environment")
+    token, keys = tmp_path / "admin-token", tmp_path / "keys"
+    token.write_text("an-admin-token-from-its-file\n")
+    config = ServeSettings(upstream="http://127.0.0.1:9/v1", admin_token_file=str(token), auth="keys",
+                           keys_file=str(keys))  # the key file does not exist yet: nothing read
+    assert config.admin_token is None and config.namespace_secret is None
+    assert config == ServeSettings(upstream="http://127.0.0.1:9/v1", admin_token_file=str(token),
+                                   auth="keys", keys_file=str(keys))
+    with pytest.raises(ConfigError, match="cannot be read"):
+        config.resolved()  # the server would refuse to start
+    keys.write_text("sk-one\n")
+    resolved = config.resolved()
+    assert resolved.admin_token == "an-admin-token-from-its-file" and resolved.admin_token_file is None
+    assert resolved.namespace_secret == b"a-secret-from-the-environment"
+    token.unlink()
+    monkeypatch.delenv("GPUCACHE_NAMESPACE_SECRET")
+    assert resolved.resolved() == resolved  # nothing read again
+    with pytest.raises(ConfigError, match="admin token file cannot be read"):
+        config.resolved()

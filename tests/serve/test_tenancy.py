@@ -75,7 +75,7 @@ def test_a_request_without_credentials_is_refused_unless_the_deployment_opts_in(
     refused = Tenancy(SECRET).tenant(TEAM_A)  # the default
     assert isinstance(refused, Refusal) and refused.status == 401
     assert Tenancy(SECRET).tenant({"x-api-key": "k"}).startswith("key:")
-    assert ServeSettings(upstream="http://u/v1").tenancy.require_auth  # and the server's default
+    assert ServeSettings(upstream="http://u/v1").resolved().tenancy.require_auth  # and the server's default
     assert tenant(TEAM_A, require_auth=False) == f"{ANONYMOUS}/ns:team-a"
 
 
@@ -97,27 +97,31 @@ def test_a_snapshot_or_redis_without_a_stable_secret_refuses_to_start(monkeypatc
     monkeypatch.delenv("GPUCACHE_NAMESPACE_SECRET", raising=False)
     for extra in ({"snapshot": "c.gpucache"}, {"replication": ReplicationSettings(redis="redis://127.0.0.1:1")}):
         with pytest.raises(ConfigError, match="stable secret"):
-            ServeSettings(upstream="http://127.0.0.1:1/v1", **extra)
+            ServeSettings(upstream="http://127.0.0.1:1/v1", **extra).resolved()
     # alone, a random secret per process is fine: nothing outlives the process
-    assert len(ServeSettings(upstream="http://127.0.0.1:1/v1").namespace_secret) == 32
+    assert len(ServeSettings(upstream="http://127.0.0.1:1/v1").resolved().namespace_secret) == 32
 
 
 def test_the_secret_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "from-the-environment-1")
     config = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot="c.gpucache")
-    assert config.namespace_secret == b"from-the-environment-1"
+    assert config.namespace_secret is None  # constructing reads nothing
+    assert config.resolved().namespace_secret == b"from-the-environment-1"
     monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "short")
     with pytest.raises(ConfigError, match="16 bytes"):
-        ServeSettings(upstream="http://127.0.0.1:1/v1")
+        ServeSettings(upstream="http://127.0.0.1:1/v1").resolved()
 
 
 def test_a_secret_file_is_created_0600_beside_the_snapshot_and_read_back(monkeypatch, tmp_path):
     monkeypatch.delenv("GPUCACHE_NAMESPACE_SECRET", raising=False)
     snapshot = str(tmp_path / "c.gpucache")
-    first = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, create_secret=True)
+    settings = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, create_secret=True)
     path = tmp_path / "c.gpucache.secret"
+    assert not path.exists()  # constructing writes nothing
+    first = settings.resolved()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    again = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, secret_file=str(path))
+    assert first.resolved() == first  # resolved once: the same secret, no second read
+    again = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, secret_file=str(path)).resolved()
     assert first.namespace_secret == again.namespace_secret and len(first.namespace_secret) >= 32
 
 
