@@ -12,8 +12,9 @@ the core's attributes by name, never a private one. Input is not checked here (t
 done it).
 
 Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
-embedder and the caller's loader never run under it, so a slow model call never blocks
-readers; state that may have changed meanwhile is re-read after the lock is taken again.
+embedder, the verifier and the caller's loader never run under it, so a slow model call or a
+scan with many candidates never blocks readers; state that may have changed meanwhile is
+re-read after the lock is taken again (a candidate removed while it was judged is a miss).
 Single-flight has its own lock (flight.py), so a claim can be released on the event loop.
 """
 

@@ -102,6 +102,10 @@ class EntryTable:
     def expires_at(self, entry: Entry) -> float:
         return self.index.expires_at(entry.row)
 
+    def holds(self, entry: Entry, now: float) -> bool:
+        """Whether ``entry`` is still stored (not removed, replaced or expired by ``now``)."""
+        return self._by_row.get(entry.row) is entry and self.expires_at(entry) > now
+
     def touch(self, entry: Entry) -> None:
         self._entries.move_to_end(entry.key)
         if self.tenant_limit is not None:

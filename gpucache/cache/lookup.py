@@ -28,7 +28,7 @@ from gpucache.guard.verifier import ExplainingVerifier, Verdict
 from gpucache.keys import prompt_key
 
 if TYPE_CHECKING:
-    from gpucache.cache.entries import EntryTable
+    from gpucache.cache.entries import Entry, EntryTable
     from gpucache.cache.flight import SingleFlight
     from gpucache.cache.replication import Replication, SharedEntry
     from gpucache.cache.settings import CacheSettings
@@ -158,12 +158,27 @@ def lookup_batch(core: LookupState, requests: Sequence[LookupRequest]) -> list[P
     by_scope: dict[str, list[str]] = {}
     for scope, prompt in need:
         by_scope.setdefault(scope, []).append(prompt)
+    found: dict[tuple[str, str], list[Candidate]] = {}
     with core.lock:
         if texts:
             core.counters.embedding(embed_seconds, len(texts))
         now = core.now()
         for scope, prompts in by_scope.items():
-            _search(core, scope, prompts, embedded[[row_of[p] for p in prompts]], now, requests, plans, need)
+            least = min(requests[i].threshold for p in prompts for i in need[(scope, p)])
+            found.update(_search(core, scope, prompts, embedded[[row_of[p] for p in prompts]], now, least))
+    # no lock held: the verifier (pure, about 0.1 ms a candidate with the guard) judges what the
+    # scan found, so many candidates never hold up the other lookups, stores and exact repeats
+    chosen: dict[tuple[int, str], Candidate | None] = {}
+    rejections: dict[str, int] = {}
+    for (scope, prompt), candidates in found.items():
+        for i in need[(scope, prompt)]:
+            chosen[(i, prompt)] = _verify(core, prompt, candidates, requests[i].threshold, rejections)
+    with core.lock:
+        now = core.now()
+        for rule, n in rejections.items():
+            core.counters.rejections[rule] += n
+        for (i, prompt), candidate in chosen.items():
+            plans[i].hits[prompt] = _served(core, candidate, now)
         for request, plan in zip(requests, plans):
             if request.claim:
                 _claim(core, request, plan, now)
@@ -215,49 +230,62 @@ def _exact_from_shared(core: LookupState, plans: list[Plan], need: dict[tuple[st
             plans[i].hits[entry.prompt] = Hit(entry.response, entry.prompt, 1.0, exact=True)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """An entry the scan found for a prompt, with its similarity: what the verifier judges
+    without the lock (an entry's prompt never changes; whether it is still stored is asked
+    again under the lock, and its answer read then, ``_served``)."""
+
+    similarity: float
+    entry: Entry
+
+
 def _search(
-    core: LookupState,
-    scope: str,
-    prompts: list[str],
-    queries: torch.Tensor,
-    now: float,
-    requests: Sequence[LookupRequest],
-    plans: list[Plan],
-    need: dict[tuple[str, str], list[int]],
-) -> None:
-    """One scan for every prompt of ``scope`` that missed the exact tier; each request that
-    asked for a prompt verifies the candidates against its own threshold. Lock held."""
+    core: LookupState, scope: str, prompts: list[str], queries: torch.Tensor, now: float, least: float
+) -> dict[tuple[str, str], list[Candidate]]:
+    """One scan for every prompt of ``scope`` that missed the exact tier: each prompt's
+    candidates at or above ``least`` (the lowest threshold a request asked it with), best first.
+    Lock held."""
     scope_id = core.table.scope_id(scope)
     if scope_id is None or len(core.store) == 0:
-        for prompt in prompts:
-            for i in need[(scope, prompt)]:
-                plans[i].hits[prompt] = None
-        return
+        return {(scope, prompt): [] for prompt in prompts}
     began = time.perf_counter()
     scores, rows = core.store.search(queries, core.settings.top_k, scope_id, now)  # (Q, K)
     scores_host, rows_host = scores.cpu().tolist(), rows.cpu().tolist()  # one transfer
     core.counters.scanning(time.perf_counter() - began)
+    found = {}
     for prompt, cand_scores, cand_rows in zip(prompts, scores_host, rows_host):
-        for i in need[(scope, prompt)]:
-            plans[i].hits[prompt] = _verify(core, prompt, cand_scores, cand_rows, requests[i].threshold, now)
+        found[(scope, prompt)] = [Candidate(similarity, core.table.at_row(row))
+                                  for similarity, row in zip(cand_scores, cand_rows)
+                                  if row >= 0 and similarity >= least]
+    return found
 
 
 def _verify(
-    core: LookupState, prompt: str, scores: list[float], rows: list[int], threshold: float, now: float
-) -> Hit | None:
-    """The best candidate above ``threshold`` that the verifier accepts, or None."""
-    for similarity, row in zip(scores, rows):
-        if row < 0 or similarity < threshold:
+    core: LookupState, prompt: str, candidates: list[Candidate], threshold: float, rejections: dict[str, int]
+) -> Candidate | None:
+    """The best candidate above ``threshold`` that the verifier accepts, or None; each
+    rejection counted into ``rejections`` by its rule. No lock held."""
+    for candidate in candidates:
+        if candidate.similarity < threshold:
             break
-        entry = core.table.at_row(row)
-        verdict = _judge(core, entry.prompt, prompt, similarity)
+        verdict = _judge(core, candidate.entry.prompt, prompt, candidate.similarity)
         if not verdict.rejected:
-            core.table.touch(entry)
-            return Hit(entry.response, entry.prompt, min(similarity, 1.0), exact=False,
-                       age=now - entry.stored_at)
-        core.counters.rejections[verdict.rule] += 1
-        log.debug("verifier rejected %r for %r: %s", entry.prompt, prompt, verdict)
+            return candidate
+        rejections[verdict.rule] = rejections.get(verdict.rule, 0) + 1
+        log.debug("verifier rejected %r for %r: %s", candidate.entry.prompt, prompt, verdict)
     return None
+
+
+def _served(core: LookupState, candidate: Candidate | None, now: float) -> Hit | None:
+    """The hit of the verifier's choice, where its entry is still the one stored (not removed,
+    replaced or expired since the scan: then a miss, never an answer that is gone). Lock held."""
+    if candidate is None or not core.table.holds(candidate.entry, now):
+        return None
+    entry = candidate.entry
+    core.table.touch(entry)
+    return Hit(entry.response, entry.prompt, min(candidate.similarity, 1.0), exact=False,
+               age=now - entry.stored_at)
 
 
 def _judge(core: LookupState, cached: str, new: str, similarity: float) -> Verdict:

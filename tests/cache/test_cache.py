@@ -192,6 +192,64 @@ def test_top_k_lets_the_next_candidate_through_after_a_rejection(fake_embedder, 
     assert one.get("one two three forbidden five") is None
 
 
+class Meanwhile:
+    """A verifier that, while it judges, runs ``during(cache)`` and asks from another thread
+    whether the cache's lock is free: what another lookup, a store or a repeat would find."""
+
+    name = "meanwhile"
+
+    def __init__(self, during=lambda cache: None):
+        self.during, self.cache, self.lock_free = during, None, []
+
+    def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
+        lock, free = self.cache.core.lock, []
+
+        def try_it():
+            free.append(lock.acquire(blocking=False))
+            if free[0]:
+                lock.release()
+
+        other = threading.Thread(target=try_it)
+        other.start()
+        other.join()
+        self.lock_free.append(free[0])
+        self.during(self.cache)
+        return True
+
+
+def test_the_verifier_judges_without_the_caches_lock(fake_embedder):
+    verifier = Meanwhile()
+    cache = SemanticCache(fake_embedder, threshold=0.5, verifier=verifier, device="cpu")
+    verifier.cache = cache
+    cache.put("one two three four", "the answer")
+    hit = cache.get("one two three four five")
+    assert hit is not None and hit.response == "the answer"
+    assert verifier.lock_free == [True]
+
+
+@pytest.mark.parametrize("change", [
+    lambda cache: cache.invalidate("one two three four"),
+    lambda cache: cache.clear(),
+], ids=["invalidated", "cleared"])
+def test_an_entry_removed_while_the_verifier_judges_it_is_not_served(fake_embedder, change):
+    verifier = Meanwhile(during=change)
+    cache = SemanticCache(fake_embedder, threshold=0.5, verifier=verifier, device="cpu")
+    verifier.cache = cache
+    cache.put("one two three four", "the answer")
+    assert cache.get("one two three four five") is None  # a miss, never the answer that is gone
+    verifier.during = lambda cache: None
+    assert cache.get_or_put("one two three four five", lambda p: "loaded") == "loaded"
+
+
+def test_an_answer_replaced_while_the_verifier_judges_its_prompt_is_served_as_it_is_now(fake_embedder):
+    """The verifier judges the cached prompt, which a new answer for it does not change."""
+    verifier = Meanwhile(during=lambda cache: cache.put("one two three four", "a newer answer"))
+    cache = SemanticCache(fake_embedder, threshold=0.5, verifier=verifier, device="cpu")
+    verifier.cache = cache
+    cache.put("one two three four", "the answer")
+    assert cache.get("one two three four five").response == "a newer answer"
+
+
 def test_candidates_below_threshold_never_reach_the_verifier(fake_embedder):
     verifier = RejectWords()
     cache = SemanticCache(fake_embedder, threshold=0.99, verifier=verifier, top_k=4, device="cpu")
