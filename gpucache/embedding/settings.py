@@ -25,7 +25,27 @@ class EmbedderSettings:
         'agrees with fp32), or "fp32", "fp16", "bf16"',
     )
 
+    batch_size: int = setting(64, "texts per forward pass of the embedder")
+    max_length: int = setting(
+        256, "tokens kept per prompt; longer prompts are truncated (the model was trained on 256)"
+    )
+    max_batch_tokens: int = setting(
+        16384, "the most rows x padded tokens one forward pass takes; a larger batch is split"
+    )
+    lean: bool = setting(
+        True, "run BERT-family models through the project's fused pass, where a load-time probe "
+        "agrees with the model's own"
+    )
+    cuda_graphs: bool = setting(
+        True, "on CUDA, replay small batches of short prompts from CUDA graphs, where a load-time "
+        "probe agrees with the eager pass"
+    )
+
     def __post_init__(self) -> None:
+        for name, least in (("batch_size", 1), ("max_length", 2), ("max_batch_tokens", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not isinstance(self.device, str) or not self.device:
@@ -38,4 +58,7 @@ class EmbedderSettings:
         from gpucache.embedding.embedder import TransformerEmbedder
 
         dtype = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        return TransformerEmbedder(self.model, device=self.device, dtype=dtype[self.dtype])
+        return TransformerEmbedder(self.model, device=self.device, dtype=dtype[self.dtype],
+                                   batch_size=self.batch_size, max_length=self.max_length,
+                                   max_batch_tokens=self.max_batch_tokens, lean=self.lean,
+                                   cuda_graphs=self.cuda_graphs)

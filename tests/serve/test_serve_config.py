@@ -241,3 +241,30 @@ def test_constructing_settings_reads_nothing_and_resolving_reads_what_they_name(
     assert resolved.resolved() == resolved  # nothing read again
     with pytest.raises(ConfigError, match="admin token file cannot be read"):
         config.resolved()
+
+
+def test_every_tunable_of_the_share_is_a_setting_that_reaches_it():
+    pytest.importorskip("redis")
+    config = config_of("--redis", "redis://127.0.0.1:1/0", "--redis-stream-maxlen", "500",
+                       "--redis-deadline", "0.25", "--redis-pending-max", "64", "--claim-wait", "5",
+                       "--claim-ttl", "9")
+    share = config.replication.build(b"a-secret-for-the-config-test")  # connects to nothing yet
+    try:
+        assert (share.link.maxlen, share.link.deadline, share.writer.pending.maxlen) == (500, 0.25, 64)
+        assert (share.claim_wait, share.claim_ttl) == (5.0, 9.0)
+    finally:
+        share.close(flush_timeout=0)
+    for bad in (["--redis-pending-max", "0"], ["--claim-wait", "0"], ["--redis-deadline", "-1"]):
+        with pytest.raises(ValueError, match="must be"):
+            config_of("--redis", "redis://127.0.0.1:1/0", *bad)
+
+
+def test_every_tunable_of_the_embedder_is_a_setting_that_reaches_it():
+    config = config_of("--device", "cpu", "--dtype", "fp32", "--batch-size", "8", "--max-length", "128",
+                       "--max-batch-tokens", "512", "--no-lean", "--no-cuda-graphs")
+    embedder = config.embedder.build()  # the packaged model, on this CPU
+    assert (embedder.batch_size, embedder.max_length, embedder.max_batch_tokens) == (8, 128, 512)
+    assert not embedder.uses_lean
+    for bad in (["--batch-size", "0"], ["--max-length", "1"], ["--max-batch-tokens", "0"]):
+        with pytest.raises(ValueError, match="must be an int"):
+            config_of(*bad)
