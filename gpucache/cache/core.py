@@ -374,6 +374,8 @@ class CacheCore:
     def fetched(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
         """Exact repeats read from the shared store (one round trip, outside the lock) and
         kept here; an entry that a removal applied meanwhile covers is dropped (the fence)."""
+        if not self.shared.remote:
+            return []  # nothing elsewhere: no round trip, and no second wait for the lock
         with self.lock:
             since = self.fence.mark()
         found = self.shared.fetch(pairs)
