@@ -44,6 +44,7 @@ from gpucache.index.scratch import BufferSource, ScanScratch, host_buffer
 # A quantized CPU store measures its two scan paths from this size on (``path_chooser``): a
 # scan of fewer rows takes milliseconds either way, and every 4x of growth is measured again.
 PATH_CHOICE_MIN_ROWS = 16_384
+TopK = tuple[torch.Tensor, torch.Tensor]  # (scores, rows), each (Q, K)
 
 
 def check_quantization(quantization: object) -> None:
@@ -163,14 +164,15 @@ class ExactScanStore:
         # a quantized CPU store measures, per query bucket and size class, whether its
         # quantized rows or its exact copy answer faster (``path_chooser``); a caller who
         # passes an engine or a refine policy has pinned the path instead
-        self.path_chooser: ScanKernelChooser | None = None
+        self.refine = refine if refine is not None else RefinePolicy()
+        self._path_chooser: ScanKernelChooser | None = None
+        self.path_chooser = None  # and the search path chosen (the setter)
         if (refine is None and engine is None and self.device.type == "cpu"
                 and mode in ("int8", "bf16") and scan_kernel != "triton"):
             self.path_chooser = ScanKernelChooser(
                 self.device, min_rows=PATH_CHOICE_MIN_ROWS, options=STORE_PATHS,
                 unmeasured=unmeasured_path,
             )
-        self.refine = refine if refine is not None else RefinePolicy()
         self.kernel_chooser: ScanKernelChooser | None = None
         if engine is None:
             engine, self.kernel_chooser = engine_for(scan_kernel, self.device, self.codec.dtype)
@@ -183,6 +185,23 @@ class ExactScanStore:
 
     def __len__(self) -> int:
         return self.rows.count
+
+    @property
+    def path_chooser(self) -> ScanKernelChooser | None:
+        return self._path_chooser
+
+    @path_chooser.setter
+    def path_chooser(self, chooser: ScanKernelChooser | None) -> None:
+        """The chooser of a quantized CPU store's paths, and the search path, chosen here once
+        (also for a benchmark's own chooser): fp32 rows scan exactly; quantized ones ask their
+        refine policy per batch size, then, where a chooser measures, take its path."""
+        self._path_chooser = chooser
+        if self.copy is None:
+            self._search = self._search_fp32
+        elif chooser is None:
+            self._search = self._search_refined
+        else:
+            self._search = self._search_measured
 
     @property
     def nbytes(self) -> int:
@@ -285,34 +304,47 @@ class ExactScanStore:
                 torch.full((q, k), -math.inf, dtype=torch.float32, device=self.device),
                 torch.full((q, k), -1, dtype=torch.int64, device=self.device),
             )
-        queries = queries.to(self.device, torch.float32)
-        if self.copy is None:
-            return self._scan_exactly(queries, k, scope_id, now, self.codec.data)
-        if self.refine.scans_copy(self.quantization, self.device.type == "cpu",
-                                  self.scan_kernel == "torch", q, self.rows.high):
+        return self._search(queries.to(self.device, torch.float32), k, scope_id, now)
+
+    def _search_fp32(self, queries: torch.Tensor, k: int, scope_id: int, now: float) -> TopK:
+        return self._scan_exactly(queries, k, scope_id, now, self.codec.data)
+
+    def _refined_takes_copy(self, q: int) -> bool:
+        """Whether the refine policy answers ``q`` queries from the exact copy (per search)."""
+        return self.refine.scans_copy(self.quantization, self.device.type == "cpu",
+                                      self.scan_kernel == "torch", q, self.rows.high)
+
+    def _search_refined(self, queries: torch.Tensor, k: int, scope_id: int, now: float) -> TopK:
+        assert self.copy is not None
+        if self._refined_takes_copy(queries.shape[0]):
             return self._scan_exactly(queries, k, scope_id, now, self.copy.data)
-        if self.path_chooser is not None:
-            copy_view, quantized_view = self._view(self.copy.data), self._view(self.codec.data)
-
-            # measured at the bucket's largest batch: these queries, repeated to its size
-            top = bucket_top(q)
-            sample = queries.repeat((top + q - 1) // q, 1)[:top]
-
-            def measured(path: str) -> object:
-                # the measurement may run after this search returned, while the store changes:
-                # it scans these views (their tensors stay alive) into buffers of its own
-                view = copy_view if path == "copy" else quantized_view
-                return self._search_path(path, view, sample, k, scope_id, now, host_buffer)
-
-            chooser, high = self.path_chooser, self.rows.high
-            path = chooser.choose(q, high, measured)
-            with chooser.scanning():
-                begun = time.perf_counter()
-                found = (self._scan_exactly(queries, k, scope_id, now, self.copy.data) if path == "copy"
-                         else self._scan_quantized(queries, k, scope_id, now))
-                chooser.observe(q, high, path, time.perf_counter() - begun)
-            return found
         return self._scan_quantized(queries, k, scope_id, now)
+
+    def _search_measured(self, queries: torch.Tensor, k: int, scope_id: int, now: float) -> TopK:
+        assert self.copy is not None and self._path_chooser is not None
+        q = queries.shape[0]
+        if self._refined_takes_copy(q):
+            return self._scan_exactly(queries, k, scope_id, now, self.copy.data)
+        copy_view, quantized_view = self._view(self.copy.data), self._view(self.codec.data)
+
+        # measured at the bucket's largest batch: these queries, repeated to its size
+        top = bucket_top(q)
+        sample = queries.repeat((top + q - 1) // q, 1)[:top]
+
+        def measured(path: str) -> object:
+            # the measurement may run after this search returned, while the store changes:
+            # it scans these views (their tensors stay alive) into buffers of its own
+            view = copy_view if path == "copy" else quantized_view
+            return self._search_path(path, view, sample, k, scope_id, now, host_buffer)
+
+        chooser, high = self._path_chooser, self.rows.high
+        path = chooser.choose(q, high, measured)
+        with chooser.scanning():
+            begun = time.perf_counter()
+            found = (self._scan_exactly(queries, k, scope_id, now, self.copy.data) if path == "copy"
+                     else self._scan_quantized(queries, k, scope_id, now))
+            chooser.observe(q, high, path, time.perf_counter() - begun)
+        return found
 
     def _scan_quantized(self, queries: torch.Tensor, k: int, scope_id: int,
                         now: float) -> tuple[torch.Tensor, torch.Tensor]:
