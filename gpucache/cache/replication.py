@@ -123,6 +123,12 @@ class LocalOnly:
         pass
 
 
+def covers(gone_scope: str | None, gone_prompt: str | None, scope: str, prompt: str) -> bool:
+    """Whether a removal covers the entry (scope, prompt): a delete names both, a clear of a
+    scope has no prompt, a clear of everything neither."""
+    return gone_scope is None or (gone_scope == scope and gone_prompt in (None, prompt))
+
+
 class RemovalFence:
     """The removals this cache has applied, numbered, so that an entry read from the shared
     store before a removal and applied after it stays out.
@@ -159,6 +165,6 @@ class RemovalFence:
         for number, gone_scope, gone_prompt in reversed(self._recent):
             if number <= since:
                 return False
-            if gone_scope is None or (gone_scope == scope and gone_prompt in (None, prompt)):
+            if covers(gone_scope, gone_prompt, scope, prompt):
                 return True
         return False

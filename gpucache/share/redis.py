@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpucache.cache.replication import Replica, SharedEntry
+from gpucache.cache.replication import Replica, SharedEntry, covers
 from gpucache.cache.validation import MAX_TTL_SECONDS
 from gpucache.share.link import Link, ShareStats
 from gpucache.share.records import SharedModelMismatch, model_mismatch
@@ -307,8 +307,7 @@ class RedisShare:
         # (CacheCore.fetched)
         removing = self.writer.removals()
         if removing:
-            pairs = [(s, p) for s, p in pairs
-                     if not any(gs is None or (gs == s and gp in (None, p)) for gs, gp in removing)]
+            pairs = [(s, p) for s, p in pairs if not any(covers(gs, gp, s, p) for gs, gp in removing)]
             if not pairs:
                 return []
         try:

@@ -29,6 +29,9 @@ RELEASE_SCRIPT = (
 )
 
 
+REMOVALS = ("del", "clear")  # the events after which Redis no longer holds what they name
+
+
 class Writer:
     """The queue and the thread that writes it (``loop``); ``model`` is set when the share is
     attached to a cache (its embedder's name and dimension, written in every record)."""
@@ -38,6 +41,7 @@ class Writer:
         self.pending: deque[dict[str, Any]] = deque(maxlen=pending_max)
         self.wake = threading.Condition()
         self.model: tuple[str, int] = ("", 0)
+        self._removing = 0  # deletes and clears in ``pending`` (``removals``)
         # registered once: a pipeline sends it by its SHA-1 (EVALSHA), loading it only where the
         # server does not have it, instead of the script's text with every release
         self.release = link.redis.register_script(RELEASE_SCRIPT)
@@ -45,6 +49,7 @@ class Writer:
     def enqueue(self, event: dict[str, Any]) -> None:
         with self.wake:
             if len(self.pending) == self.pending.maxlen:
+                self._removing -= self.pending[0]["op"] in REMOVALS
                 self.link.count(dropped=1)  # the oldest goes: it stays in this replica only
                 if self.link.stats.dropped == 1:
                     log.warning(
@@ -53,6 +58,7 @@ class Writer:
                         self.pending.maxlen,
                     )
             self.pending.append(event)
+            self._removing += event["op"] in REMOVALS
             self.link.gauge(pending=len(self.pending))
             self.wake.notify()
 
@@ -61,8 +67,10 @@ class Writer:
         for a clear, scope None for a clear of everything. Until one is written, Redis still
         holds what it removes (``RedisShare.fetch`` must not bring it back)."""
         with self.wake:
+            if not self._removing:  # the common case: no walk of a queue of puts
+                return []
             return [(None if e.get("all") else e["scope"], e.get("prompt") if e["op"] == "del" else None)
-                    for e in self.pending if e["op"] in ("del", "clear")]
+                    for e in self.pending if e["op"] in REMOVALS]
 
     def drain(self, timeout: float, running: bool) -> None:
         """Wait (up to ``timeout``) until the queue is written, while Redis answers."""
@@ -103,6 +111,7 @@ class Writer:
                 for event in batch:  # the oldest may have been dropped meanwhile (pending_max)
                     if self.pending and self.pending[0] is event:
                         self.pending.popleft()
+                        self._removing -= event["op"] in REMOVALS
                 link.gauge(pending=len(self.pending))
                 self.wake.notify_all()  # close() may be waiting for the queue to drain
             link.count(written=len(batch))

@@ -533,3 +533,17 @@ def test_redis_stopped_in_the_middle_of_a_burst_loses_nothing_once_it_is_back(se
     assert b.shared.wait_for(lambda s: s.applied >= 200, timeout=60), (a.shared.stats, b.shared.stats)
     missing = [i for i in range(200) if b.get(f"burst question {i}") is None]
     assert missing == [] and a.shared.wait_for(lambda s: s.pending == 0, timeout=10)
+
+
+def test_the_queue_knows_the_removals_it_holds_through_writes_and_drops(server):
+    """What a read from Redis must skip (``Writer.removals``): the deletes and clears still
+    queued, none once written or dropped past pending_max."""
+    cache = replica(server, pending_max=2)
+    cache.shared.close()  # nothing is written meanwhile
+    cache.invalidate("gone", scope="one")
+    cache.clear("two")
+    assert cache.shared.writer.removals() == [("one", "gone"), ("two", None)]
+    cache.put("a question", "an answer")  # the oldest, the delete, is dropped
+    assert cache.shared.writer.removals() == [("two", None)]
+    cache.put("another question", "another answer")
+    assert cache.shared.writer.removals() == []
