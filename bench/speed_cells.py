@@ -282,10 +282,12 @@ def _kind(hit: Any) -> str:
 
 
 def _looked_up(cache: Any, prompt: str) -> str:
-    """``get_or_put`` with an instant loader, and what its lookup came to."""
-    seen: list[Any] = []
-    cache.get_or_put(prompt, lambda p: "fresh", on_lookup=seen.append)
-    return _kind(seen[0])
+    """A get-or-load call with an instant loader (``get_or_put``'s cost), and what its lookup
+    came to."""
+    from gpucache import Found, Keep
+
+    served = cache.get_or_load(prompt, lambda p: Keep("fresh"))
+    return _kind(served.hit if isinstance(served, Found) else None)
 
 
 def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from gpucache.keys import DEFAULT_SCOPE, prompt_key
 
 if TYPE_CHECKING:
     from gpucache.cache.batching import LookupTimeout
-    from gpucache.cache.semantic import Hit, LoadAbandoned, SemanticCache, Unstored
+    from gpucache.cache.semantic import Hit, LoadAbandoned, SemanticCache
+    from gpucache.cache.served import Found, Joined, Keep, Loaded, Served, ServeOnly, Stream
     from gpucache.cache.settings import CacheSettings
     from gpucache.cache.snapshot import SnapshotError
     from gpucache.cache.stats import CacheStats
@@ -41,19 +42,25 @@ _LAZY = {
     "Embedder": "gpucache.embedding.model",
     "ExactScanStore": "gpucache.index.store",
     "ExplainingVerifier": "gpucache.guard.verifier",
+    "Found": "gpucache.cache.served",
     "Hit": "gpucache.cache.semantic",
     "HitVerifier": "gpucache.guard.verifier",
+    "Joined": "gpucache.cache.served",
+    "Keep": "gpucache.cache.served",
     "LexicalNearMissVerifier": "gpucache.guard.lexical",
     "LoadAbandoned": "gpucache.cache.semantic",
+    "Loaded": "gpucache.cache.served",
     "LookupTimeout": "gpucache.cache.batching",
     "PolicyDecision": "gpucache.policy.content",
     "ScanKernelChooser": "gpucache.index.kernel_choice",
     "SemanticCache": "gpucache.cache.semantic",
+    "ServeOnly": "gpucache.cache.served",
+    "Served": "gpucache.cache.served",
     "SnapshotError": "gpucache.cache.snapshot",
     "StoreEverything": "gpucache.policy.content",
+    "Stream": "gpucache.cache.served",
     "ThresholdOnly": "gpucache.guard.verifier",
     "TransformerEmbedder": "gpucache.embedding.embedder",
-    "Unstored": "gpucache.cache.semantic",
     "Verdict": "gpucache.guard.verifier",
     "resolve_device": "gpucache.devices",
 }
@@ -68,19 +75,25 @@ __all__ = [
     "Embedder",
     "ExactScanStore",
     "ExplainingVerifier",
+    "Found",
     "Hit",
     "HitVerifier",
+    "Joined",
+    "Keep",
     "LexicalNearMissVerifier",
     "LoadAbandoned",
+    "Loaded",
     "LookupTimeout",
     "PolicyDecision",
     "ScanKernelChooser",
     "SemanticCache",
+    "ServeOnly",
+    "Served",
     "SnapshotError",
     "StoreEverything",
+    "Stream",
     "ThresholdOnly",
     "TransformerEmbedder",
-    "Unstored",
     "Verdict",
     "prompt_key",
     "quiet_blas_pool",

@@ -34,7 +34,10 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpucache.cache.lookup import LookupRequest, Plan
+from gpucache.cache.claims import Claims
+from gpucache.cache.lookup import Findings, LookupRequest
+
+Looked = Findings | Claims  # what a lookup returns: its findings, or a get-or-load call's claims
 
 
 class LookupTimeout(TimeoutError):
@@ -45,8 +48,8 @@ class LookupTimeout(TimeoutError):
 @dataclass
 class _Ticket:
     request: LookupRequest
-    future: asyncio.Future[Plan]
-    plan: Plan | None = None  # set by the worker; taken by the caller or released
+    future: asyncio.Future[Looked]
+    plan: Looked | None = None  # set by the worker; taken by the caller or released
     abandoned: bool = False  # the caller gave up before the plan arrived
 
 
@@ -70,7 +73,7 @@ class LookupCoalescer:
     """
 
     def __init__(
-        self, run: Callable[[Sequence[LookupRequest]], list[Plan]], release: Callable[[Plan], None],
+        self, run: Callable[[Sequence[LookupRequest]], list[Looked]], release: Callable[[Looked], None],
         window: float, max_batch: int,
     ) -> None:
         self._run = run
@@ -90,7 +93,7 @@ class LookupCoalescer:
         thread (for tests and metrics), never a lock on the loop's state."""
         return sum(len(w.tickets) for w in list(self._windows.values()))
 
-    async def submit(self, request: LookupRequest, timeout: float | None = None) -> Plan:
+    async def submit(self, request: LookupRequest, timeout: float | None = None) -> Looked:
         """The request's plan, from the batch it joins; ``LookupTimeout`` past ``timeout``."""
         loop = asyncio.get_running_loop()
         ticket = _Ticket(request, loop.create_future())

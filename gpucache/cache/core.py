@@ -1,15 +1,12 @@
 """``CacheCore``: what a ``SemanticCache`` holds, and the operations on it, under one lock.
 
 The facade (``SemanticCache``, semantic.py) checks what callers hand it and runs the
-get-or-load flows (flow.py); the flows yield the operations defined here (``finish``,
-``abort``, ``claim_shared``...), and the drivers run them, in place or in a worker thread. What
-is here: the collaborators and settings, the lock, the entry table over the index,
-single-flight, the counters and the clock; the lookups (lookup.py, given this core); stores
-after a load; the upkeep; and the snapshot's capture and restore.
-
-Everything here is public to the package: the lookups, the flows and a server's metrics read
-the core's attributes by name, never a private one. Input is not checked here (the facade has
-done it).
+get-or-load flows (flow.py), whose drivers (drivers.py) run the operations defined here
+(``finish``, ``abort``, ``claim_shared``...). What is here: the collaborators and settings, the
+lock, the entry table over the index, single-flight, the counters and the clock; the lookups
+(``Lookup``, lookup.py) and the claims taken on what they found (claims.py); stores after a
+load; the upkeep; and the snapshot's capture and restore. Public to the package; input is not
+checked here (the facade has done it).
 
 Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
 embedder, the verifier and the caller's loader never run under it, so a slow model call or a
@@ -32,10 +29,12 @@ from typing import Any
 import torch
 
 from gpucache.cache.batching import LookupCoalescer
+from gpucache.cache.claims import Claims, take_claims
 from gpucache.cache.entries import Entry, EntryTable
-from gpucache.cache.flight import LoadAbandoned, SingleFlight, Unstored
-from gpucache.cache.lookup import LOCK_BUSY, LookupRequest, Plan, exact_plan, lookup_batch
+from gpucache.cache.flight import LoadAbandoned, SingleFlight
+from gpucache.cache.lookup import Findings, Lookup, LookupRequest
 from gpucache.cache.replication import LocalOnly, RemovalFence, Replication, SharedEntry
+from gpucache.cache.served import Keep, LoaderAnswer
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.snapshot import Snapshot, SnapshotEntry
 from gpucache.cache.stats import CacheStats, StatsCounter
@@ -52,11 +51,11 @@ from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy, ContentPolicy
 
 log = logging.getLogger("gpucache")
+LOCK_BUSY = object()  # CacheCore.exact: the lock was held and the caller would not wait
 
 
 class CacheCore:
-    """Everything a ``SemanticCache`` holds; its constructor takes the cache's arguments
-    (``SemanticCache`` documents them)."""
+    """Everything a ``SemanticCache`` holds; it takes the cache's arguments (documented there)."""
 
     def __init__(
         self,
@@ -106,6 +105,11 @@ class CacheCore:
         limit = min(s.capacity, self.store.max_rows or s.capacity)
         self.table = EntryTable(self.store, limit, self.counters, s.max_text_bytes, s.tenant_capacity)
         self.flights: SingleFlight[bytes, str] = SingleFlight()
+        self.lookup = Lookup(
+            lock=self.lock, table=self.table, store=self.store, embedder=self.embedder,
+            verifier=self.verifier, counters=lambda: self.counters, top_k=s.top_k, now=self.now,
+            embedded=self.embedded, fetched=self.fetched,
+        )
         # where an async exact lookup waits for the lock a scan holds: one thread of its own,
         # so a repeat never queues behind the embedder's batches in the shared pool
         self._exact_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpucache-exact")
@@ -258,90 +262,117 @@ class CacheCore:
         self.shared.stored(scope, items, vectors, _expiry(now, ttl))
         return stored
 
-    def lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Plan]:
-        """A plan per request from one embedder batch and one scan per scope (lookup.py)."""
-        return lookup_batch(self, requests)
+    def lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Findings | Claims]:
+        """Each request's findings, and for a get-or-load request its claims on them
+        (claims.py), from one embedder batch and one scan per scope."""
+        found = self.lookup.find(requests)
+        if not any(r.claim for r in requests):
+            return list(found)
+        with self.lock:
+            now = self.now()
+            return [self.claims(r, f, now) if r.claim else f for r, f in zip(requests, found)]
 
-    async def alookup(self, request: LookupRequest) -> Plan:
-        """``_lookup_batch`` for one request, from the event loop: an exact repeat answered on
+    def claims(self, request: LookupRequest, found: Findings, now: float) -> Claims:
+        """A get-or-load request's claims on what its lookup found (claims.py). Lock held."""
+        return take_claims(found, request, self.table, self.flights, self.counters, self.admission, now)
+
+    def exact(self, request: LookupRequest, wait: bool) -> Findings | Claims | None | object:
+        """A request whose every prompt the exact tier answers (repeats: a dictionary lookup,
+        which through the coalescer would take a thread hop and queue behind the embedder),
+        looked up and claimed; None where one is not stored. ``wait`` False: only where the
+        lock is free at once, else ``LOCK_BUSY`` (how the event loop asks, never waiting on a
+        scan); True: from a thread that may wait for it (a scan holds it for milliseconds)."""
+        if not self.lock.acquire(blocking=wait):
+            return LOCK_BUSY
+        try:
+            found = self.lookup.exact(request)
+            if found is None or not request.claim:
+                return found
+            return self.claims(request, found, self.now())
+        finally:
+            self.lock.release()
+
+    async def alookup(self, request: LookupRequest) -> Findings | Claims:
+        """``lookup_batch`` for one request, from the event loop: an exact repeat answered on
         the spot where the lock is free, else after waiting for the lock in the exact tier's own
-        thread (``exact_plan``); otherwise in a worker thread, at once where no batch is
-        computing, else in the next batch with the requests that gathered behind it (where
+        thread (``exact``); otherwise in a worker thread, at once where no batch is computing,
+        else in the next batch with the requests that gathered behind it (where
         ``lookup_window_seconds`` is above 0), and bounded by ``lookup_timeout_seconds``
         (``LookupTimeout``) (batching.py)."""
-        plan = exact_plan(self, request, wait=False)
-        if plan is LOCK_BUSY and all(self.table.may_hold(request.scope, p) for p in request.prompts):
+        found = self.exact(request, wait=False)
+        if found is LOCK_BUSY and all(self.table.may_hold(request.scope, p) for p in request.prompts):
             # a scan or a store holds the lock, and every prompt looks stored: wait for the lock
             # in a thread of the exact tier's own (never queued behind the embedder's batches),
             # then look again. A prompt not stored goes to the coalescer at once.
             loop = asyncio.get_running_loop()
-            plan = await loop.run_in_executor(self._exact_pool, exact_plan, self, request, True)
-        if isinstance(plan, Plan):
-            return plan
+            found = await loop.run_in_executor(self._exact_pool, self.exact, request, True)
+        if isinstance(found, (Findings, Claims)):
+            return found
         return await self.coalescer.submit(request, self.settings.lookup_timeout_seconds)
 
-    def release(self, plan: Plan) -> None:
-        """Give up a plan's claims, once: its caller is gone, and its waiters load for
-        themselves."""
-        mine, plan.claimed = plan.claimed, []
-        if mine:
-            self.flights.fail(mine, LoadAbandoned())
-        self.release_shared(plan)
+    def release(self, found: Findings | Claims) -> None:
+        """Give up a lookup's claims, if it took any: its caller is gone, and its waiters load
+        for themselves."""
+        if isinstance(found, Claims):
+            self.abort(found, LoadAbandoned())
 
-    def claim_shared(self, plan: Plan) -> list[str]:
+    def claim_shared(self, claims: Claims) -> list[str]:
         """Between this call's local claims and its load: the claims across replicas (one
         round trip). Returns the misses another replica is loading, for the flow to wait on
         (``WaitShared``: on the event loop on async paths, never in a worker thread); the rest
         this call loads, holding their shared claims until it stores or gives up."""
-        if not plan.claimed:
+        if not claims.mine:
             return []
-        prompts = [plan.prompt_of[k] for k in plan.claimed]
-        plan.shared_claims, others = self.shared.claim(plan.scope, prompts)
+        claims.shared, others = self.shared.claim(claims.scope, claims.to_load)
         return others
 
-    def adopt_shared(self, plan: Plan, found: list[SharedEntry]) -> None:
-        """The entries another replica loaded for this call's misses: applied here, answered,
-        and handed to this replica's waiters; what did not arrive, this call loads."""
+    def adopt_shared(self, claims: Claims, found: list[SharedEntry]) -> dict[str, str]:
+        """The entries another replica loaded for this call's misses: applied here, handed to
+        this replica's waiters, and returned (prompt -> answer); the rest, this call loads."""
         if not found:
-            return  # the other replica gave up or took too long: this call loads them
+            return {}  # the other replica gave up or took too long: this call loads them
         self.apply_replicated(found)
         answers = {e.prompt: e.response for e in found}
-        plan.answers.update(answers)
-        done = {prompt_key(plan.scope, p): r for p, r in answers.items()}
+        done = {prompt_key(claims.scope, p): r for p, r in answers.items()}
         with self.lock:
             self.flights.resolve(done)  # this replica's waiters get the other replica's answer
-        plan.claimed = [k for k in plan.claimed if k not in done]
+        claims.mine = [k for k in claims.mine if k not in done]
+        return answers
 
-    def release_shared(self, plan: Plan) -> None:
-        claims, plan.shared_claims = plan.shared_claims, {}
-        if claims:
-            self.shared.release(plan.scope, claims)
+    def release_shared(self, claims: Claims) -> None:
+        shared, claims.shared = claims.shared, {}
+        if shared:
+            self.shared.release(claims.scope, shared)
 
-    def finish(self, plan: Plan, responses: list[str | Unstored], ttl: float | None = None) -> None:
-        """Store what the loader returned (policy and admission permitting) and hand every
-        response to the calls waiting on it."""
-        loaded = plan.to_load
-        plan.answers.update(zip(loaded, responses))
-        position = {p: i for i, p in enumerate(plan.unique)}
-        unstored = [key for key, r in zip(plan.claimed, responses) if isinstance(r, Unstored)]
+    def finish(self, claims: Claims, answers: Sequence[LoaderAnswer[Any]], ttl: float | None = None) -> None:
+        """Store what the loader answered for this call's claims (each ``Keep``, policy and
+        admission permitting, for its own ttl, else ``ttl``, else the cache's) and hand each
+        kept text to the calls waiting on it; a ``ServeOnly``'s waiters load their own."""
+        loaded, mine, found = claims.to_load, claims.mine, claims.found
+        position = {p: i for i, p in enumerate(found.unique)}
+        kept = {key: (p, a) for key, p, a in zip(mine, loaded, answers) if isinstance(a, Keep)}
+        unkept = [key for key in mine if key not in kept]
+        stored: list[tuple[list[tuple[str, str]], torch.Tensor, float]] = []
         with self.lock:
-            keep = [
-                (p, r) for p, r in zip(loaded, responses)
-                if not isinstance(r, Unstored)
-                and self.allowed(p, r, plan.scope) and self.admitted(p, plan.scope)
-            ]
-            if keep:
-                rows = torch.tensor([position[p] for p, _ in keep], device=plan.vectors.device)
-                now = self.now()
-                expires_at = _expiry(now, self.settings.ttl if ttl is None else ttl)
-                self.table.store(plan.scope, keep, plan.vectors[rows], expires_at, now)
-            self.flights.resolve({key: r for key, r in zip(plan.claimed, responses)
-                                   if not isinstance(r, Unstored)})
-        if unstored:  # never handed to another caller: its waiters load their own
-            self.flights.fail(unstored, LoadAbandoned())
-        if keep:
-            self.shared.stored(plan.scope, keep, plan.vectors[rows], expires_at)
-        self.release_shared(plan)  # after the records: a waiting replica finds them
+            now = self.now()
+            groups: dict[float, list[tuple[str, str]]] = {}
+            for p, a in kept.values():
+                assert a.text is not None
+                if self.allowed(p, a.text, claims.scope) and self.admitted(p, claims.scope):
+                    lifetime = a.ttl if a.ttl is not None else self.settings.ttl if ttl is None else ttl
+                    groups.setdefault(_expiry(now, lifetime), []).append((p, a.text))
+            for expires_at, keep in groups.items():
+                rows = torch.tensor([position[p] for p, _ in keep], device=found.vectors.device)
+                vectors = found.vectors[rows]
+                self.table.store(claims.scope, keep, vectors, expires_at, now)
+                stored.append((keep, vectors, expires_at))
+            self.flights.resolve({key: a.text for key, (_, a) in kept.items() if a.text is not None})
+        if unkept:  # never handed to another caller: its waiters load their own
+            self.flights.fail(unkept, LoadAbandoned())
+        claims.mine = []  # released, once: a store that raised before here leaves them to abort
+        for keep, vectors, expires_at in stored:
+            self.shared.stored(claims.scope, keep, vectors, expires_at)
+        self.release_shared(claims)  # after the records: a waiting replica finds them
 
     # ----------------------------------------------------------------------------- shared
 
@@ -386,14 +417,17 @@ class CacheCore:
             self.apply_replicated(found)
         return found
 
-    def abort(self, plan: Plan, error: BaseException) -> None:
-        """Release this call's claims, handing ``error`` to their waiters. Takes only
-        single-flight's own lock (and queues the release of any claims across replicas): the
-        async drivers call it on the event loop."""
-        self.flights.fail(plan.claimed, error)
-        self.release_shared(plan)
+    def abort(self, claims: Claims, error: BaseException) -> None:
+        """Release this call's claims (those not yet released), handing ``error`` to their
+        waiters. Takes only single-flight's own lock (and queues the release of any claims
+        across replicas): the async drivers call it on the event loop."""
+        mine, claims.mine = claims.mine, []
+        if mine:
+            self.flights.fail(mine, error)
+        self.release_shared(claims)
 
     def replay(self, answer: str) -> Iterator[str]:
+        """A stored answer in ``replay_chunk_chars`` pieces, for a streaming caller."""
         size = self.settings.replay_chunk_chars
         for start in range(0, len(answer), size):
             yield answer[start : start + size]

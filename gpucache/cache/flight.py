@@ -15,8 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -26,18 +25,6 @@ class LoadAbandoned(RuntimeError):
     """The call loading a prompt gave up before its load completed: its stream's consumer
     stopped reading, or its asyncio task was cancelled. Calls that were waiting for that load
     run their own instead; callers never see this error."""
-
-
-@dataclass(frozen=True)
-class Unstored:
-    """What a loader returns (or a streaming loader yields, as its last item) for an answer
-    to serve but not to keep: an upstream's error, a truncated answer, one that carries more
-    than its text. The call that loaded gets ``Unstored`` back, ``value`` as the loader gave
-    it (any object: an HTTP response, say); nothing is stored; and the calls that were waiting
-    for this load run their own, as after ``LoadAbandoned``: an answer that is not kept is
-    never handed to another caller."""
-
-    value: Any = None
 
 
 class SingleFlight(Generic[K, V]):

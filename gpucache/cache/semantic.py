@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
-from gpucache.cache import flow
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.core import CacheCore
-from gpucache.cache.flight import LoadAbandoned, Unstored
-from gpucache.cache.lookup import Hit, LookupRequest, Plan
+from gpucache.cache.flight import LoadAbandoned
+from gpucache.cache.loading import GetOrLoad
+from gpucache.cache.lookup import Findings, Hit, LookupRequest
 from gpucache.cache.replication import Replication
+from gpucache.cache.served import Found, Joined, Keep, Loaded, Served, ServeOnly, Stream
 from gpucache.cache.settings import CacheSettings, read_settings_file
 from gpucache.cache.snapshot import (
     check_model,
@@ -36,9 +37,6 @@ from gpucache.cache.snapshot import (
 )
 from gpucache.cache.stats import CacheStats
 from gpucache.cache.validation import (
-    check_batch,
-    check_loaded,
-    check_loader,
     check_prompt,
     check_prompts,
     check_response,
@@ -55,11 +53,14 @@ from gpucache.index.store import ExactScanStore
 from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy
 
-__all__ = ["Hit", "LoadAbandoned", "LookupTimeout", "SemanticCache", "Unstored"]
+__all__ = [
+    "Found", "Hit", "Joined", "Keep", "LoadAbandoned", "Loaded", "LookupTimeout", "SemanticCache",
+    "ServeOnly", "Served", "Stream",
+]
 
 
 
-class SemanticCache:
+class SemanticCache(GetOrLoad):
     """A semantic cache of LLM responses.
 
     Args:
@@ -190,7 +191,7 @@ class SemanticCache:
     ) -> list[Hit | None]:
         """``get`` for a whole list: one embedder batch and one scan; results in input order."""
         request = self._request(prompts, scope, threshold)
-        return _ordered_hits(self._core.lookup_batch([request])[0])
+        return self._core.lookup.find([request])[0].ordered()
 
     async def aget(
         self, prompt: str, *, scope: str | None = None, threshold: float | None = None
@@ -203,7 +204,9 @@ class SemanticCache:
     ) -> list[Hit | None]:
         """``get_all`` for asyncio: the event loop keeps serving while the batch is embedded, and
         lookups from concurrent calls share one batch where ``lookup_window_seconds`` is set."""
-        return _ordered_hits(await self._core.alookup(self._request(prompts, scope, threshold)))
+        found = await self._core.alookup(self._request(prompts, scope, threshold))
+        assert isinstance(found, Findings)  # a plain lookup claims nothing
+        return found.ordered()
 
     # ----------------------------------------------------------------------------- writes
 
@@ -237,106 +240,6 @@ class SemanticCache:
             prompt = check_prompt(pair[0], f"pairs[{i}][0]")
             latest[prompt] = check_response(pair[1], f"pairs[{i}][1]")
         return self._core.put(list(latest.items()), scope, self.ttl)
-
-    def get_or_put(
-        self, prompt: str, loader: flow.Loader, *, scope: str | None = None, ttl: float | None = None,
-        on_lookup: flow.OnLookup = None,
-    ) -> str:
-        """The cached answer for ``prompt``, or ``loader(prompt)``'s, which is then stored
-        (when the cache policy allows it and the admission policy admits it).
-
-        Concurrent misses on the same (scope, prompt) call the loader once. A loader that
-        raises stores nothing; its exception reaches the caller unchanged. A loaded answer lives
-        ``ttl`` seconds (the cache's default where None). ``on_lookup(hit)``,
-        where given, is called once the lookup is done, before any load: with the ``Hit`` that
-        answers, or None for a miss (a server says which in its response headers).
-
-        A loader may return ``Unstored(value)`` instead of a str: an answer to serve this caller
-        but not to keep (an error, a truncated answer). It comes back as it is, nothing is
-        stored, and the calls waiting on this load run their own.
-        """
-        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
-        check_loader(loader, "loader(prompt) -> str")
-        return flow.run(flow.get_or_load(self._core, [prompt], scope, ttl),
-                        lambda missed: [check_loaded(loader(missed[0]))], _reporter(prompt, on_lookup))[0]
-
-    def get_or_put_all(
-        self, prompts: Sequence[str], loader: flow.BatchLoader, *, scope: str | None = None
-    ) -> list[str]:
-        """Answers for every prompt, calling ``loader`` once with all the distinct misses.
-
-        ``loader(missed_prompts) -> responses`` gets the distinct misses in first-seen order and
-        must return one str per prompt, in the same order; otherwise ``ValueError``/``TypeError``
-        and nothing is stored. Duplicates in ``prompts`` share one load. Results come back in
-        input order. Misses that another call is already loading are waited for, not reloaded.
-        A loader that raises stores nothing from the batch, and its error reaches the caller.
-        """
-        prompts, scope = check_prompts(prompts), check_scope(scope)
-        check_loader(loader, "loader(prompts) -> list of responses")
-        return flow.run(flow.get_or_load(self._core, prompts, scope),
-                        lambda missed: check_batch(loader(list(missed)), len(missed)))
-
-    def get_or_put_streaming(
-        self, prompt: str, loader: flow.StreamLoader, *, scope: str | None = None,
-        ttl: float | None = None, on_lookup: flow.OnLookup = None,
-    ) -> Iterator[str]:
-        """Stream the answer for ``prompt``: a hit is replayed in ``replay_chunk_chars`` chunks;
-        a miss passes ``loader(prompt)``'s chunks through as they arrive.
-
-        The full response is stored only after the loader's stream completes, through the cache
-        policy and admission. A consumer that stops reading (closes the iterator) or a loader
-        that raises stores nothing; the loader's error reaches the consumer unchanged. Input is
-        checked when this is called; the lookup and the load start at the first ``next()``, so
-        an iterator that is never started holds nothing and blocks no one. ``ttl`` and
-        ``on_lookup`` as in ``get_or_put``; ``on_lookup`` is called before the first chunk.
-        A loader that yields ``Unstored()`` (as its last item; it is not passed on) has its
-        chunks served and nothing stored, as ``get_or_put``'s loader that returns it.
-        """
-        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
-        check_loader(loader, "loader(prompt) -> iterable of str chunks")
-        core = self._core
-        return flow.run_stream(core, flow.stream(core, prompt, scope, ttl), lambda: loader(prompt),
-                               _reporter(prompt, on_lookup))
-
-    async def aget_or_put(
-        self, prompt: str, loader: flow.AsyncLoader, *, scope: str | None = None,
-        ttl: float | None = None, on_lookup: flow.OnLookup = None,
-    ) -> str:
-        """``get_or_put`` with an async loader (``async def loader(prompt) -> str``)."""
-        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
-        check_loader(loader, "async loader(prompt) -> str")
-
-        async def load_one(missed: list[str]) -> list[str | Unstored]:
-            return [check_loaded(await loader(missed[0]))]
-
-        return (await flow.arun(flow.get_or_load(self._core, [prompt], scope, ttl), load_one,
-                                _reporter(prompt, on_lookup)))[0]
-
-    async def aget_or_put_all(
-        self, prompts: Sequence[str], loader: flow.AsyncBatchLoader, *, scope: str | None = None
-    ) -> list[str]:
-        """``get_or_put_all`` with an async batch loader."""
-        prompts, scope = check_prompts(prompts), check_scope(scope)
-        check_loader(loader, "async loader(prompts) -> list of responses")
-
-        async def load_batch(missed: list[str]) -> list[str | Unstored]:
-            return check_batch(await loader(list(missed)), len(missed))
-
-        return await flow.arun(flow.get_or_load(self._core, prompts, scope), load_batch)
-
-    def aget_or_put_streaming(
-        self, prompt: str, loader: flow.AsyncStreamLoader, *, scope: str | None = None,
-        ttl: float | None = None, on_lookup: flow.OnLookup = None,
-    ) -> AsyncGenerator[str, None]:
-        """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
-        of chunks (an async generator, say); a plain iterable is accepted too. Use it with
-        ``async for``. Input is checked when this is called, the lookup starts at the first
-        ``__anext__``."""
-        prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
-        check_loader(loader, "loader(prompt) -> async iterable of str chunks")
-        core = self._core
-        return flow.arun_stream(core, flow.stream(core, prompt, scope, ttl), lambda: loader(prompt),
-                                _reporter(prompt, on_lookup))
 
     # ----------------------------------------------------------------------------- upkeep
 
@@ -435,16 +338,3 @@ class SemanticCache:
         return LookupRequest(tuple(check_prompts(prompts)), check_scope(scope),
                              self.threshold if threshold is None else check_threshold(threshold),
                              claim=False)
-
-
-def _reporter(prompt: str, on_lookup: flow.OnLookup) -> Callable[[Plan], None] | None:
-    """The flow's ``on_find`` for a caller's ``on_lookup(hit)``."""
-    if on_lookup is None:
-        return None
-    if not callable(on_lookup):
-        raise TypeError("on_lookup must be callable: on_lookup(hit or None)")
-    return lambda plan: on_lookup(plan.hits[prompt])
-
-
-def _ordered_hits(plan: Plan) -> list[Hit | None]:
-    return [plan.hits[p] for p in plan.prompts]

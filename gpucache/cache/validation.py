@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
-from gpucache.cache.flight import Unstored
+from gpucache.cache.served import Keep, LoaderAnswer, ServeOnly
 from gpucache.keys import DEFAULT_SCOPE
 
 
@@ -81,11 +82,21 @@ def check_positive_int(value: object, what: str) -> int:
     return value
 
 
-def check_loaded(response: object) -> str | Unstored:
-    """A loader's one answer: a str, or ``Unstored`` (served, not kept)."""
-    if isinstance(response, Unstored):
-        return response
-    return check_response(response, "loader's response")
+def check_loaded(response: object) -> Keep[str]:
+    """A text loader's one answer (the ``get_or_put`` family): a str, kept and served."""
+    return Keep(check_response(response, "loader's response"))
+
+
+def check_answer(answer: object, what: str = "loader's answer") -> LoaderAnswer[Any]:
+    """A typed loader's answer (the ``get_or_load`` family): ``Keep(text, value)`` with a str
+    text, or ``ServeOnly(value)``."""
+    if isinstance(answer, ServeOnly):
+        return answer
+    if isinstance(answer, Keep):
+        check_response(answer.text, f"{what}'s text")
+        check_ttl(answer.ttl, f"{what}'s ttl")
+        return answer
+    raise TypeError(f"{what} must be Keep(text, value) or ServeOnly(value), got {type(answer).__name__}")
 
 
 def check_loader(loader: object, shape: str) -> None:
@@ -93,12 +104,11 @@ def check_loader(loader: object, shape: str) -> None:
         raise TypeError(f"loader must be callable: {shape}")
 
 
-def check_batch(responses: object, expected: int) -> list[str | Unstored]:
+def check_batch(responses: object, expected: int) -> list[Keep[str]]:
     """A batch loader's answer: a list of ``expected`` str, or a clear error."""
     if isinstance(responses, (str, bytes)) or not isinstance(responses, Iterable):
         raise TypeError(f"loader must return a list of str, got {type(responses).__name__}")
     responses = list(responses)
     if len(responses) != expected:
         raise ValueError(f"loader returned {len(responses)} responses for {expected} prompts")
-    return [r if isinstance(r, Unstored) else check_response(r, f"loader's response [{i}]")
-            for i, r in enumerate(responses)]
+    return [Keep(check_response(r, f"loader's response [{i}]")) for i, r in enumerate(responses)]

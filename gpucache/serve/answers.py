@@ -101,9 +101,18 @@ def respond(ex: Exchange | Refused | None, outcome: Outcome, max_concurrency: in
         outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
     )
 
-def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome) -> None:
-    """The metrics of an outcome: the only place requests, hits and errors are counted."""
+def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome, ex: Exchange | None = None) -> None:
+    """The metrics of an outcome and of the exchange that led to it (its timings, the errors it
+    survived): the only place requests, hits and errors are counted, but for what a stream meets
+    after its outcome was recorded (streams.py) and a store after the answer went (proxy.py)."""
     m = metrics
+    if ex is not None:
+        for label in ex.notes:
+            m.errors.labels(label).inc()
+        if "lookup" in ex.timing:
+            m.lookup_seconds.observe(ex.timing["lookup"])
+        if "answer" in ex.timing:
+            m.upstream_seconds.observe(ex.timing["answer"])
     if isinstance(outcome, Refused):
         m.errors.labels(outcome.kind).inc()
         return

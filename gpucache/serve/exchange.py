@@ -79,16 +79,14 @@ class CacheControl:
         return self.max_age is None or hit.age <= self.max_age
 
 
-def may_store(status: int, text: Any, finish: str | None, replayable: bool, control: CacheControl,
+def may_store(finish: str | None, replayable: bool, control: CacheControl,
               response_headers: Mapping[str, str] | None = None) -> bool:
-    """Whether an upstream's answer is kept: a 200 with text, finished ("stop", not cut short
-    or turned into a tool call), whose text alone replays it (no tool calls, refusal or
-    reasoning beside it: a hit serves the text only), a request that allows storing, and an
-    upstream that allows it (``upstream_allows_storing``)."""
-    return (
-        status == 200 and isinstance(text, str) and finish == "stop" and replayable and not control.no_store
-        and upstream_allows_storing(response_headers)
-    )
+    """Whether an upstream's complete answer (a 200 with text: the caller has checked) is kept,
+    JSON or stream: finished ("stop", not cut short or turned into a tool call), its text alone
+    replays it (no tool calls, refusal or reasoning beside it: a hit serves the text only), the
+    request allows storing, and the upstream allows it (``upstream_allows_storing``)."""
+    return (finish == "stop" and replayable and not control.no_store
+            and upstream_allows_storing(response_headers))
 
 
 # What in an upstream's Cache-Control forbids keeping its answer for later requests: no-store
@@ -153,6 +151,9 @@ class Exchange:
     # seconds spent waiting on the upstream before the answer's headers were sent: the rest of
     # the exchange's time is the proxy's own (``x-gpucache-overhead-ms``)
     timing: dict[str, float] = field(default_factory=lambda: {"upstream": 0.0}, compare=False)
+    # what went wrong on the way that the request survived (the errors metric's labels: "cache"
+    # for a cache that failed open or an answer not kept), counted with its outcome (answers.record)
+    notes: list[str] = field(default_factory=list, compare=False)
     holder: str = ""  # whose credentials it carries (tenancy.Identity.holder): its share of slots
     receive: Any = field(default=None, compare=False)  # the ASGI receive: whether the client is still there
 

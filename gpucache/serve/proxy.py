@@ -12,14 +12,16 @@ outcome (exchange.py), then answered and counted, each in one place.
 
 Streams (relayed, replayed, cut) are streams.py's.
 
-The cache is asked through ``SemanticCache.aget_or_put`` / ``aget_or_put_streaming``, so
+The cache is asked through ``SemanticCache.aget_or_load`` / ``aget_or_load_streaming``, so
 concurrent identical misses make one upstream call (within one tenant: the tenant opens every
-scope) and concurrent lookups share one embedder batch. A loader returns what the upstream
-said; ``may_store`` decides whether it is kept, and an answer that is not kept goes back to
-its caller as ``Unstored`` (the cache's "serve but do not store"), never to a waiter, who loads
-its own. A streamed miss is relayed event by event as the upstream sent it (tool-call deltas,
-usage and all), its text collected on the side for the cache; an upstream error event or a cut
-connection ends the client's stream with an error event, and nothing is stored.
+scope) and concurrent lookups share one embedder batch; what it answers is matched once:
+``Found(hit)``, ``Loaded(the upstream's response)`` or ``Joined(another request's text)``. The
+loader answers the cache ``Keep(text, response)`` where ``may_store`` allows it, else
+``ServeOnly(response)``: served to its caller, never to a waiter, who loads its own. A streamed
+miss is relayed event by event as the upstream sent it (tool-call deltas, usage and all), its
+text collected by the cache (``Streams.pieces``, the one streamed load, which a refresh reads
+too); an upstream error event or a cut connection ends the client's stream with an error
+event, and nothing is stored.
 
 The cache fails open: if the lookup fails or passes its deadline, the request goes upstream as
 if the cache were not there, and the failure is counted.
@@ -30,16 +32,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 import httpx
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gpucache.cache.batching import LookupTimeout
-from gpucache.cache.lookup import Hit as CacheHit
-from gpucache.cache.semantic import SemanticCache, Unstored
+from gpucache.cache.semantic import SemanticCache
+from gpucache.cache.served import Found, Keep, Pieces, ServeOnly, Stream
+from gpucache.cache.served import Joined as JoinedLoad
 from gpucache.serve import answers, wire
 from gpucache.serve.exchange import (
     PATHS,
@@ -63,7 +66,7 @@ from gpucache.serve.intake import Intake, TooLarge, disconnected, leaves_body_un
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
-from gpucache.serve.streams import Relay, Streams, upstream_events
+from gpucache.serve.streams import Relay, Streams, UpstreamPieces
 from gpucache.serve.upstream import Upstream, UpstreamUnavailable
 
 log = logging.getLogger("gpucache.serve")
@@ -79,9 +82,9 @@ def storable(kind: str, response: Any, control: CacheControl) -> str | None:
         return None
     try:
         text, finish, replayable = wire.answer_of(kind, response.json())
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what a parser follows
         return None
-    allowed = may_store(response.status_code, text, finish, replayable, control, response.headers)
+    allowed = isinstance(text, str) and may_store(finish, replayable, control, response.headers)
     return text if allowed else None
 
 
@@ -93,7 +96,7 @@ class Proxy:
         self.storing: set[asyncio.Task[None]] = set()  # answers being stored after they were sent
         self.busy = 0  # requests past the exact tier now (admit)
         self.holding: dict[str, int] = {}  # of those, each credential's (its share, admit)
-        self.streams = Streams(metrics, self.store, self.shorter_lived)
+        self.streams = Streams(metrics, self.store)
         self.intake = Intake(config, upstream)
 
     async def completion(self, kind: str, request: Request) -> Response:
@@ -101,7 +104,7 @@ class Proxy:
         exchange, ended = await self.intake.accept(kind, request)
         outcome = await self.admit(exchange) if isinstance(exchange, Exchange) else ended
         assert outcome is not None
-        self.record(PATHS[kind], outcome)
+        self.record(PATHS[kind], outcome, exchange if isinstance(exchange, Exchange) else None)
         response = self.respond(exchange, outcome)
         if not isinstance(exchange, Exchange) and leaves_body_unread(request):
             response.headers["connection"] = "close"
@@ -178,143 +181,142 @@ class Proxy:
         return await self.run_json(ex)
 
     async def run_json(self, ex: Exchange) -> Outcome:
-        found, on_lookup = self.recorder()
-        mine: dict[str, Any] = {}  # set when this call loaded: the upstream's own response
-
-        async def loader(text: str) -> str | Unstored:
-            mine["started"] = True
-            begun = time.perf_counter()
-            response = await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
-            self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
-            ex.waited_upstream(time.perf_counter() - begun)
-            mine["response"] = response
-            answer = storable(ex.kind, response, ex.control)
-            if answer is not None and self.shorter_lived(response.headers) is not None:
-                mine["keep"] = answer  # the upstream says how long: stored below, with that lifetime
-            return answer if answer is not None and "keep" not in mine else Unstored(response)
+        async def loader(text: str) -> Keep[httpx.Response] | ServeOnly[httpx.Response]:
+            response = await self.send_upstream(ex)
+            ex.timing["answer"] = ex.timing["upstream"]  # the whole answer's wait
+            return self.keeping(ex, response)
 
         try:
-            result = await self.cache.aget_or_put(
-                ex.key.semantic_text, loader, scope=ex.key.scope, on_lookup=on_lookup
-            )
+            served = await self.cache.aget_or_load(ex.key.semantic_text, loader, scope=ex.key.scope)
+        except UpstreamUnavailable as down:
+            return Unavailable(down.status, str(down))
+        except Exception as exc:  # the lookup failed: the loader's own errors are UpstreamUnavailable
+            return await self.fail_open(ex, exc)
+        ex.timing["lookup"] = served.lookup_seconds
+        if isinstance(served, Found):
+            if not ex.control.fresh(served.hit):
+                return await self.refresh(ex)
+            return Hit(served.hit, served.hit.response)
+        if isinstance(served, JoinedLoad):
+            return Joined(served.text)
+        if served.failed is not None:  # the upstream answered; keeping it failed: served, counted
+            log.error("gpucache: storing an answer failed", exc_info=served.failed)
+            ex.notes.append("cache")
+        assert served.value is not None
+        return self.loaded(served.value)
+
+    async def run_stream(self, ex: Exchange) -> Outcome:
+        relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
+
+        async def opener(text: str) -> Stream[Any] | ServeOnly[PassedThrough]:
+            return await self.open_stream(ex, relay)
+
+        try:
+            served = await self.cache.aget_or_load_streaming(ex.key.semantic_text, opener, scope=ex.key.scope)
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
         except Exception as exc:
-            if "response" in mine:  # the upstream answered; keeping it failed: serve it, count it
-                log.exception("gpucache: storing an answer failed")
-                self.metrics.errors.labels("cache").inc()
-                return self.loaded(mine["response"])
-            if mine.get("started"):
-                log.exception("gpucache: a load failed")
-                return Unavailable(502, f"the upstream request failed: {type(exc).__name__}")
             return await self.fail_open(ex, exc)
-        hit = found[0] if found else None
-        if isinstance(result, Unstored):
-            response = result.value
-            if "keep" in mine:
-                await self.store(ex.key, mine["keep"], self.shorter_lived(response.headers))
-                return self.loaded(response)
-            return PassedThrough(response.status_code, response.headers, response.content)
-        if hit is not None:
-            if not ex.control.fresh(hit):
+        meta, usage = relay.meta, ex.key.include_usage
+        ex.timing["lookup"] = served.lookup_seconds
+        if isinstance(served, Found):
+            if not ex.control.fresh(served.hit):
                 return await self.refresh(ex)
-            return Hit(hit, result)
-        if "response" in mine:
-            return self.loaded(mine["response"])
-        return Joined(result)
+            replay = self.streams.replay(meta, self.cache.core.replay(served.hit.response), usage)
+            return Hit(served.hit, "", stream=replay)
+        if isinstance(served, JoinedLoad):
+            return Joined("", stream=self.streams.replay(meta, self.cache.core.replay(served.text), usage))
+        if served.pieces is None:  # the upstream refused: its answer, kept from everyone
+            assert isinstance(served.value, PassedThrough)
+            return served.value
+        return await self.relaying(ex, served.value, cast(Pieces, served.pieces), relay)
 
-    async def run_stream(self, ex: Exchange) -> Outcome:
-        found, on_lookup = self.recorder()
-        relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
-
-        async def chunks(text: str) -> AsyncIterator[str | Unstored]:
-            # one piece per upstream event (its text, or ""), so the events and the pieces the
-            # cache hands back stay in step
-            relay.started = True
-            begun = time.perf_counter()
-            async with self.upstream.stream(ex.endpoint, ex.headers, ex.raw, params=ex.query) as response:
-                if response.status_code != 200:
-                    relay.refused = PassedThrough(
-                        response.status_code, response.headers, await response.aread()
-                    )
-                    yield Unstored()
-                    return
-                relay.headers = response.headers  # a streamed miss keeps them, as a JSON one does
-                async for event, line in upstream_events(response):
-                    if not relay.waited:  # the headers go out after the first event
-                        relay.waited = True
-                        ex.waited_upstream(time.perf_counter() - begun)
-                    relay.events.append(line)
-                    if "error" in event:
-                        relay.error_event = True
-                        yield ""
-                        yield Unstored()
-                        return
-                    piece = wire.delta_of(ex.kind, event, relay.meta) or ""
-                    relay.text.append(piece)
-                    yield piece
-            self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
-            if not may_store(200, "", relay.meta.finish_reason, not relay.meta.unreplayable, ex.control,
-                             response.headers):
-                yield Unstored()
-            elif (lifetime := self.shorter_lived(response.headers)) is not None:
-                # the upstream says how long it may be kept: not the cache's single-flight store
-                # (which uses the cache's ttl), a store of its own with that lifetime, before the
-                # stream ends, as the cache's own store would be
-                await self.store(ex.key, "".join(relay.text), lifetime)
-                yield Unstored()
-
-        pieces = self.cache.aget_or_put_streaming(
-            ex.key.semantic_text, chunks, scope=ex.key.scope, on_lookup=on_lookup
-        )
+    async def relaying(self, ex: Exchange, headers: Any, pieces: Pieces, relay: Relay) -> Outcome:
+        """This call's streamed load to its client, once its first event is in (an upstream that
+        fails before it is a 502, after it an error event in the stream)."""
         first: str | None = None
         try:
-            first = await pieces.__anext__()  # the lookup, then a hit's or the upstream's first piece
+            first = await pieces.__anext__()
         except StopAsyncIteration:
             pass
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
         except Exception as exc:
-            if relay.started:
-                log.exception("gpucache: a streamed load failed before its first event")
-                return Unavailable(502, f"the upstream stream failed: {type(exc).__name__}")
-            return await self.fail_open(ex, exc)
-        if relay.refused is not None:
-            await pieces.aclose()
-            return relay.refused
-        hit = found[0] if found else None
-        if hit is not None and not ex.control.fresh(hit):
-            await pieces.aclose()
-            return await self.refresh(ex)
+            log.exception("gpucache: a streamed load failed before its first event")
+            return Unavailable(502, f"the upstream stream failed: {type(exc).__name__}")
         streams = self.streams
-        if relay.started:
-            return Loaded(headers=relay.headers,
-                          stream=streams.closing(streams.relayed(first, pieces, relay), pieces))
-        replay = streams.closing(streams.replay(relay.meta, first, pieces, ex.key.include_usage), pieces)
-        if hit is not None:
-            return Hit(hit, "", stream=replay)
-        return Joined("", stream=replay)
+        return Loaded(headers=headers, stream=streams.closing(streams.relayed(first, pieces, relay), pieces))
 
     async def refresh(self, ex: Exchange, later: bool = False) -> Outcome:
         """The upstream answers, and a complete answer is stored for later requests: for
         ``no-cache``, ``max-age=0``, a hit older than the request's ``max-age``, and a lookup
         that timed out (``later``: stored in the background, not before the answer goes)."""
-        if ex.key.stream:
-            return await self.forward_stream(ex, store=True)
-        begun = time.perf_counter()
         try:
-            response = await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
+            if ex.key.stream:
+                relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
+                opened = await self.open_stream(ex, relay)
+                if isinstance(opened, ServeOnly):
+                    assert opened.value is not None
+                    return opened.value
+                pieces = cast(UpstreamPieces, opened.chunks)
+                return await self.relaying(ex, opened.value, self.streams.storing(pieces, ex.key), relay)
+            response = await self.send_upstream(ex)
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
+        keeping = self.keeping(ex, response)
+        if isinstance(keeping, Keep) and keeping.text is not None:
+            if later:
+                self.store_later(ex.key, keeping.text, keeping.ttl)
+            else:
+                await self.store(ex.key, keeping.text, keeping.ttl)
+        return self.loaded(response)
+
+    def keeping(
+        self, ex: Exchange, response: httpx.Response
+    ) -> Keep[httpx.Response] | ServeOnly[httpx.Response]:
+        """A whole upstream answer, for the cache: its text kept (for the upstream's lifetime
+        where shorter than the cache's) where ``storable`` allows, else served only."""
+        answer = storable(ex.kind, response, ex.control)
+        if answer is None:
+            return ServeOnly(response)
+        return Keep(answer, response, ttl=self.shorter_lived(response.headers))
+
+    async def send_upstream(self, ex: Exchange) -> httpx.Response:
+        """The exchange's request to the upstream, its wait counted as the upstream's; an error
+        of any kind is ``UpstreamUnavailable`` (what the proxy answers 502 or 504 for)."""
+        begun = time.perf_counter()
+        try:
+            return await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
+        except UpstreamUnavailable:
+            raise
+        except Exception as exc:
+            log.exception("gpucache: a load failed")
+            raise UpstreamUnavailable(502, f"the upstream request failed: {type(exc).__name__}") from exc
         finally:
             ex.waited_upstream(time.perf_counter() - begun)
-        answer = storable(ex.kind, response, ex.control)
+
+    async def open_stream(self, ex: Exchange, relay: Relay) -> Stream[Any] | ServeOnly[PassedThrough]:
+        """The exchange's stream opened upstream: its headers and pieces (``Streams.pieces``),
+        or, where the upstream answered with an error status, that answer, served only."""
+        begun = time.perf_counter()
+        try:
+            response = await self.upstream.open(ex.endpoint, ex.headers, ex.raw, params=ex.query)
+        except UpstreamUnavailable:
+            raise
+        except Exception as exc:
+            log.exception("gpucache: a streamed load failed before its first event")
+            raise UpstreamUnavailable(502, f"the upstream stream failed: {type(exc).__name__}") from exc
+        finally:
+            ex.waited_upstream(time.perf_counter() - begun)
+        if response.status_code != 200:
+            try:
+                content = await response.aread()
+            finally:
+                await response.aclose()
+            return ServeOnly(PassedThrough(response.status_code, response.headers, content))
         lifetime = self.shorter_lived(response.headers)
-        if answer is not None and later:
-            self.store_later(ex.key, answer, lifetime)
-        elif answer is not None:
-            await self.store(ex.key, answer, lifetime)
-        return self.loaded(response)
+        pieces = self.streams.pieces(relay, response, ex, begun, lifetime)
+        return Stream(response.headers, UpstreamPieces(pieces, response))
 
     def shorter_lived(self, headers: Any) -> float | None:
         """The upstream's lifetime for its answer (``upstream_lifetime``) where it is shorter
@@ -335,7 +337,7 @@ class Proxy:
 
     async def fail_open(self, ex: Exchange, exc: Exception) -> Outcome:
         log.warning("gpucache: the cache failed (%r); this request goes upstream without it", exc)
-        self.metrics.errors.labels("cache").inc()
+        ex.notes.append("cache")
         if isinstance(exc, LookupTimeout):
             # the cache is slow (a load spike), not broken: the answer is still kept (through
             # the cache policy), so the cache warms under load instead of staying cold; stored
@@ -349,8 +351,8 @@ class Proxy:
     def respond(self, ex: Exchange | Refused | None, outcome: Outcome) -> Response:
         return answers.respond(ex, outcome, self.config.max_concurrency)
 
-    def record(self, endpoint: str, outcome: Outcome) -> None:
-        answers.record(self.metrics, endpoint, outcome)
+    def record(self, endpoint: str, outcome: Outcome, ex: Exchange | None = None) -> None:
+        answers.record(self.metrics, endpoint, outcome, ex)
 
     # ------------------------------------------------------------------------- plain
 
@@ -408,31 +410,3 @@ class Proxy:
             outcome = forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)
         self.record(label, outcome)
         return self.respond(None, outcome)
-
-    async def forward_stream(self, ex: Exchange, store: bool) -> Outcome:
-        """A streamed request to the upstream, relayed event by event and its answer stored
-        where ``may_store`` allows (the refresh of a stream)."""
-        begun = time.perf_counter()
-        try:
-            response = await self.upstream.open(ex.endpoint, ex.headers, ex.raw, params=ex.query)
-        except UpstreamUnavailable as down:
-            return Unavailable(down.status, str(down))
-        finally:
-            ex.waited_upstream(time.perf_counter() - begun)
-        if response.status_code != 200:
-            content = await response.aread()
-            await response.aclose()
-            return PassedThrough(response.status_code, response.headers, content)
-        return Loaded(200, response.headers, stream=self.streams.relay_and_store(response, ex, store))
-
-    def recorder(self) -> tuple[list[CacheHit | None], Callable[[CacheHit | None], None]]:
-        """A list for the lookup's hit (or None), and the cache's ``on_lookup`` that fills it
-        and times the lookup from now."""
-        found: list[CacheHit | None] = []
-        started = time.perf_counter()
-
-        def on_lookup(hit: CacheHit | None) -> None:
-            found.append(hit)
-            self.metrics.lookup_seconds.observe(time.perf_counter() - started)
-
-        return found, on_lookup

@@ -8,20 +8,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from gpucache.cache.served import Keep, ServeOnly
 from gpucache.serve import wire
-from gpucache.serve.exchange import Exchange, PassedThrough, may_store
+from gpucache.serve.exchange import Exchange, may_store
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.upstream import UpstreamUnavailable
 
 log = logging.getLogger("gpucache.serve")
+# What a streamed load's pieces are: a text ("" for an event with none), and last, whether
+# the text may be kept
+Piece = str | Keep[None] | ServeOnly[None]
 
 
 async def upstream_events(response: Any) -> AsyncIterator[tuple[dict[str, Any], bytes]]:
@@ -47,17 +52,13 @@ async def upstream_events(response: Any) -> AsyncIterator[tuple[dict[str, Any], 
 
 @dataclass
 class Relay:
-    """A streamed load's side of the exchange: the upstream's events waiting to be relayed
-    (one per piece the cache hands back), what the stream said of itself, and how it ended."""
+    """A streamed load's events waiting to be relayed to the client, one per piece the cache
+    hands back (so the two stay in step), what the stream said of itself, and whether an error
+    event ended it."""
 
     meta: wire.StreamMeta
     events: deque[bytes] = field(default_factory=deque)
-    started: bool = False  # this call ran the upstream request (it did not join or hit)
-    error_event: bool = False  # the upstream ended the stream with an error event
-    refused: PassedThrough | None = None  # the upstream answered with an error status
-    waited: bool = False  # the wait for the upstream's first event is counted in the exchange
-    headers: Any = None  # the upstream's response headers, relayed with the stream
-    text: list[str] = field(default_factory=list)  # the answer's pieces, as the cache sees them
+    error_event: bool = False
 
     def drain(self) -> list[bytes]:
         out = list(self.events)
@@ -65,14 +66,75 @@ class Relay:
         return out
 
 
+class UpstreamPieces:
+    """An upstream stream's pieces (``Streams.pieces``) with the response they read: closing
+    them closes the response, whether or not they were started (an async generator never
+    started runs no ``finally``)."""
+
+    def __init__(self, pieces: AsyncGenerator[Piece, None], response: Any) -> None:
+        self._pieces, self._response = pieces, response
+
+    def __aiter__(self) -> AsyncGenerator[Piece, None]:
+        return self._pieces
+
+    async def aclose(self) -> None:
+        try:
+            await self._pieces.aclose()
+        finally:
+            await self._response.aclose()
+
+
 class Streams:
-    """The proxy's streams, counting what they see (a client gone, an upstream cut) in
-    ``metrics``; ``keep`` stores a streamed answer that ``may_store`` allows."""
+    """The proxy's streams, counting what they see (a client gone, an upstream cut, the
+    upstream's time to the end of its stream) in ``metrics``: each happens after the answer's
+    headers have gone and its outcome was recorded, so it is counted where it happens.
+    ``keep`` stores a refreshed stream's answer."""
 
     def __init__(self, metrics: ProxyMetrics,
-                 keep: Callable[[RequestKey, str, float | None], Awaitable[None]],
-                 lifetime: Callable[[Any], float | None]) -> None:
-        self.metrics, self.keep, self.lifetime = metrics, keep, lifetime
+                 keep: Callable[[RequestKey, str, float | None], Awaitable[None]]) -> None:
+        self.metrics, self.keep = metrics, keep
+
+    async def pieces(
+        self, relay: Relay, response: Any, ex: Exchange, begun: float, lifetime: float | None
+    ) -> AsyncGenerator[Piece, None]:
+        """The one streamed load, for a miss (through the cache) and a refresh alike: one piece
+        per upstream event (its text, or ""), each event queued in ``relay``; last, whether the
+        text may be kept (``may_store``) and for how long. An error event is relayed, and
+        nothing is kept."""
+        waited = False
+        try:
+            async for event, line in upstream_events(response):
+                if not waited:  # the answer's headers go out after the first event
+                    waited = True
+                    ex.waited_upstream(time.perf_counter() - begun)
+                relay.events.append(line)
+                if "error" in event:
+                    relay.error_event = True
+                    yield ""
+                    yield ServeOnly()
+                    return
+                yield wire.delta_of(ex.kind, event, relay.meta) or ""
+            self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
+            meta = relay.meta
+            keep = may_store(meta.finish_reason, not meta.unreplayable, ex.control, response.headers)
+            yield Keep(ttl=lifetime) if keep else ServeOnly()
+        finally:
+            await response.aclose()
+
+    async def storing(self, pieces: UpstreamPieces, key: RequestKey) -> AsyncGenerator[str, None]:
+        """A refresh's pieces passed on, and their text stored where the stream's last word
+        says so: "load and store, without a lookup" (a lookup would serve what the request
+        asked not to be served, or wait on the slow embedder the refresh is working around)."""
+        parts: list[str] = []
+        try:
+            async for piece in pieces:
+                if isinstance(piece, Keep):
+                    await self.keep(key, "".join(parts), piece.ttl)
+                elif isinstance(piece, str):
+                    parts.append(piece)
+                    yield piece
+        finally:  # a client gone mid-stream closes this generator: the upstream's response too
+            await pieces.aclose()
 
     async def closing(self, source: AsyncIterator[bytes], pieces: Any) -> AsyncIterator[bytes]:
         """``source`` to the client; a client gone mid-stream closes the cache's stream, and
@@ -115,16 +177,14 @@ class Streams:
 
     @staticmethod
     async def replay(
-        meta: wire.StreamMeta, first: str | None, pieces: AsyncIterator[str], include_usage: bool
+        meta: wire.StreamMeta, chunks: Iterable[str], include_usage: bool
     ) -> AsyncIterator[bytes]:
-        """A stored answer (a hit, or another call's load) as a stream of its text, framed as
-        ``wire`` frames every replayed answer."""
+        """A stored answer (a hit, or another call's load), in the cache's replay chunks, as a
+        stream framed as ``wire`` frames every replayed answer."""
         for line in wire.opening(meta):
             yield line
-        if first is not None:
-            yield wire.chunk(meta, content=first)
-            async for piece in pieces:
-                yield wire.chunk(meta, content=piece)
+        for piece in chunks:
+            yield wire.chunk(meta, content=piece)
         for line in wire.ending(meta, include_usage):
             yield line
 
@@ -141,24 +201,3 @@ class Streams:
                 yield part
         except httpx.TransportError as exc:
             yield self.cut(exc)
-
-    async def relay_and_store(self, response: Any, ex: Exchange, store: bool) -> AsyncIterator[bytes]:
-        meta = wire.StreamMeta(ex.kind, "")
-        parts: list[str] = []
-        try:
-            async for event, line in upstream_events(response):
-                yield line
-                if "error" in event:
-                    return  # relayed; nothing stored
-                delta = wire.delta_of(ex.kind, event, meta)
-                if delta:
-                    parts.append(delta)
-        except UpstreamUnavailable as exc:
-            yield self.cut(exc)
-            return
-        finally:
-            await response.aclose()
-        yield wire.DONE
-        if store and may_store(200, "", meta.finish_reason, not meta.unreplayable, ex.control,
-                               response.headers):
-            await self.keep(ex.key, "".join(parts), self.lifetime(response.headers))

@@ -1,5 +1,5 @@
-"""The get-or-load state machine (gpucache/cache/flow.py): the operations it asks for, and the
-async driver's handling of waiters that give up."""
+"""The get-or-load state machine (gpucache/cache/flow.py): the operations it asks for, what it
+answers (served.py), and the drivers' handling of waiters that give up (drivers.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly
-from gpucache.cache import flow
-from gpucache.cache.lookup import LookupRequest
+from gpucache.cache import drivers, flow
+from gpucache.cache.served import Found, Joined, Keep, Loaded, ServeOnly, Stream
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def cache(fake_embedder) -> SemanticCache:
                          cache_policy=StoreEverything())
 
 
-def steps(gen: flow.Flow, loader=lambda prompts: [p.upper() for p in prompts]):
+def steps(gen: flow.Flow, core, loader=lambda prompts: [Keep(p.upper()) for p in prompts], opened=None):
     """Drive ``gen`` by hand, recording each operation's kind."""
     kinds, value = [], None
     while True:
@@ -27,41 +27,50 @@ def steps(gen: flow.Flow, loader=lambda prompts: [p.upper() for p in prompts]):
         except StopIteration as stop:
             return kinds, stop.value
         kinds.append(type(op).__name__)
-        value = loader(op.prompts) if isinstance(op, flow.Load) else flow._call(op)
+        if isinstance(op, flow.Load):
+            value = loader(op.prompts)
+        elif isinstance(op, flow.Open):
+            value = opened
+        elif isinstance(op, flow.Relay):
+            value = Keep("".join(op.stream.chunks))
+        else:
+            value = drivers._call(core, op)
 
 
-def test_a_miss_looks_up_loads_then_stores_and_a_hit_only_looks_up(cache):
-    kinds, answers = steps(flow.get_or_load(cache.core, ["what is a monad", "what is a monad"], "s"))
-    assert (kinds, answers) == (["Find", "Load", "Work"], ["WHAT IS A MONAD"] * 2)
-    kinds, answers = steps(flow.get_or_load(cache.core, ["what is a monad"], "s"))
-    assert (kinds, answers) == (["Find"], ["WHAT IS A MONAD"])
+def test_a_miss_looks_up_claims_loads_then_stores_and_a_hit_only_looks_up(cache):
+    kinds, served = steps(flow.get_or_load(["what is a monad", "what is a monad"], "s", 0.9), cache.core)
+    assert kinds == ["Find", "ClaimShared", "Load", "Finish"]
+    assert served == [Loaded("WHAT IS A MONAD")] * 2
+    kinds, served = steps(flow.get_or_load(["what is a monad"], "s", 0.9), cache.core)
+    assert kinds == ["Find"] and [type(s) for s in served] == [Found]
+    assert served[0].hit.response == "WHAT IS A MONAD" and served[0].hit.exact
 
 
-def test_a_stream_loads_a_miss_then_replays_it_as_a_hit(cache):
-    gen = flow.stream(cache.core, "tell me a joke", "s")
-    op = gen.send(None)
-    assert isinstance(op, flow.Find)
-    op = gen.send(flow._call(op))
-    assert isinstance(op, flow.LoadStream)  # the driver passes the chunks through
-    op = gen.send("why did the chicken")  # ... and answers with the whole text
-    assert isinstance(op, flow.Work)  # store it
-    with pytest.raises(StopIteration) as done:
-        gen.send(flow._call(op))
-    assert done.value.value is None
-    gen = flow.stream(cache.core, "tell me a joke", "s")
-    op = gen.send(None)
-    with pytest.raises(StopIteration) as done:
-        gen.send(flow._call(op))
-    assert done.value.value == flow.Replay("why did the chicken")
+def test_a_stream_opens_relays_then_stores_and_a_repeat_is_found(cache):
+    opened = Stream("the headers", ["why did ", "the chicken"])
+    kinds, served = steps(flow.stream("tell me a joke", "s", 0.9), cache.core, opened=opened)
+    assert kinds == ["Find", "ClaimShared", "Open", "Relay", "Finish"] and served == Loaded("the headers")
+    kinds, served = steps(flow.stream("tell me a joke", "s", 0.9), cache.core)
+    assert kinds == ["Find"] and served.hit.response == "why did the chicken"
+
+
+def test_a_source_that_refuses_on_opening_is_served_and_nothing_is_kept(cache):
+    kinds, served = steps(flow.stream("is the model up", "s", 0.9), cache.core, opened=ServeOnly(503))
+    assert kinds == ["Find", "ClaimShared", "Open", "Finish"] and served == Loaded(503)
+    assert cache.get("is the model up", scope="s") is None and len(cache.core.flights) == 0
 
 
 def test_a_loader_error_thrown_into_the_flow_releases_the_claim(cache):
-    gen = flow.get_or_load(cache.core, ["p"], "s")
-    assert isinstance(gen.send(None), flow.Find)
-    load = gen.send(flow._call(flow.Find(cache.core, LookupRequest(("p",), "s", 0.9, claim=True))))
+    gen = flow.get_or_load(["p"], "s", 0.9)
+    find = gen.send(None)
+    assert isinstance(find, flow.Find)
+    claim = gen.send(drivers._call(cache.core, find))
+    load = gen.send(drivers._call(cache.core, claim))
     assert isinstance(load, flow.Load) and len(cache.core.flights) == 1
+    abort = gen.throw(KeyError("the model is down"))
+    assert isinstance(abort, flow.Abort) and isinstance(abort.error, KeyError)
     with pytest.raises(KeyError):
-        gen.throw(KeyError("the model is down"))
+        gen.send(drivers._call(cache.core, abort))
     assert len(cache.core.flights) == 0
 
 
@@ -71,7 +80,7 @@ def test_a_cancelled_waiter_leaves_the_load_and_the_other_waiters_alone(cache, m
     async def main() -> None:
         started, release, both_waiting = asyncio.Event(), asyncio.Event(), asyncio.Event()
         calls, waiting = [], []
-        real_wait = flow.wait
+        real_wait = drivers.wait
 
         async def observed_wait(future):
             waiting.append(future)
@@ -79,7 +88,7 @@ def test_a_cancelled_waiter_leaves_the_load_and_the_other_waiters_alone(cache, m
                 both_waiting.set()
             return await real_wait(future)
 
-        monkeypatch.setattr(flow, "wait", observed_wait)
+        monkeypatch.setattr(drivers, "wait", observed_wait)
 
         async def loader(prompt: str) -> str:
             calls.append(prompt)
@@ -103,43 +112,115 @@ def test_a_cancelled_waiter_leaves_the_load_and_the_other_waiters_alone(cache, m
     asyncio.run(main())
 
 
-def test_on_lookup_says_hit_or_miss_before_any_load_or_chunk(cache):
-    seen = []
-
-    def loader(prompt):
-        seen.append("loaded")
-        return "an answer"
-
-    assert cache.get_or_put("what is a monad", loader, on_lookup=seen.append) == "an answer"
-    assert seen == [None, "loaded"]  # the miss was reported before the loader ran
-    seen.clear()
-    cache.get_or_put("what is a monad", loader, on_lookup=seen.append)
-    assert [(h.exact, h.response) for h in seen] == [(True, "an answer")]
-    seen.clear()
-    chunks = cache.get_or_put_streaming("What is a monad?", lambda p: iter(["x"]), on_lookup=seen.append)
-    assert "".join(chunks) == "an answer"
-    assert len(seen) == 1 and not seen[0].exact and seen[0].cached_prompt == "what is a monad"
+def test_the_typed_call_says_whether_it_was_found_loaded_or_joined(cache):
+    response = {"status": 200, "id": "the upstream's own"}
+    served = cache.get_or_load("what is a monad", lambda p: Keep("an answer", response))
+    assert served == Loaded(response) and served.value is response  # this call's own value
+    served = cache.get_or_load("what is a monad", lambda p: pytest.fail("a hit loads nothing"))
+    assert isinstance(served, Found) and served.hit.exact and served.hit.response == "an answer"
+    served = cache.get_or_load("What is a monad?", lambda p: pytest.fail("a hit loads nothing"))
+    assert isinstance(served, Found) and not served.hit.exact
+    assert served.hit.cached_prompt == "what is a monad" and served.lookup_seconds > 0
 
     async def main():
-        reported = []
+        started, release = asyncio.Event(), asyncio.Event()
 
-        async def aloader(prompt):
-            reported.append("loaded")
-            return "async answer"
+        async def slow(prompt):
+            started.set()
+            await release.wait()
+            return Keep("the leader's text", "the leader's value")
 
-        await cache.aget_or_put("a new question", aloader, on_lookup=reported.append)
+        leader = asyncio.create_task(cache.aget_or_load("a new question", slow))
+        await started.wait()
+        waiter = asyncio.create_task(cache.aget_or_load("a new question", slow))
+        assert await asyncio.to_thread(cache.core.flights.wait_for_joins, 1, 30)
+        release.set()
+        return await leader, await waiter
 
-        async def chunks(prompt):
-            yield "streamed"
+    leader, waiter = asyncio.run(main())
+    assert leader == Loaded("the leader's value") and waiter == Joined("the leader's text")
+    with pytest.raises(TypeError, match="Keep"):
+        cache.get_or_load("another question", lambda p: "a bare str")
+    assert len(cache.core.flights) == 0
 
-        streamed = [c async for c in cache.aget_or_put_streaming(
-            "another new question", chunks, on_lookup=reported.append)]
-        return reported, streamed
 
-    reported, streamed = asyncio.run(main())
-    assert reported == [None, "loaded", None] and streamed == ["streamed"]
-    with pytest.raises(TypeError, match="on_lookup"):
-        cache.get_or_put("q", loader, on_lookup="not callable")
+def test_a_streamed_typed_call_hands_its_caller_the_pieces_and_stores_them_once_read(cache):
+    async def main():
+        def opener(prompt):
+            return Stream({"x-upstream": "1"}, ["once ", "upon"])
+
+        served = await cache.aget_or_load_streaming("tell me a story", opener)
+        assert isinstance(served, Loaded) and served.value == {"x-upstream": "1"}
+        assert cache.get("tell me a story") is None  # not yet: the pieces are unread
+        pieces = [piece async for piece in served.pieces]
+        again = await cache.aget_or_load_streaming("tell me a story", opener)
+        return pieces, again
+
+    pieces, again = asyncio.run(main())
+    assert pieces == ["once ", "upon"] and isinstance(again, Found) and again.hit.response == "once upon"
+
+
+def test_pieces_closed_before_any_is_read_release_the_claim_and_close_the_source(cache):
+    """A caller that gets ``Loaded(value, pieces)`` and gives up before reading one (its client
+    went away) closes the pieces: the claim is released and the source closed, though an
+    async generator that never started runs nothing when closed."""
+
+    class Source:
+        closed = False
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise AssertionError("never read")
+
+        async def aclose(self):
+            Source.closed = True
+
+    async def main():
+        served = await cache.aget_or_load_streaming("a question", lambda p: Stream("v", Source()))
+        assert isinstance(served, Loaded) and len(cache.core.flights) == 1
+        await served.pieces.aclose()
+        assert len(cache.core.flights) == 0 and Source.closed
+        return await cache.aget_or_put("a question", lambda p: asyncio.sleep(0, "loaded"))
+
+    assert asyncio.run(main()) == "loaded"
+
+
+def test_a_keep_with_its_own_ttl_lives_that_long(fake_embedder):
+    now = [0.0]
+    cache = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
+                          cache_policy=StoreEverything(), ttl=1000.0, timer=lambda: now[0])
+    cache.get_or_load("short lived", lambda p: Keep("a", ttl=10))
+    cache.get_or_load("long lived", lambda p: Keep("b"))
+
+    async def stream():
+        async def chunks():
+            yield "c"
+            yield Keep(ttl=20)
+
+        served = await cache.aget_or_load_streaming("streamed", lambda p: Stream(None, chunks()))
+        return [piece async for piece in served.pieces]
+
+    assert asyncio.run(stream()) == ["c"]
+    now[0] = 15.0
+    assert cache.get("short lived") is None and cache.get("long lived").response == "b"
+    assert cache.get("streamed").response == "c"
+    now[0] = 25.0
+    assert cache.get("streamed") is None
+
+
+def test_a_store_that_fails_after_the_load_serves_the_answer_and_releases_the_claim(cache):
+    def broken(prompt, response, scope):
+        raise RuntimeError("the policy broke")
+
+    cache.core.cache_policy.decide = broken
+    served = cache.get_or_load("a question", lambda p: Keep("an answer", "the value"))
+    assert served == Loaded("the value") and isinstance(served.failed, RuntimeError)
+    assert len(cache.core.flights) == 0
+    with pytest.raises(RuntimeError, match="the policy broke"):  # the text call raises it
+        cache.get_or_put("another question", lambda p: "an answer")
+    assert len(cache.core.flights) == 0
 
 
 def test_a_loaded_answer_lives_the_ttl_its_call_gave(fake_embedder):
@@ -157,26 +238,19 @@ def test_a_loaded_answer_lives_the_ttl_its_call_gave(fake_embedder):
 # --------------------------------------------------------------------- serve, do not keep
 
 
-def test_an_unstored_answer_reaches_its_caller_and_nothing_is_kept(cache):
-    from gpucache import Unstored
-
-    refused = Unstored({"status": 500})
-    assert cache.get_or_put("is the model up", lambda p: refused) is refused
-    answers = cache.get_or_put_all(["kept one", "not kept"],
-                                   lambda ps: ["an answer" if p == "kept one" else Unstored("error") for p in ps])
-    assert answers == ["an answer", Unstored("error")]
-    assert cache.get("kept one").response == "an answer"
-    assert cache.get("is the model up") is None and cache.get("not kept") is None
+def test_a_serve_only_answer_reaches_its_caller_and_nothing_is_kept(cache):
+    refused = {"status": 500}
+    served = cache.get_or_load("is the model up", lambda p: ServeOnly(refused))
+    assert served == Loaded(refused) and served.value is refused
+    assert cache.get("is the model up") is None
     assert len(cache.core.flights) == 0  # every claim released
 
 
-def test_a_stream_that_ends_unstored_is_served_whole_and_kept_from_everyone(cache):
-    from gpucache import Unstored
-
+def test_a_stream_that_ends_serve_only_is_served_whole_and_kept_from_everyone(cache):
     def truncated(prompt):
         yield "once upon "
         yield "a time"
-        yield Unstored()  # the loader's last item: not passed on
+        yield ServeOnly()  # the loader's last item: not passed on
 
     assert list(cache.get_or_put_streaming("tell me a story", truncated)) == ["once upon ", "a time"]
     assert cache.get("tell me a story") is None and len(cache.core.flights) == 0
@@ -184,17 +258,16 @@ def test_a_stream_that_ends_unstored_is_served_whole_and_kept_from_everyone(cach
     async def consume():
         async def agen(prompt):
             yield "half a"
-            yield Unstored("finish_reason length")
+            yield ServeOnly("finish_reason length")
 
         return [piece async for piece in cache.aget_or_put_streaming("tell me another", agen)]
 
     assert asyncio.run(consume()) == ["half a"] and cache.get("tell me another") is None
 
 
-def test_waiters_on_an_unstored_load_load_their_own_and_never_see_it(cache):
-    """An answer that is not kept is never handed to another caller, JSON or stream: the
-    waiters run their own load, as after a load that was abandoned."""
-    from gpucache import Unstored
+def test_waiters_on_a_serve_only_load_load_their_own_and_never_see_it(cache):
+    """An answer that is not kept is never handed to another caller: the waiters run their
+    own load, as after a load that was abandoned."""
 
     async def main() -> None:
         started, release = asyncio.Event(), asyncio.Event()
@@ -205,16 +278,16 @@ def test_waiters_on_an_unstored_load_load_their_own_and_never_see_it(cache):
             if len(calls) == 1:
                 started.set()
                 await release.wait()
-                return Unstored("the leader's private error")
-            return "the waiter's own answer"
+                return ServeOnly("the leader's private error")
+            return Keep("the waiter's own answer")
 
-        leader = asyncio.create_task(cache.aget_or_put("a flaky question", loader))
+        leader = asyncio.create_task(cache.aget_or_load("a flaky question", loader))
         await started.wait()
-        waiter = asyncio.create_task(cache.aget_or_put("a flaky question", loader))
+        waiter = asyncio.create_task(cache.aget_or_load("a flaky question", loader))
         assert await asyncio.to_thread(cache.core.flights.wait_for_joins, 1, 30)  # the waiter joined
         release.set()
-        assert await leader == Unstored("the leader's private error")
-        assert await waiter == "the waiter's own answer" and len(calls) == 2
+        assert await leader == Loaded("the leader's private error")
+        assert await waiter == Loaded("the waiter's own answer") and len(calls) == 2
         assert cache.get("a flaky question").response == "the waiter's own answer"
 
     asyncio.run(main())

@@ -133,3 +133,54 @@ def test_the_cache_package_never_imports_a_replication():
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith("gpucache.share"), source.name
+
+
+class LoadingElsewhere(Recording):
+    """A replication where another replica is loading every miss, and never finishes."""
+
+    def __init__(self):
+        super().__init__()
+        import asyncio
+
+        self.waiting = asyncio.Event()
+        self.released = []
+
+    def claim(self, scope, prompts):
+        return {}, list(prompts)
+
+    async def await_loaded(self, scope, prompts):
+        import asyncio
+
+        self.waiting.set()
+        await asyncio.Event().wait()
+
+    def release(self, scope, claims):
+        self.released.append(claims)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_call_cancelled_while_another_replica_loads_releases_its_claims(fake_embedder, streamed):
+    """A request that goes away while it waits on another replica's load (its client hung up)
+    gives up its claims here: the next caller of the prompt loads instead of waiting on it."""
+    import asyncio
+
+    async def main():
+        shared = LoadingElsewhere()
+        cache = make(fake_embedder, shared)
+
+        async def loader(prompt):
+            return "loaded"
+
+        if streamed:
+            call = cache.aget_or_load_streaming("a question", lambda p: pytest.fail("not opened"))
+        else:
+            call = cache.aget_or_put("a question", loader)
+        task = asyncio.ensure_future(call)
+        await shared.waiting.wait()
+        assert len(cache.core.flights) == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return len(cache.core.flights)
+
+    assert asyncio.run(main()) == 0
