@@ -61,12 +61,15 @@ def take_claims(
     if request.count and admission is not None:
         for prompt in found.prompts:
             admission.record(found.scope, prompt)
+    misses = found.misses
+    if not misses:  # every prompt a hit (an exact repeat, most often): nothing to claim
+        return Claims(found, {}, [], {})
     stored = {}
-    for prompt in found.misses:
+    for prompt in misses:
         entry = table.exact(found.scope, prompt, now)
         if entry is not None:
             stored[prompt] = entry.response
-    prompt_of = {prompt_key(found.scope, p): p for p in found.misses if p not in stored}
+    prompt_of = {prompt_key(found.scope, p): p for p in misses if p not in stored}
     mine, elsewhere = flights.claim(prompt_of)
     if mine:
         counters.loads += 1

@@ -116,7 +116,11 @@ def _stamped(result: Any, seconds: float) -> Any:
     """``result`` (a ``Served`` or a list of them) with the lookup's time on each."""
     if isinstance(result, list):
         return [_stamped(r, seconds) for r in result]
-    if isinstance(result, (Found, Loaded, Joined)):
+    if isinstance(result, Found):
+        return Found(result.hit, seconds)
+    if isinstance(result, Joined):
+        return Joined(result.text, seconds)
+    if isinstance(result, Loaded):
         return replace(result, lookup_seconds=seconds)
     return result
 

@@ -77,7 +77,7 @@ class Findings:
     scope: str
     prompts: tuple[str, ...]  # input order
     unique: tuple[str, ...]  # distinct, first-seen order
-    vectors: torch.Tensor  # (len(unique), D); zero rows for exact hits
+    vectors: torch.Tensor  # (len(unique), D), zero rows for exact hits; empty where all were
     hits: Mapping[str, Hit | None]
 
     def ordered(self) -> list[Hit | None]:
@@ -183,9 +183,7 @@ class Lookup:
             if entry is None:
                 return None
             hits[prompt] = _exact_hit(entry, now)
-        unique = tuple(hits)
-        finding = Findings(request.scope, request.prompts, unique,
-                           torch.zeros((len(unique), self.embedder.dim)), MappingProxyType(hits))
+        finding = Findings(request.scope, request.prompts, tuple(hits), _NO_VECTORS, MappingProxyType(hits))
         if request.count:
             _count(self.counters(), finding)
         return finding
@@ -242,6 +240,9 @@ class Lookup:
         self.table.touch(entry)
         return Hit(entry.response, entry.prompt, min(candidate.similarity, 1.0), exact=False,
                    age=now - entry.stored_at)
+
+
+_NO_VECTORS = torch.empty((0, 0))  # the findings of the exact tier alone: nothing to store
 
 
 def _exact_hit(entry: Entry, now: float) -> Hit:
