@@ -41,7 +41,7 @@ from starlette.responses import Response
 
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.semantic import SemanticCache
-from gpucache.cache.served import Found, Keep, Pieces, ServeOnly, Stream
+from gpucache.cache.served import Found, Keep, Pieces, Served, ServeOnly, Stream
 from gpucache.cache.served import Joined as JoinedLoad
 from gpucache.serve import answers, wire
 from gpucache.serve.exchange import (
@@ -186,12 +186,9 @@ class Proxy:
             ex.timing["answer"] = ex.timing["upstream"]  # the whole answer's wait
             return self.keeping(ex, response)
 
-        try:
-            served = await self.cache.aget_or_load(ex.key.semantic_text, loader, scope=ex.key.scope)
-        except UpstreamUnavailable as down:
-            return Unavailable(down.status, str(down))
-        except Exception as exc:  # the lookup failed: the loader's own errors are UpstreamUnavailable
-            return await self.fail_open(ex, exc)
+        served = await self.ask(ex, self.cache.aget_or_load(ex.key.semantic_text, loader, scope=ex.key.scope))
+        if isinstance(served, Outcome):
+            return served
         ex.timing["lookup"] = served.lookup_seconds
         if isinstance(served, Found):
             if not ex.control.fresh(served.hit):
@@ -211,12 +208,10 @@ class Proxy:
         async def opener(text: str) -> Stream[Any] | ServeOnly[PassedThrough]:
             return await self.open_stream(ex, relay)
 
-        try:
-            served = await self.cache.aget_or_load_streaming(ex.key.semantic_text, opener, scope=ex.key.scope)
-        except UpstreamUnavailable as down:
-            return Unavailable(down.status, str(down))
-        except Exception as exc:
-            return await self.fail_open(ex, exc)
+        served = await self.ask(
+            ex, self.cache.aget_or_load_streaming(ex.key.semantic_text, opener, scope=ex.key.scope))
+        if isinstance(served, Outcome):
+            return served
         meta, usage = relay.meta, ex.key.include_usage
         ex.timing["lookup"] = served.lookup_seconds
         if isinstance(served, Found):
@@ -230,6 +225,16 @@ class Proxy:
             assert isinstance(served.value, PassedThrough)
             return served.value
         return await self.relaying(ex, served.value, cast(Pieces, served.pieces), relay)
+
+    async def ask(self, ex: Exchange, call: Awaitable[Served[Any]]) -> Served[Any] | Outcome:
+        """What the cache served, or how asking it ended: the upstream unreachable (the loader's
+        errors are all ``UpstreamUnavailable``), or the cache itself failed (``fail_open``)."""
+        try:
+            return await call
+        except UpstreamUnavailable as down:
+            return Unavailable(down.status, str(down))
+        except Exception as exc:
+            return await self.fail_open(ex, exc)
 
     async def relaying(self, ex: Exchange, headers: Any, pieces: Pieces, relay: Relay) -> Outcome:
         """This call's streamed load to its client, once its first event is in (an upstream that
