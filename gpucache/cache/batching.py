@@ -3,7 +3,7 @@
 Why: a server runs one ``aget_or_put`` per request, each with one prompt; looked up alone, every
 request pays for its own embedder call and its own scan over every stored row. Requests that
 gather share one ``lookup_batch``: one embedder batch and one scan per scope (lookup.py). Each
-caller gets the plan it would have got alone.
+caller gets the result it would have got alone.
 
 Batch only what gathers. A lookup that arrives while none of its loop's batches is computing is
 sent at once, alone: waiting for company that may never come only adds latency (a lone miss
@@ -22,7 +22,7 @@ coalescing is off, so timeouts and cancellation work the same way either way.
 
 A caller that gives up (its ``timeout`` passes, or its task is cancelled) may leave a lookup
 running in a worker thread, which may have claimed misses for that caller to load. Those
-claims are released as soon as the plan arrives, whichever side gets there first (``_Ticket``),
+claims are released as soon as the result arrives, whichever side gets there first (``_Ticket``),
 so no other caller waits on a load that will never run.
 """
 
@@ -49,8 +49,8 @@ class LookupTimeout(TimeoutError):
 class _Ticket:
     request: LookupRequest
     future: asyncio.Future[Looked]
-    plan: Looked | None = None  # set by the worker; taken by the caller or released
-    abandoned: bool = False  # the caller gave up before the plan arrived
+    result: Looked | None = None  # set by the worker; taken by the caller or released
+    abandoned: bool = False  # the caller gave up before the result arrived
 
 
 @dataclass
@@ -63,9 +63,9 @@ class LookupCoalescer:
     """Batches the lookups submitted on an event loop while one of its batches computes.
 
     Args:
-        run: ``lookup_batch`` for the cache: requests in, a plan per request out; runs in a
-            worker thread.
-        release: gives up a plan's claims (its caller is gone).
+        run: ``lookup_batch`` for the cache: requests in, a result per request out (its
+            findings, or a get-or-load call's claims); runs in a worker thread.
+        release: gives up a result's claims, if any (its caller is gone).
         window: above 0, lookups coalesce: one is sent at once where no batch is computing,
             else it joins the next batch, sent when the running one returns; 0: each lookup
             its own batch, sent at once. No lookup waits for a timer either way.
@@ -81,7 +81,7 @@ class LookupCoalescer:
         self.window = window
         self.max_batch = max_batch
         self.batches = 0  # batches sent, for tests and metrics
-        self._lock = threading.Lock()  # guards tickets' plan/abandoned; never held across a scan
+        self._lock = threading.Lock()  # guards tickets' result/abandoned; never held across a scan
         self._windows: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Window] = (
             weakref.WeakKeyDictionary()
         )
@@ -94,7 +94,7 @@ class LookupCoalescer:
         return sum(len(w.tickets) for w in list(self._windows.values()))
 
     async def submit(self, request: LookupRequest, timeout: float | None = None) -> Looked:
-        """The request's plan, from the batch it joins; ``LookupTimeout`` past ``timeout``."""
+        """The request's result, from the batch it joins; ``LookupTimeout`` past ``timeout``."""
         loop = asyncio.get_running_loop()
         ticket = _Ticket(request, loop.create_future())
         window = self._windows.setdefault(loop, _Window())
@@ -152,28 +152,28 @@ class LookupCoalescer:
             return
         for ticket in tickets:
             with self._lock:
-                plan, ticket.plan = ticket.plan, None
-            if plan is not None and not ticket.future.done():
-                ticket.future.set_result(plan)
-            elif plan is not None:
-                self._release(plan)
+                result, ticket.result = ticket.result, None
+            if result is not None and not ticket.future.done():
+                ticket.future.set_result(result)
+            elif result is not None:
+                self._release(result)
 
     def _compute(self, tickets: list[_Ticket]) -> None:
-        """In the worker thread: the batch's plans, each handed to its ticket or, where its
+        """In the worker thread: the batch's results, each handed to its ticket or, where its
         caller has already given up, released."""
-        plans = self._run([t.request for t in tickets])
-        for ticket, plan in zip(tickets, plans):
+        results = self._run([t.request for t in tickets])
+        for ticket, result in zip(tickets, results):
             with self._lock:
                 if not ticket.abandoned:
-                    ticket.plan = plan
+                    ticket.result = result
                     continue
-            self._release(plan)
+            self._release(result)
 
     def _abandon(self, ticket: _Ticket) -> None:
         with self._lock:
             ticket.abandoned = True
-            plan, ticket.plan = ticket.plan, None
-        if plan is not None:
-            self._release(plan)
+            result, ticket.result = ticket.result, None
+        if result is not None:
+            self._release(result)
         if ticket.future.done() and not ticket.future.cancelled() and ticket.future.exception() is None:
             self._release(ticket.future.result())  # delivered, but its caller never took it
