@@ -92,6 +92,8 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         found = route(request.method, request.scope.get("raw_path") or request.url.path.encode(),
                       config.passthrough)
         if isinstance(found, Refusal):
+            # counted here, not through answers.record: a path the allow-list refuses is no
+            # exchange and no outcome, only a request ("other", refused) and an error
             p.metrics.errors.labels("refused_path").inc()
             p.metrics.requests.labels("other", "refused").inc()
             return error(found.status, found.message, "invalid_request_error", found.code, retry=False)
