@@ -224,18 +224,14 @@ def _pieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> Iterator[str
     consumer that stops reading raises GeneratorExit at a ``yield``; thrown into the flow, it
     releases the claim, and the flow re-raises it."""
     source: Any = None
-    parts: list[str] = []
-    last: LoaderAnswer[Any] | None = None
+    text = _Text()
     try:
         source = _iterate(stream.chunks)
         for chunk in source:
-            if isinstance(chunk, (Keep, ServeOnly)):  # the loader's last word: not passed on
-                last = chunk
-                continue
-            piece = check_response(chunk, "stream chunk")
-            parts.append(piece)
-            yield piece
-        step.done(_streamed("".join(parts), last))
+            piece = text.take(chunk)
+            if piece is not None:
+                yield piece
+        step.done(text.answer())
     except BaseException as exc:
         step.failed(exc)
         if hasattr(source, "close"):
@@ -252,18 +248,14 @@ def _pieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> Iterator[str
 async def _apieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> AsyncGenerator[str, None]:
     """``_pieces`` for an async consumer: the chunks may be an async iterable or a plain one."""
     iterator: AsyncGenerator[object, None] | None = None
-    parts: list[str] = []
-    last: LoaderAnswer[Any] | None = None
+    text = _Text()
     try:
         iterator = _aiterate(stream.chunks)
         async for chunk in iterator:
-            if isinstance(chunk, (Keep, ServeOnly)):
-                last = chunk
-                continue
-            piece = check_response(chunk, "stream chunk")
-            parts.append(piece)
-            yield piece
-        step.done(_streamed("".join(parts), last))
+            piece = text.take(chunk)
+            if piece is not None:
+                yield piece
+        step.done(text.answer())
     except BaseException as exc:
         step.failed(exc)
         # The flow sees the error before anything here awaits, and its ``Abort`` runs in place:
@@ -337,12 +329,29 @@ async def _close(iterator: AsyncGenerator[object, None] | None, source: Any) -> 
         source.close()
 
 
-def _streamed(text: str, last: LoaderAnswer[Any] | None) -> LoaderAnswer[Any]:
-    """A streamed load's answer: its text kept (for the ``ttl`` of a ``Keep`` it ended with),
-    or, where it ended with ``ServeOnly``, nothing kept."""
-    if isinstance(last, ServeOnly):
-        return last
-    return Keep(text, ttl=check_ttl(last.ttl, "a stream's Keep's ttl") if last is not None else None)
+class _Text:
+    """A streamed load's text, gathered as its chunks pass, and the loader's last word."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.last: LoaderAnswer[Any] | None = None
+
+    def take(self, chunk: object) -> str | None:
+        """The piece to pass on, or None for the loader's last word (``Keep``/``ServeOnly``)."""
+        if isinstance(chunk, (Keep, ServeOnly)):
+            self.last = chunk
+            return None
+        piece = check_response(chunk, "stream chunk")
+        self.parts.append(piece)
+        return piece
+
+    def answer(self) -> LoaderAnswer[Any]:
+        """Its text kept (for the ``ttl`` of a ``Keep`` it ended with), or, where it ended with
+        ``ServeOnly``, nothing kept."""
+        last = self.last
+        if isinstance(last, ServeOnly):
+            return last
+        return Keep("".join(self.parts), ttl=check_ttl(last.ttl, "a stream's Keep's ttl") if last else None)
 
 
 async def _aiterate(source: object) -> AsyncGenerator[object, None]:
