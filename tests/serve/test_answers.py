@@ -118,3 +118,20 @@ def test_each_outcome_is_counted_once_under_its_own_name():
     total = sum(s.value for m in metrics.registry.collect() if m.name == "gpucache_requests"
                 for s in m.samples if s.name == "gpucache_requests_total")
     assert total == 6
+
+
+def test_what_the_exchange_met_on_its_way_is_counted_with_its_outcome():
+    """The errors an exchange survived (a cache that failed open, an answer not kept) and its
+    timings (the lookup, the upstream's whole answer) are counted where its outcome is."""
+    metrics = ProxyMetrics()
+    ex = exchange()
+    ex.notes.append("cache")
+    ex.timing.update(lookup=0.002, answer=0.5)
+    answers.record(metrics, "chat", Loaded(), ex)
+    assert sample(metrics, "gpucache_errors_total", kind="cache") == 1
+    assert sample(metrics, "gpucache_lookup_seconds_count") == 1
+    assert sample(metrics, "gpucache_lookup_seconds_sum") == 0.002
+    assert sample(metrics, "gpucache_upstream_seconds_sum") == 0.5
+    answers.record(metrics, "chat", Loaded(), exchange())  # an exchange that timed nothing
+    assert sample(metrics, "gpucache_lookup_seconds_count") == 1
+    assert sample(metrics, "gpucache_requests_total", endpoint="chat", outcome="miss") == 2
