@@ -232,14 +232,17 @@ def serve_config(args: argparse.Namespace) -> Any:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn
+    from gpucache.extras import MissingExtra, missing
 
+    try:
+        try:
+            import uvicorn
+        except ImportError as exc:
+            raise missing("serve", "gpucache serve", exc) from exc
         from gpucache.serve.app import create_app
         from gpucache.serve.connections import header_deadline
-    except ImportError as exc:
-        print(f"gpucache serve needs the serve extra ({exc.name} is missing): "
-              "pip install 'gpucache[serve]'", file=sys.stderr)
+    except MissingExtra as exc:
+        print(f"gpucache serve: {exc}", file=sys.stderr)
         return 2
     try:
         config = serve_config(args).resolved()

@@ -1,21 +1,49 @@
-"""The command line (gpucache/cli.py): the info command end to end. The demo command is tested
-with the demo (tests/demo/), calibrate with the guard (tests/guard/), serve with the server
-(tests/serve/)."""
+"""The command line (gpucache/cli.py): the info command end to end, and every command as the
+README's first command installs the package, with no extra (tests/test_tiers.py blocks the same
+libraries). The demo command is tested with the demo (tests/demo/), calibrate with the guard
+(tests/guard/), serve with the server (tests/serve/)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import pytest
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpucache", *args], capture_output=True, text=True, timeout=600
-    )
+from gpucache.extras import EXTRAS
+
+NO_EXTRA = sorted(name for names in EXTRAS.values() for name in names)
+# the command with each library of every extra taken away before anything imports it
+_BLOCKED_MAIN = ("import json, sys\n"
+                 "for name in json.loads(sys.argv[1]):\n"
+                 "    sys.modules[name] = None\n"
+                 "from gpucache.cli import main\n"
+                 "sys.exit(main(sys.argv[2:]))\n")
 
 
-def test_info_reports_device_and_no_gpu_without_error():
-    result = run_cli("info")
+def run_cli(*args: str, blocked: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "gpucache", *args] if blocked is None else \
+        [sys.executable, "-c", _BLOCKED_MAIN, json.dumps(blocked), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["calibrate"], ["serve"], ["info"]])
+def test_every_commands_help_works_with_no_extra_installed(command):
+    result = run_cli(*command, "--help", blocked=NO_EXTRA)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: gpucache {' '.join(command)}".rstrip())
+
+
+def test_serve_without_its_extra_exits_2_naming_the_extra_to_install():
+    result = run_cli("serve", "--upstream", "http://127.0.0.1:9/v1", blocked=NO_EXTRA)
+    assert result.returncode == 2
+    assert "needs the 'serve' extra" in result.stderr and "pip install 'gpucache[serve]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_info_reports_device_and_no_gpu_without_error_with_no_extra_installed():
+    result = run_cli("info", blocked=NO_EXTRA)
     assert result.returncode == 0, result.stderr
     assert "device" in result.stdout and "torch" in result.stdout
     # what the CPU scan multiplies with, and whether numpy's BLAS threads sleep when idle

@@ -16,15 +16,15 @@ its misses is claims.py's.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpucache.cache.served import Hit
 from gpucache.guard.verifier import ExplainingVerifier, Verdict
 
 if TYPE_CHECKING:
@@ -36,24 +36,6 @@ if TYPE_CHECKING:
     from gpucache.index.store import ExactScanStore
 
 log = logging.getLogger("gpucache")
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A served answer: the response, the prompt it was stored under, and how it matched.
-
-    ``similarity`` is the full-precision cosine similarity (1.0 for exact hits); ``exact`` is
-    True when the exact tier answered without running the embedder.
-    """
-
-    response: str
-    cached_prompt: str
-    similarity: float
-    exact: bool
-    age: float = field(default=math.inf, compare=False)
-    """Seconds since the response was stored, on the cache's clock; inf where unknown (an
-    entry restored from a snapshot or taken from another replica). A caller that accepts
-    nothing older than N seconds (HTTP's ``Cache-Control: max-age=N``) compares it."""
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.core import CacheCore
 from gpucache.cache.flight import LoadAbandoned
 from gpucache.cache.loading import GetOrLoad
-from gpucache.cache.lookup import Findings, Hit, LookupRequest
+from gpucache.cache.lookup import Findings, LookupRequest
 from gpucache.cache.replication import Replication
-from gpucache.cache.served import Found, Joined, Keep, Loaded, Served, ServeOnly, Stream
+from gpucache.cache.served import Found, Hit, Joined, Keep, Loaded, Served, ServeOnly, Stream
 from gpucache.cache.settings import CacheSettings, read_settings_file
 from gpucache.cache.snapshot import (
     check_model,

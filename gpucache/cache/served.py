@@ -3,7 +3,8 @@ the caller matches once on what happened instead of piecing it together from fla
 
 The call answers ``Served[T]``, one of:
 
-    Found(hit)            the lookup answered (exact or semantic tier): ``hit`` says how
+    Found(hit)            the lookup answered (exact or semantic tier): ``hit``, a ``Hit``,
+                          says what was served and how it matched
     Loaded(value)         this call ran the loader: ``value`` is what the loader gave back
     Joined(text)          another call's load answered (here, or on another replica)
 
@@ -30,13 +31,30 @@ end, and a type checker can tell when one is not handled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from gpucache.cache.lookup import Hit
-
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A served answer: the response, the prompt it was stored under, and how it matched.
+
+    ``similarity`` is the full-precision cosine similarity (1.0 for exact hits); ``exact`` is
+    True when the exact tier answered without running the embedder.
+    """
+
+    response: str
+    cached_prompt: str
+    similarity: float
+    exact: bool
+    age: float = field(default=math.inf, compare=False)
+    """Seconds since the response was stored, on the cache's clock; inf where unknown (an
+    entry restored from a snapshot or taken from another replica). A caller that accepts
+    nothing older than N seconds (HTTP's ``Cache-Control: max-age=N``) compares it."""
 
 
 @dataclass(frozen=True)

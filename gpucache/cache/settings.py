@@ -20,8 +20,7 @@ from typing import Any
 
 from gpucache.cache.validation import check_positive_int, check_threshold, check_ttl
 from gpucache.fields import setting
-from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, SCAN_KERNELS
-from gpucache.index.store import check_quantization
+from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, SCAN_KERNELS, check_quantization
 
 # With the lexical verifier, the threshold at which qqp served about 6% of its different-question
 # pairs; chosen on all of qqp, both halves, so the README says its report half is not wholly out
@@ -196,7 +195,7 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     if sys.version_info >= (3, 11):
         import tomllib
-    else:  # pragma: no cover - Python 3.10: the serve extra installs tomli
+    else:  # pragma: no cover - Python 3.10: tomli, a core dependency there (pyproject.toml)
         import tomli as tomllib
     try:
         with open(path, "rb") as f:

@@ -26,11 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
-
-import numpy as np
 
 from gpucache.guard.settings import SOFT_RULES
 
@@ -180,19 +179,18 @@ def best_point(pairs: Sequence[Scored], budget: float,
     rate's upper bound on these same pairs within ``budget`` (a selection: its own bound is
     optimistic, which is why ``choose`` confirms it on other pairs)."""
     negatives = sum(p.label != 1 for p in pairs)
-    milli = np.array([p.similarity_milli for p in pairs], dtype=np.int64)
-    positive = np.array([p.label == 1 for p in pairs], dtype=bool)
-    thresholds = np.array(list(THRESHOLDS_MILLI), dtype=np.int64)
-    above = milli[None, :] >= thresholds[:, None]  # (thresholds, pairs): integers, no rounding
     allowed = most_false_hits(negatives, budget, confidence)
     if allowed < 0:
         return None
     best: tuple[tuple[int, int, int], tuple[int, tuple[str, ...]]] | None = None
     for skip in skip_sets():
-        served = above & np.array([p.accepted[skip] for p in pairs], dtype=bool)[None, :]
-        all_hits = (served & positive[None, :]).sum(axis=1)
-        all_false = served.sum(axis=1) - all_hits
-        for t, hits, false_hits in zip(THRESHOLDS_MILLI, all_hits.tolist(), all_false.tolist()):
+        # the similarities of the pairs these rules accept, sorted: those served at threshold t
+        # are the ones at or above it (integers, no rounding)
+        right = sorted(p.similarity_milli for p in pairs if p.accepted[skip] and p.label == 1)
+        wrong = sorted(p.similarity_milli for p in pairs if p.accepted[skip] and p.label != 1)
+        for t in THRESHOLDS_MILLI:
+            hits = len(right) - bisect_left(right, t)
+            false_hits = len(wrong) - bisect_left(wrong, t)
             if false_hits > allowed:
                 continue
             rank = (hits, t, -len(skip))

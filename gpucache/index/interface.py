@@ -32,6 +32,14 @@ SCAN_KERNELS = ("auto", "torch", "triton")
 DEFAULT_SCAN_BUDGET_BYTES = 64 * 2**20
 
 
+def check_quantization(quantization: object) -> None:
+    """Raise ValueError unless ``quantization`` is None, "auto" or one of ``QUANTIZATIONS``."""
+    if quantization is not None and quantization != AUTO and quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"quantization must be None, {AUTO!r} or one of {QUANTIZATIONS}, got {quantization!r}"
+        )
+
+
 @runtime_checkable
 class VectorIndex(Protocol):
     """Rows of unit vectors with a scope id and an expiry time each, searched by dot product."""

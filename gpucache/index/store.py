@@ -34,7 +34,12 @@ from gpucache.index.codecs import Codec, make_codec
 from gpucache.index.engines.base import RowsView, ScanEngine, ScanJob
 from gpucache.index.engines.choose import default_engine, engine_for
 from gpucache.index.fallback import OomFallback
-from gpucache.index.interface import AUTO, DEFAULT_SCAN_BUDGET_BYTES, QUANTIZATIONS, SCAN_KERNELS
+from gpucache.index.interface import (
+    AUTO,
+    DEFAULT_SCAN_BUDGET_BYTES,
+    SCAN_KERNELS,
+    check_quantization,
+)
 from gpucache.index.kernel_choice import STORE_PATHS, ScanKernelChooser, bucket, bucket_top
 from gpucache.index.probes import CpuPaths
 from gpucache.index.refine import FullCopy, RefinePolicy, matmul_is_exact, overfetch, rescore_rows
@@ -45,14 +50,6 @@ from gpucache.index.scratch import BufferSource, ScanScratch, host_buffer
 # scan of fewer rows takes milliseconds either way, and every 4x of growth is measured again.
 PATH_CHOICE_MIN_ROWS = 16_384
 TopK = tuple[torch.Tensor, torch.Tensor]  # (scores, rows), each (Q, K)
-
-
-def check_quantization(quantization: object) -> None:
-    """Raise ValueError unless ``quantization`` is None, "auto" or one of ``QUANTIZATIONS``."""
-    if quantization is not None and quantization != AUTO and quantization not in QUANTIZATIONS:
-        raise ValueError(
-            f"quantization must be None, {AUTO!r} or one of {QUANTIZATIONS}, got {quantization!r}"
-        )
 
 
 def resolve_quantization(quantization: str | None, device: torch.device, dim: int,

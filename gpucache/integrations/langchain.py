@@ -36,10 +36,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.caches import BaseCache
-from langchain_core.load import Serializable, dumps, loads
-from langchain_core.messages import AIMessage, AIMessageChunk
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
+from gpucache.extras import missing
+
+try:
+    from langchain_core.caches import BaseCache
+    from langchain_core.load import Serializable, dumps, loads
+    from langchain_core.messages import AIMessage, AIMessageChunk
+    from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, Generation, GenerationChunk
+except ImportError as exc:  # the langchain extra
+    raise missing("langchain", __name__, exc) from exc
 
 from gpucache.cache.semantic import SemanticCache
 from gpucache.cache.validation import check_scope

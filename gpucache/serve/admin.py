@@ -22,8 +22,13 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
-from starlette.responses import JSONResponse, Response
+from gpucache.extras import missing
+
+try:
+    from fastapi import APIRouter, Depends, Request
+    from starlette.responses import JSONResponse, Response
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
 
 from gpucache.cache.snapshot import SnapshotError
 from gpucache.serve.answers import error

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import math
 
-from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from gpucache.extras import missing
 
-from gpucache.cache.lookup import Hit as CacheHit
+try:
+    from starlette.background import BackgroundTask
+    from starlette.responses import Response, StreamingResponse
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
+
+from gpucache.cache.served import Hit as CacheHit
 from gpucache.serve import wire
 from gpucache.serve.exchange import (
     Bypassed,

@@ -22,9 +22,14 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import JSONResponse, Response
+from gpucache.extras import missing
+
+try:
+    from fastapi import FastAPI, Request
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.responses import JSONResponse, Response
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
 
 from gpucache.cache.semantic import SemanticCache
 from gpucache.serve import admin, heap

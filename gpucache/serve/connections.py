@@ -19,7 +19,13 @@ import asyncio
 import logging
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from gpucache.extras import missing
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
+
 
 log = logging.getLogger("gpucache.serve")
 

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucache.cache.lookup import Hit as CacheHit
+from gpucache.cache.served import Hit as CacheHit
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.tenancy import Refusal
 

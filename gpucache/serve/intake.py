@@ -15,10 +15,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from gpucache.extras import missing
 
-from gpucache.serve.auth import CredentialCheck, Denied, KeyFile, Unverified
+try:
+    from starlette.requests import ClientDisconnect, Request
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
+
+from gpucache.serve.auth import CredentialCheck, Denied, Unverified, keys_verdict
 from gpucache.serve.exchange import CacheControl, Exchange, Outcome, Refused, Unauthorized, Unavailable
+from gpucache.serve.keyfile import KeyFile
 from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
 from gpucache.serve.settings import ServeSettings
 from gpucache.serve.tenancy import Identity, Refusal
@@ -146,7 +152,7 @@ class Intake:
         if self.credentials is None:
             return None
         if isinstance(self.credentials, KeyFile):
-            verdict = await self.credentials.check(identity.values)
+            verdict = await keys_verdict(self.credentials, identity.values)
         else:
             verdict = await self.credentials.check(identity.holder, request.headers, request.url.query)
         if isinstance(verdict, Denied):

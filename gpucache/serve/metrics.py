@@ -13,9 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from gpucache.extras import missing
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
+
 
 if TYPE_CHECKING:
     from gpucache.cache.semantic import SemanticCache

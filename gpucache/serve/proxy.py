@@ -36,9 +36,14 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-import httpx
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from gpucache.extras import missing
+
+try:
+    import httpx
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import Response
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
 
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.semantic import SemanticCache

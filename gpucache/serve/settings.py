@@ -28,11 +28,13 @@ from gpucache.cache.settings import CacheSettings
 from gpucache.embedding.settings import EmbedderSettings
 from gpucache.fields import setting
 from gpucache.guard.settings import GuardSettings
-from gpucache.serve.auth import AUTH_MODES, KeyFile, KeyFileError
+from gpucache.serve.keyfile import KeyFile, KeyFileError
 from gpucache.serve.tenancy import CREDENTIAL_HEADERS, CREDENTIAL_PARAMS, NAMESPACE_HEADER, Tenancy
 from gpucache.share.settings import ReplicationSettings
 
 SECRET_ENV = "GPUCACHE_NAMESPACE_SECRET"
+# Who vouches for a credential before the cache serves it (serve/auth.py and keyfile.py say how)
+AUTH_MODES = ("upstream", "keys", "gateway", "none")
 ADMIN_TOKEN_ENV = "GPUCACHE_ADMIN_TOKEN"
 # The paths under /v1 forwarded unchanged, as "METHOD path" with "*" for one path segment:
 # the OpenAI endpoints a chat client calls besides completions. Nothing else reaches the

@@ -14,7 +14,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+from gpucache.extras import missing
+
+try:
+    import httpx
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
 
 from gpucache.cache.served import Keep, ServeOnly
 from gpucache.serve import wire

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-import httpx
+from gpucache.extras import missing
+
+try:
+    import httpx
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
+
 
 # Request headers that belong to one hop, or that the proxy sets itself
 HOP_HEADERS = frozenset(

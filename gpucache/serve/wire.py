@@ -15,7 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import Response
+from gpucache.extras import missing
+
+try:
+    from starlette.responses import Response
+except ImportError as exc:  # the serve extra
+    raise missing("serve", __name__, exc) from exc
+
 
 orjson: Any
 try:

@@ -17,7 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.backoff import ExponentialBackoff
+from gpucache.extras import missing
+
+try:
+    from redis.backoff import ExponentialBackoff
+except ImportError as exc:  # the share extra
+    raise missing("share", __name__, exc) from exc
 
 from gpucache.cache.replication import SharedEntry
 from gpucache.share.records import Keys, Refusal, Signer, decode_entries, text, version_of

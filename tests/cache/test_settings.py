@@ -101,3 +101,15 @@ def test_info_shows_every_setting():
     line = next(row for row in out.splitlines() if row.startswith("settings"))
     for name, value in CacheSettings().items():
         assert f"{name}={value!r}" in line
+
+
+def test_settings_files_are_read_without_an_extra_on_every_python_the_package_supports():
+    """Python 3.10 has no ``tomllib``: there ``read_toml`` takes ``tomli``, which is a core
+    dependency for that Python (not only the serve extra's), so ``SemanticCache.from_config``
+    works as the README's first command installs the package."""
+    from gpucache.cache.settings import read_toml
+
+    project = read_toml(Path(__file__).resolve().parents[2] / "pyproject.toml")["project"]
+    assert project["requires-python"] == ">=3.10"
+    assert "tomli>=2.0; python_version < '3.11'" in project["dependencies"]
+    assert not any(d.startswith("tomli") for d in project["optional-dependencies"]["serve"])

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from gpucache.cache.lookup import Hit as CacheHit  # noqa: E402
+from gpucache.cache.served import Hit as CacheHit  # noqa: E402
 from gpucache.serve import answers  # noqa: E402
 from gpucache.serve.exchange import (  # noqa: E402
     Bypassed,

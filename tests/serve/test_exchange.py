@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpucache.cache.lookup import Hit
+from gpucache.cache.served import Hit
 from gpucache.serve.exchange import MAX_DELTA_SECONDS, CacheControl
 from gpucache.serve.tenancy import Refusal
 

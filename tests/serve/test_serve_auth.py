@@ -201,7 +201,7 @@ def keys_proxy(upstream, real_embedder, path, **settings):
 
 
 def test_with_auth_keys_only_listed_keys_are_served_and_the_upstream_is_never_asked(real_embedder, tmp_path):
-    from gpucache.serve.auth import key_digest
+    from gpucache.serve.keyfile import key_digest
 
     listed = tmp_path / "keys"
     listed.write_text(f"# team keys\nsk-erin\nsha256:{key_digest('sk-frank')}\n\n")
@@ -221,14 +221,15 @@ def test_with_auth_keys_only_listed_keys_are_served_and_the_upstream_is_never_as
 
 
 def test_the_key_file_is_read_again_when_it_changes_and_a_broken_edit_keeps_the_last_list(tmp_path):
-    from gpucache.serve.auth import KeyFile
+    from gpucache.serve.auth import keys_verdict
+    from gpucache.serve.keyfile import KeyFile
 
     path = tmp_path / "keys"
     path.write_text("sk-one\n")
     keys = KeyFile(str(path), recheck=0)
 
     def check(key):
-        return asyncio.run(keys.check((f"Bearer {key}",)))
+        return asyncio.run(keys_verdict(keys, (f"Bearer {key}",)))
 
     def edit(text, stamp):
         path.write_text(text)
@@ -239,7 +240,7 @@ def test_the_key_file_is_read_again_when_it_changes_and_a_broken_edit_keeps_the_
     assert isinstance(check("sk-two"), Allowed) and isinstance(check("sk-one"), Denied)
     edit("sha256:not-a-digest\n", 2 * 10**18)  # a broken edit: the last good list stands
     assert isinstance(check("sk-two"), Allowed) and keys.reloads == 1
-    assert isinstance(asyncio.run(keys.check(("BEARER sk-two",))), Allowed)  # any case of the scheme
+    assert isinstance(asyncio.run(keys_verdict(keys, ("BEARER sk-two",))), Allowed)  # any case of the scheme
 
 
 def test_auth_keys_needs_a_readable_key_file_at_start(tmp_path):
