@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import NoReturn
 
 from gpucache.guard.parsing import EXPOSITION, FRAMING_READ, TABLE, Parsed
 from gpucache.guard.request import dictionary
@@ -99,11 +101,23 @@ def _counted(w: str) -> bool:
     return w not in FRAMING_READ and not w[:1].isdigit() and w not in ORDINAL_WORDS
 
 
+class Counts(Counter[str]):
+    """Counts kept in a memo, so shared by every caller: read-only (``-`` and ``&`` give new ones)."""
+
+    def __init__(self, words: Iterable[str]) -> None:
+        dict.update(self, Counter(words))
+
+    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("memoised counts are read-only")
+
+    __setitem__ = __delitem__ = update = subtract = clear = pop = popitem = setdefault = _read_only
+    __iadd__ = __isub__ = __iand__ = __ior__ = _read_only
+
+
 @lru_cache(maxsize=8192)
-def _counts(content: tuple[str, ...]) -> tuple[Counter[str], Counter[str]]:
+def _counts(content: tuple[str, ...]) -> tuple[Counts, Counts]:
     """A prompt's content words as counts: all of them, and those set aside from framing."""
-    every = Counter(content)
-    return every, Counter({w: n for w, n in every.items() if w not in FRAMING_READ})
+    return Counts(content), Counts(w for w in content if w not in FRAMING_READ)
 
 
 def align(a: Parsed, b: Parsed) -> Difference:
@@ -111,12 +125,8 @@ def align(a: Parsed, b: Parsed) -> Difference:
     every_b, cb = _counts(b.content)
     left_a = Counter({w: n for w, n in (ca - cb).items() if _counted(w)})
     left_b = Counter({w: n for w, n in (cb - ca).items() if _counted(w)})
-    return Difference(
-        tuple(_in_order(a.content, left_a)),
-        tuple(_in_order(b.content, left_b)),
-        sum((ca & cb).values()),
-        sum((every_a & every_b).values()),
-    )
+    return Difference(tuple(_in_order(a.content, left_a)), tuple(_in_order(b.content, left_b)),
+                      sum((ca & cb).values()), sum((every_a & every_b).values()))
 
 
 def _in_order(content: tuple[str, ...], left: Counter[str]) -> list[str]:

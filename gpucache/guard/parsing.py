@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from importlib import resources
 from typing import NamedTuple
@@ -128,18 +127,32 @@ def _canonical(tok: str) -> str:
         return _number(tok)
     scaled = _SCALED.fullmatch(tok)
     if scaled:  # "10k" is the number 10000 wherever it is compared
-        return _number(str(Decimal(scaled.group(1)) * SCALES[_SUFFIXES[scaled.group(2)]]))
+        return _scaled(scaled.group(1), SCALES[_SUFFIXES[scaled.group(2)]])
     if tok in SPECIAL or tok in STOPWORDS:
         return tok
     return stem(tok)
 
 
 def _number(text: str) -> str:
-    try:
-        value = Decimal(text).normalize()
-    except InvalidOperation:  # pragma: no cover - the regex only passes digits
-        return text
-    return format(value, "f")
+    """A number as written (digits, at most one point: ``_DIGITS``) in its canonical form:
+    "007" and "7.0" are "7", "10.50" is "10.5". Exact string work, so the result is the same
+    in every thread and on every interpreter, whatever its length: no ``decimal`` context
+    (whose precision is the calling thread's, 28 digits unless changed) and no ``int()``
+    (refused past the interpreter's digit limit). Digits of any script read as their value."""
+    if not text.isascii():
+        text = "".join(ch if ch == "." else str(unicodedata.decimal(ch)) for ch in text)
+    whole, _, fraction = text.partition(".")
+    whole, fraction = whole.lstrip("0") or "0", fraction.rstrip("0")
+    return f"{whole}.{fraction}" if fraction else whole
+
+
+def _scaled(text: str, scale: int) -> str:
+    """The number ``text`` times ``scale``, a power of ten (``SCALES``), exactly: its point
+    moved right."""
+    shift = len(str(scale)) - 1
+    whole, _, fraction = _number(text).partition(".")
+    fraction = fraction.ljust(shift, "0")
+    return _number(f"{whole}{fraction[:shift]}.{fraction[shift:]}")
 
 
 # What a token is to the rules; "without" is directional ("coffee with/without sugar") and
@@ -166,7 +179,7 @@ def _token_uncached(tok: str) -> _TokenInfo:
         return canonical, (tok,), False, kind, polar
     ordinal = _ORDINAL.match(tok)
     if ordinal:
-        return canonical, (f"#{int(ordinal.group(1))}",), False, kind, polar
+        return canonical, (f"#{_number(ordinal.group(1))}",), False, kind, polar
     if tok in ORDINAL_WORDS:
         return canonical, (ORDINAL_WORDS[tok],), False, kind, polar
     if tok in SOFT_NUMBERS:
@@ -176,8 +189,8 @@ def _token_uncached(tok: str) -> _TokenInfo:
     if not tok.isalpha():
         scaled = _SCALED.fullmatch(tok)
         if scaled:  # "10k", "2.5m": the suffix scales the number
-            value = Decimal(scaled.group(1)) * SCALES[_SUFFIXES[scaled.group(2)]]
-            return canonical, (_number(str(value)),), False, kind, polar
+            value = _scaled(scaled.group(1), SCALES[_SUFFIXES[scaled.group(2)]])
+            return canonical, (value,), False, kind, polar
         return canonical, tuple(_number(d) for d in _DIGITS.findall(tok)), False, kind, polar
     return canonical, (), False, kind, polar
 
@@ -253,7 +266,7 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
         if tok in SCALES and after_number and numbers:
             # "ten thousand" is 10000, as "10,000" and "10k" are; "a thousand" stays 1000. The
             # number before is rewritten in place: one number, one word, to every rule
-            old, numbers[-1] = numbers[-1], _number(str(Decimal(numbers[-1]) * SCALES[tok]))
+            old, numbers[-1] = numbers[-1], _scaled(numbers[-1], SCALES[tok])
             for words in (stemmed, content, skeleton):
                 if words and words[-1] == old:
                     words[-1] = numbers[-1]
