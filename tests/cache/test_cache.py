@@ -413,6 +413,17 @@ def test_full_cache_evicts_the_least_recently_used(fake_embedder, clock):
     assert cache.stats().evictions == 1
 
 
+def test_a_semantic_hit_makes_its_entry_the_most_recently_used(fake_embedder, clock):
+    cache = SemanticCache(fake_embedder, capacity=3, device="cpu", timer=clock, threshold=0.8,
+                          verifier=ThresholdOnly())
+    cache.warm([("alpha beta gamma delta", "1"), ("two", "2"), ("three", "3")])
+    hit = cache.get("alpha beta gamma delta epsilon")  # the same words and one more
+    assert hit is not None and not hit.exact and hit.response == "1"
+    cache.put("four", "4")  # "two" is now the least recently used, not the entry just served
+    assert cache.get("two") is None
+    assert [cache.get(p).response for p in ("alpha beta gamma delta", "three", "four")] == ["1", "3", "4"]
+
+
 def test_expired_entries_go_before_live_ones_are_evicted(fake_embedder, clock):
     cache = SemanticCache(fake_embedder, capacity=2, device="cpu", timer=clock, threshold=0.8)
     cache.put("short", "s", ttl=1)

@@ -37,3 +37,14 @@ def test_the_exact_tier_keys_the_prompt_as_sent(real_embedder):
     cache.put("hey! how do I descale a kettle?", "Vinegar and water.")
     assert cache.get("hey! how do I descale a kettle?").exact
     assert not cache.get("how do I descale a kettle?").exact  # served, by meaning
+
+
+def test_framing_segments_at_the_end_are_set_aside_as_those_at_the_start_are():
+    """A sentence of thanks or hope after the question asks nothing (and one before it
+    neither): the request is the question alone."""
+    from gpucache.guard.request import strip_framing
+
+    question = "How do I reset my password?"
+    for framed in (f"{question} Any help would be appreciated.", f"{question} I hope you can help me. Thanks.",
+                   f"Hi there! {question} Thanks so much!"):
+        assert strip_framing(framed) == question, framed

@@ -654,3 +654,15 @@ def test_clauses_moved_whole_are_told_from_words_scrambled():
     assert not clauses_moved([1, 0, 2, 3, 4, 5])  # one word out of place
     assert not clauses_moved([3, 4, 0, 1, 2])  # a run of two words is a phrase, not a clause
     assert not clauses_moved([9, 10, 11, 6, 7, 8, 3, 4, 5, 0, 1, 2])  # four blocks: too many
+
+
+def test_a_sign_is_part_of_the_number_it_is_written_on():
+    """-40 is not 40: the numbers rule compares signed numbers ("minus 3", "−3", "-3")."""
+    verdict = V.explain("Convert -40 Celsius to Fahrenheit", "convert 40 Celsius into Fahrenheit")
+    assert verdict.rejected and verdict.rule == "numbers"
+    assert V.explain("What is minus 3 squared?", "What is 3 squared?").rule == "numbers"
+
+
+def test_brackets_change_what_an_expression_computes():
+    verdict = V.explain("What is 2 + 3 * 4?", "What is (2 + 3) * 4?")
+    assert verdict.rejected and verdict.rule == "symbols"

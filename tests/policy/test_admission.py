@@ -49,6 +49,17 @@ def test_halving_halves_every_counter():
     assert sketch.admits("s", "often")
 
 
+def test_halving_rounds_down_so_a_prompt_seen_once_ages_out():
+    """A counter of 1 halves to 0: traffic seen once, long ago, is forgotten (rounding up, it
+    would count as seen for ever)."""
+    sketch = AdmissionPolicy(sketch_width=1024, sketch_depth=4, reset_after=4)
+    sketch.record("s", "once")
+    for _ in range(3):  # the 4th sighting in all triggers the halving
+        sketch.record("s", "often")
+    assert sketch.estimate("s", "once") == 0
+    assert sketch.estimate("s", "often") == 1
+
+
 def test_admits_on_the_min_sightings_th_sighting():
     sketch = AdmissionPolicy(min_sightings=3)
     assert [sketch.record("s", "p") for _ in range(3)] == [1, 2, 3]
