@@ -5,8 +5,8 @@ get-or-load flows (flow.py), whose drivers (drivers.py) run the operations defin
 (``finish``, ``abort``, ``claim_shared``...). What is here: the collaborators and settings, the
 lock, the entry table over the index, single-flight, the counters and the clock; the lookups
 (``Lookup``, lookup.py) and the claims taken on what they found (claims.py); stores after a
-load; the upkeep; and the snapshot's capture and restore. Public to the package; input is not
-checked here (the facade has done it).
+load; the upkeep. The snapshot's capture and restore are saving.py's. Public to the package;
+input is not checked here (the facade has done it).
 
 Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
 embedder, the verifier and the caller's loader never run under it, so a slow model call or a
@@ -30,13 +30,12 @@ import torch
 
 from gpucache.cache.batching import LookupCoalescer
 from gpucache.cache.claims import Claims, take_claims
-from gpucache.cache.entries import Entry, EntryTable
+from gpucache.cache.entries import EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight
 from gpucache.cache.lookup import Findings, Lookup, LookupRequest
 from gpucache.cache.replication import LocalOnly, RemovalFence, Replication, SharedEntry
 from gpucache.cache.served import Keep, LoaderAnswer
 from gpucache.cache.settings import CacheSettings
-from gpucache.cache.snapshot import Snapshot, SnapshotEntry
 from gpucache.cache.stats import CacheStats, StatsCounter
 from gpucache.devices import DeviceLike, resolve_device
 from gpucache.embedding.embedder import TransformerEmbedder
@@ -116,8 +115,17 @@ class CacheCore:
         self.coalescer = LookupCoalescer(self.lookup_batch, self.release,
                                          window=s.lookup_window_seconds, max_batch=s.lookup_batch)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
-        self.shared: Replication = shared if shared is not None else LocalOnly()
-        self.shared.attach(self)  # last: a replication's threads apply other replicas' entries at once
+        self.shared: Replication = LocalOnly()
+        if shared is not None:
+            self.attach(shared)
+
+    def attach(self, shared: Replication) -> None:
+        """Share this cache's entries through ``shared`` from now on: last in the constructor,
+        or after a restore (a replication's threads apply other replicas' entries at once)."""
+        if not isinstance(self.shared, LocalOnly):
+            raise RuntimeError("this cache is already replicated (a gpucache bug)")
+        self.shared = shared
+        shared.attach(self)
 
     @property
     def batches(self) -> int:
@@ -181,52 +189,6 @@ class CacheCore:
             )
 
     # ----------------------------------------------------------------------------- snapshots
-
-    def capture(self) -> Snapshot:
-        """What ``SemanticCache.save`` writes: the live entries (least recently used first),
-        their vectors on the CPU, the settings, the counters and the admission sketch."""
-        with self.lock:
-            self.table.purge_expired(self.now())
-            entries = list(self.table)  # least recently used first
-            rows = [e.row for e in entries]
-            vectors = (
-                self.store.vectors(rows).cpu()
-                if rows else torch.empty((0, self.embedder.dim), dtype=torch.float32)
-            )
-            snapshot = Snapshot(
-                model=self.embedder.name,
-                dim=self.embedder.dim,
-                settings=self.settings.to_json(),
-                entries=[SnapshotEntry(e.scope, e.prompt, e.response, self.table.expires_at(e))
-                         for e in entries],
-                vectors=vectors,
-                stats=self.counters.to_json(),
-                admission=self.admission.state() if self.admission is not None else None,
-            )
-        return snapshot  # the file is written with no lock held
-
-    def restore(self, snapshot: Snapshot) -> None:
-        with self.lock:
-            now = self.now()
-            live = [i for i, e in enumerate(snapshot.entries) if e.expires_at > now]
-            live = live[-self.table.limit :]
-            by_scope: dict[str, list[int]] = {}
-            for i in live:
-                by_scope.setdefault(snapshot.entries[i].scope, []).append(i)
-            restored: dict[int, Entry] = {}
-            for scope, items in by_scope.items():
-                saved = [snapshot.entries[i] for i in items]
-                entries = self.table.restore(
-                    scope, [(e.prompt, e.response) for e in saved], snapshot.vectors[items],
-                    [e.expires_at for e in saved],
-                )
-                restored.update(zip(items, entries))
-            self.table.reorder([restored[i] for i in live])  # least recently used stays first
-            self.table.trim_text()
-            self.table.trim_tenants()
-            self.counters = StatsCounter.from_json(snapshot.stats)
-            self.counters.expirations += len(snapshot.entries) - len(live)
-            self.table.stats = self.counters
 
     # ----------------------------------------------------------------------------- state
 

@@ -27,9 +27,11 @@ from gpucache.cache.flight import LoadAbandoned
 from gpucache.cache.loading import GetOrLoad
 from gpucache.cache.lookup import Findings, LookupRequest
 from gpucache.cache.replication import Replication
+from gpucache.cache.saving import capture, restore
 from gpucache.cache.served import Found, Hit, Joined, Keep, Loaded, Served, ServeOnly, Stream
 from gpucache.cache.settings import CacheSettings, read_settings_file
 from gpucache.cache.snapshot import (
+    Snapshot,
     check_model,
     read_snapshot,
     saved_policies,
@@ -284,7 +286,13 @@ class SemanticCache(GetOrLoad):
         """Write the cache to one file, atomically (see ``gpucache.cache.snapshot``): entries,
         vectors, settings, counters and the admission sketch. Expired entries are left out.
         ``key``: sign the file, so that ``load`` with the same key refuses any other."""
-        write_snapshot(self._core.capture(), path, key)  # file I/O with no lock held
+        write_snapshot(capture(self._core), path, key)  # file I/O with no lock held
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Put a snapshot's live entries and counters into this cache (``read_snapshot``
+        reads and checks the file): all or nothing, so a snapshot that fails leaves the cache
+        as it was; an entry the cache already holds is kept (gpucache.cache.saving)."""
+        restore(self._core, snapshot)
 
     @classmethod
     def load(
@@ -312,8 +320,15 @@ class SemanticCache(GetOrLoad):
         saved, admission = saved_policies(snapshot, path)
         if admission is not None:
             overrides.setdefault("admission", admission)
+        shared = overrides.pop("shared", None)  # attached once the entries are in
         cache = cls(embedder, device=device, settings=saved, **overrides)
-        cache._core.restore(snapshot)
+        try:
+            restore(cache._core, snapshot)
+        except BaseException:
+            cache.close()
+            raise
+        if shared is not None:
+            cache._core.attach(shared)
         return cache
 
     @classmethod

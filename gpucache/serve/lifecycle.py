@@ -36,7 +36,7 @@ def build_cache(config: ServeSettings, factory: Callable[[], SemanticCache] | No
             try:
                 snapshot = read_snapshot(path, config.snapshot_key)
                 check_model(snapshot, cache.embedder.name, cache.embedder.dim, path)
-                cache.core.restore(snapshot)
+                cache.restore(snapshot)
             except Exception as exc:  # noqa: BLE001 - see _set_aside
                 _set_aside(path, exc)
         return cache

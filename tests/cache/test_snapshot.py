@@ -329,3 +329,80 @@ def test_without_a_key_there_is_no_generation_to_check(fake_embedder, tmp_path):
     path.write_bytes(first)
     assert SemanticCache.load(path, embedder=fake_embedder, device="cpu").get("a prompt").response == "first"
     assert not (tmp_path / "c.generation").exists()
+
+
+def _with_bad_counters(cache: SemanticCache, path, key: bytes | None = None) -> None:
+    """``cache`` saved with valid entries and counters that do not read: checksum-valid and,
+    with ``key``, signed, so every check of the file passes and only the restore can refuse."""
+    from dataclasses import replace
+
+    from gpucache.cache.snapshot import read_snapshot, write_snapshot
+
+    cache.save(path)
+    write_snapshot(replace(read_snapshot(path), stats={"misses": "many"}), path, key)
+
+
+def test_a_snapshot_whose_counters_do_not_read_restores_nothing(filled, fake_embedder, tmp_path):
+    from gpucache.cache.snapshot import read_snapshot
+
+    path = tmp_path / "c.gpucache"
+    _with_bad_counters(filled, path, key=b"k" * 32)
+    with pytest.raises(SnapshotError, match="counters do not read"):
+        SemanticCache.load(path, fake_embedder, device="cpu", key=b"k" * 32)
+    # into a cache that holds entries of its own: refused, and the cache holds what it held
+    target = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8)
+    target.put("kept before", "mine")
+    before = target.stats()
+    with pytest.raises(SnapshotError, match="counters do not read"):
+        target.restore(read_snapshot(path, key=b"k" * 32))
+    assert len(target) == 1 and target.get("kept before").response == "mine"
+    assert target.get("alpha beta") is None and target.get("gamma delta") is None
+    assert target.stats().stores == before.stores
+
+
+def test_an_entry_the_cache_holds_is_kept_over_the_snapshots(filled, fake_embedder, tmp_path):
+    from gpucache.cache.snapshot import read_snapshot
+
+    path = tmp_path / "c.gpucache"
+    filled.save(path)
+    target = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8)
+    target.put("alpha beta", "stored since")
+    target.restore(read_snapshot(path))
+    assert target.get("alpha beta").response == "stored since"
+    assert target.get("gamma delta").response == "2"
+    assert len(target) == len(filled)
+
+
+class Recording:
+    """A replication that records when it is attached, and what the cache held then."""
+
+    def __init__(self) -> None:
+        from gpucache.cache.replication import LocalOnly
+
+        self.inner = LocalOnly()
+        self.held_at_attach: list[int] = []
+        self.closed = 0
+
+    def attach(self, replica) -> None:
+        self.held_at_attach.append(len(replica.table))
+        self.inner.attach(replica)
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_replication_is_attached_after_the_entries_are_in_and_never_to_a_failed_load(filled, fake_embedder,
+                                                                                     tmp_path):
+    good, bad = tmp_path / "good.gpucache", tmp_path / "bad.gpucache"
+    filled.save(good)
+    _with_bad_counters(filled, bad)
+    failed = Recording()
+    with pytest.raises(SnapshotError):
+        SemanticCache.load(bad, fake_embedder, device="cpu", shared=failed)
+    assert failed.held_at_attach == []  # no thread of the share's was started for a cache that failed
+    shared = Recording()
+    cache = SemanticCache.load(good, fake_embedder, device="cpu", shared=shared)
+    assert shared.held_at_attach == [len(filled)] and cache.shared is shared

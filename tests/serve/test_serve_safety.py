@@ -339,22 +339,34 @@ def test_deep_nesting_and_malformed_admin_bodies_are_400s(proxy):
             assert got.status_code == 400 and "error" in got.json(), (path, body)
 
 
-def test_a_snapshot_with_a_bad_field_is_set_aside_and_the_proxy_starts_empty(upstream, real_embedder, tmp_path):
+@pytest.mark.parametrize("built", ["by a factory", "from the settings"])
+def test_a_snapshot_with_a_bad_field_is_set_aside_and_the_proxy_starts_empty(upstream, real_embedder, tmp_path,
+                                                                             built):
+    """A signed file whose entries are valid and whose counters are not: every check of the
+    file passes and the restore refuses it, so nothing of it may be served, with the cache
+    built by a factory (restored into) or from the settings (loaded)."""
     from dataclasses import replace
 
     from gpucache.cache.snapshot import read_snapshot
+    from gpucache.serve.keying import request_key
 
     path = tmp_path / "cache.gpucache"
     config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
-    SemanticCache(real_embedder, device="cpu").save(path)
-    # checksum-valid and signed, every check of the file passes; a counter that is not a number
-    # fails later, in the restore, with an error of its own rather than a SnapshotError
+    alice = {"authorization": "Bearer key-snap"}
+    question = "Which answer did the snapshot keep?"
+    key = request_key("chat", {"model": "smol", "messages": [{"role": "user", "content": question}]},
+                      config.tenancy.tenant(alice))
+    saved = SemanticCache(real_embedder, device="cpu")
+    saved.put(question, "the snapshot's answer", scope=key.scope)
+    saved.save(path)
     write_snapshot(replace(read_snapshot(path), stats={"misses": "many"}), path, config.snapshot_key)
-    app = create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
-    with Served(app) as served:
-        assert ask(client(served, "key-snap"), "Did the proxy start?")[0]["x-gpucache"] == "miss"
-    assert read_snapshot(tmp_path / "cache.gpucache.corrupt").stats == {"misses": "many"}
-    assert len(SemanticCache.load(str(path), embedder=real_embedder, device="cpu")) == 1
+    factory = (lambda: SemanticCache(real_embedder, device="cpu")) if built == "by a factory" else None
+    if factory is None:
+        config = replace(config, embedder=replace(config.embedder, device="cpu"))
+    with Served(create_app(config, cache_factory=factory)) as served:
+        assert tier(served, alice, question) == "miss"
+        assert served.app.state.proxy.cache.stats().stores == 1  # the upstream's answer, stored now
+    assert read_snapshot(tmp_path / "cache.gpucache.corrupt", config.snapshot_key).stats == {"misses": "many"}
 
 
 def test_a_snapshot_not_signed_with_the_servers_key_is_never_loaded(upstream, real_embedder, tmp_path):
