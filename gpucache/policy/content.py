@@ -19,7 +19,12 @@ not kept, so it is never replayed to anyone else.
     personal-data      prompt or response carries an email address, a phone number, or a
                        payment card number that passes the Luhn check
 
-Pattern checks are regular expressions over the text, bounded in cost by ``max_scan_chars``.
+Pattern checks are regular expressions over the text, bounded in cost by ``max_scan_chars``
+and linear in it on any input: ``re`` holds the GIL for a whole search, so a pattern that
+backtracks quadratically lets one prompt stop every request in the process. An unbounded run
+that a match may fail after (an address's local part, a JWT's segments) starts only where the
+run starts and is taken whole (``_whole``), and every other run is bounded or ends the match;
+``bench/policy_cost.py`` measures ``decide`` on text written to backtrack.
 """
 
 from __future__ import annotations
@@ -68,6 +73,19 @@ DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
     r"^\s*(?:error|exception|traceback \(most recent call last\))\s*[:\-]",
 )
 
+
+
+def _whole(chars: str, least: int, name: str) -> str:
+    """A run of at least ``least`` of ``chars`` (a character class's inside), taken whole: an
+    atomic group, written as a lookahead that captures the run and a backreference that
+    consumes it, since Python before 3.11 has no ``(?>...)``. The engine never backtracks into
+    the run, so a failed match costs the run's length once, not once per shorter prefix."""
+    return f"(?=(?P<{name}>[{chars}]{{{least},}}))(?P={name})"
+
+
+# The characters of an e-mail address's local part, and of a base64url segment
+_LOCAL = "A-Za-z0-9._%+\\-"
+_B64 = "A-Za-z0-9_\\-"
 _SECRET_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
     re.compile(p)
     for p in (
@@ -78,12 +96,13 @@ _SECRET_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b",  # Slack
         r"\bAIza[0-9A-Za-z_\-]{35}\b",  # Google API key
         r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{20,}\b",  # OpenAI / Anthropic style
-        r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\b",  # JWT
+        # JWT: three base64url segments, the first two a JSON object's '{"' (eyJ)
+        rf"(?<![{_B64}])eyJ{_whole(_B64, 8, 'header')}\.eyJ{_whole(_B64, 8, 'claims')}\.[{_B64}]{{8,}}",
         r"(?i)\bbearer\s+[A-Za-z0-9_\-.=]{20,}",
         r"(?i)\b(?:api[_-]?key|secret|password|passwd|token)\s*[:=]\s*['\"]?[^\s'\"]{8,}",
     )
 )
-_EMAIL = re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")
+_EMAIL = re.compile(rf"(?<![{_LOCAL}]){_whole(_LOCAL, 1, 'local')}@[A-Za-z0-9.\-]+\.[A-Za-z]{{2,}}\b")
 # +country code or (area code) forms, 9 to 15 digits with the usual separators
 _PHONE = re.compile(
     r"(?<![\w.])(?:\+\d{1,3}[\s.\-]?)?(?:\(\d{2,4}\)[\s.\-]?)?\d{2,4}(?:[\s.\-]\d{2,4}){1,4}(?!\w|\.\d)"

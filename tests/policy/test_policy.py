@@ -82,3 +82,51 @@ def test_luhn():
 
 def test_store_everything_allows_all():
     assert StoreEverything().decide("q", "", "s").allowed
+
+
+# Text a hostile client can send that made a pattern backtrack over the rest of the text from
+# every start: address characters with no '@', a chain of JWT-looking runs, digits and dashes
+# (bench/policy_cost.py measures these and more)
+ADVERSARIAL = ["a.", "1-", "eyJ-", "eyJaaaaaaaa.eyJ-", "@a.", "a@"]
+
+
+def _cost(text: str, repeats: int) -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        P.decide(text, "an answer", "default")
+        P.decide("a question", text, "default")
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+@pytest.mark.parametrize("unit", ADVERSARIAL)
+def test_deciding_costs_in_proportion_to_the_text_on_adversarial_input(unit):
+    """Python's ``re`` holds the GIL for a whole search, so a pattern that is quadratic on some
+    input lets one prompt stop every other request (the e-mail pattern took seconds on 40,000
+    characters of "a."). Not a speed target: the growth, in one run, from a text to one four
+    times as long, which is 4x for a linear scan and 16x for a quadratic one
+    (bench/policy_cost.py measures the times)."""
+    small = (unit * 25_000)[:25_000] + "!"
+    large = (unit * 100_000)[:100_000] + "!"
+    growth = _cost(large, 5) / _cost(small, 5)
+    assert growth < 8, f"{unit!r}: {growth:.1f}x the cost for 4x the text"
+
+
+@pytest.mark.parametrize("text", [
+    "write to john.doe@example.com", "(bob_smith+tag@mail.example.org)", "--john@x.com",
+    "a." * 1000 + "a@example.com",  # an address at the end of a long run of address characters
+])
+def test_an_address_anywhere_in_a_run_of_address_characters_is_found(text):
+    assert P.decide(text, "an answer", "default") == PolicyDecision(False, "personal-data")
+
+
+@pytest.mark.parametrize("text", [
+    "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+    "the cookie (eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N)",
+    "eyJ-" * 500 + " eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+])
+def test_a_jwt_after_adversarial_text_is_still_found(text):
+    assert P.decide(text, "an answer", "default") == PolicyDecision(False, "secret")
