@@ -9,8 +9,8 @@ load; the upkeep. The snapshot's capture and restore are saving.py's. Public to 
 input is not checked here (the facade has done it).
 
 Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
-embedder, the verifier and the caller's loader never run under it, so a slow model call or a
-scan with many candidates never blocks readers; state that may have changed meanwhile is
+embedder, the verifier, the content policy and the caller's loader never run under it, so a
+slow model call, a scan with many candidates or a long answer's check never blocks readers; state that may have changed meanwhile is
 re-read after the lock is taken again (a candidate removed while it was judged is a miss).
 Single-flight has its own lock (flight.py), so a claim can be released on the event loop.
 """
@@ -211,8 +211,7 @@ class CacheCore:
         return list(prompts)
 
     def put(self, items: list[tuple[str, str]], scope: str, ttl: float | None) -> int:
-        with self.lock:
-            items = [(p, r) for p, r in items if self.allowed(p, r, scope)]
+        items = [(p, r) for p, r in items if self.allowed(p, r, scope)]  # no lock held
         if not items:
             return 0
         began = time.perf_counter()
@@ -315,12 +314,13 @@ class CacheCore:
         kept = {key: (p, a) for key, p, a in zip(mine, loaded, answers) if isinstance(a, Keep)}
         unkept = [key for key in mine if key not in kept]
         stored: list[tuple[list[tuple[str, str]], torch.Tensor, float]] = []
+        permitted = [(p, a) for p, a in kept.values() if self.allowed(p, a.text or "", claims.scope)]
         with self.lock:
             now = self.now()
             groups: dict[float, list[tuple[str, str]]] = {}
-            for p, a in kept.values():
+            for p, a in permitted:
                 assert a.text is not None
-                if self.allowed(p, a.text, claims.scope) and self.admitted(p, claims.scope):
+                if self.admitted(p, claims.scope):
                     lifetime = a.ttl if a.ttl is not None else self.settings.ttl if ttl is None else ttl
                     groups.setdefault(_expiry(now, lifetime), []).append((p, a.text))
             for expires_at, keep in groups.items():
@@ -395,9 +395,13 @@ class CacheCore:
             yield answer[start : start + size]
 
     def allowed(self, prompt: str, response: str, scope: str) -> bool:
+        """Whether the content policy lets (prompt, response) be stored. Decided with no lock
+        held (regular expressions over both texts: linear, not free), so a long answer being
+        checked holds up no lookup; only a refusal's count takes the lock."""
         decision = self.cache_policy.decide(prompt, response, scope)
         if not decision.allowed:
-            self.counters.refusals[decision.reason] += 1
+            with self.lock:
+                self.counters.refusals[decision.reason] += 1
             log.debug("cache policy refused to store %r: %s", prompt[:80], decision.reason)
         return decision.allowed
 

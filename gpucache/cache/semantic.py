@@ -269,6 +269,12 @@ class SemanticCache(GetOrLoad):
         the cache itself needs no closing."""
         self._core.close()
 
+    def may_store(self, prompt: str, response: str, *, scope: str | None = None) -> bool:
+        """Whether this cache's content policy would store ``response`` for ``prompt`` (a
+        refusal is counted in ``stats().refusals``), for a caller that must decide before it
+        writes (the LangChain adapter stores one record for several answers)."""
+        return self._core.allowed(check_prompt(prompt), check_response(response), check_scope(scope))
+
     def purge_expired(self) -> int:
         """Drop expired entries now (they are never served either way); returns how many."""
         return self._core.purge_expired()

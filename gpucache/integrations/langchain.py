@@ -80,10 +80,7 @@ class GpuSemanticCache(BaseCache):
         text, scope, _ = self._key(prompt, llm_string)
         # every generation could be served, so each must be one the policy would store (an
         # empty text, a tool call's, is refused as an empty answer always was)
-        core = self.cache.core
-        with core.lock:  # as the cache's own writes consult the policy
-            allowed = bool(return_val) and all(core.allowed(text, g.text, scope) for g in return_val)
-        if not allowed:
+        if not (return_val and all(self.cache.may_store(text, g.text, scope=scope) for g in return_val)):
             return
         self.cache.put(text, _record(return_val), scope=scope)
         self._scopes.add(scope)

@@ -227,6 +227,50 @@ def test_the_verifier_judges_without_the_caches_lock(fake_embedder):
     assert verifier.lock_free == [True]
 
 
+class Watching:
+    """A content policy that allows everything and records, at each decision, whether another
+    thread could take the cache's lock then."""
+
+    name = "watching"
+
+    def __init__(self) -> None:
+        self.cache: SemanticCache | None = None
+        self.lock_free: list[bool] = []
+
+    def decide(self, prompt, response, scope):
+        from gpucache import PolicyDecision
+
+        assert self.cache is not None
+        lock, free = self.cache.core.lock, []
+
+        def try_it():
+            free.append(lock.acquire(blocking=False))
+            if free[0]:
+                lock.release()
+
+        other = threading.Thread(target=try_it)
+        other.start()
+        other.join()
+        self.lock_free.append(free[0])
+        return PolicyDecision(True)
+
+
+@pytest.mark.parametrize("write", [
+    lambda cache: cache.put("alpha beta", "an answer"),
+    lambda cache: cache.get_or_put("alpha beta", lambda p: "an answer"),
+    lambda cache: cache.get_or_put_all(["alpha beta", "gamma delta"], lambda ps: ["one", "two"]),
+    lambda cache: cache.may_store("alpha beta", "an answer"),
+], ids=["put", "get_or_put", "get_or_put_all", "may_store"])
+def test_the_content_policy_decides_without_the_caches_lock(fake_embedder, write):
+    """Its regular expressions run over whole prompts and answers: under the lock, a long
+    answer being checked would hold up every lookup."""
+    policy = Watching()
+    cache = SemanticCache(fake_embedder, device="cpu", cache_policy=policy)
+    policy.cache = cache
+    write(cache)
+    assert policy.lock_free and all(policy.lock_free)
+
+
 @pytest.mark.parametrize("change", [
     lambda cache: cache.invalidate("one two three four"),
     lambda cache: cache.clear(),
