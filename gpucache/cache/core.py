@@ -10,8 +10,9 @@ input is not checked here (the facade has done it).
 
 Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
 embedder, the verifier, the content policy and the caller's loader never run under it, so a
-slow model call, a scan with many candidates or a long answer's check never blocks readers; state that may have changed meanwhile is
-re-read after the lock is taken again (a candidate removed while it was judged is a miss).
+slow model call, a scan with many candidates or a long answer's check never blocks readers;
+state that may have changed meanwhile is re-read after the lock is taken again (a candidate
+removed while it was judged is a miss).
 Single-flight has its own lock (flight.py), so a claim can be released on the event loop.
 """
 
