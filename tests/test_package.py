@@ -177,3 +177,29 @@ def test_the_layout_page_names_every_module_and_only_modules_that_exist():
                if p.name not in ("__init__.py", "__main__.py") and p.parent.name != "engines"}
     modules |= {p.name for p in (PACKAGE.parent / "bench").glob("*.py")}
     assert sorted(modules - named) == []  # nothing in the tree left unsaid (engines are named by kind)
+
+
+def _core_reads(path: Path) -> list[str]:
+    """``<something cache>.core``: a read of a cache's core through its facade's property."""
+    reads = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr == "core":
+            base = ast.unparse(node.value)
+            if base.split(".")[-1].lower().endswith("cache"):
+                reads.append(f"{path.name}:{node.lineno} {base}.core")
+    return reads
+
+
+def test_the_core_finder_finds_a_reach_through_the_facade(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f(self):\n    return self.cache.core.replay('x'), parsed.core\n")
+    assert _core_reads(module) == ["m.py:2 self.cache.core"]
+
+
+def test_nothing_outside_the_cache_package_reaches_into_a_caches_core():
+    """The facade (SemanticCache) is the cache's face: what the proxy, the metrics, the
+    lifecycle and the adapters need of it is a method there (restore, may_store, replay_chunks,
+    lookup_batches), so the core can change behind it."""
+    reads = [read for name, path in _modules().items() if not name.startswith("gpucache.cache")
+             for read in _core_reads(path)]
+    assert reads == []

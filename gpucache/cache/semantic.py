@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -152,6 +152,16 @@ class SemanticCache(GetOrLoad):
     @property
     def device(self) -> torch.device:
         return self._core.device
+
+    @property
+    def lookup_batches(self) -> int:
+        """Lookup batches computed so far (concurrent lookups coalesce into one: a server
+        exports the count beside its requests)."""
+        return self._core.batches
+
+    def replay_chunks(self, answer: str) -> Iterator[str]:
+        """A stored answer in ``replay_chunk_chars`` pieces, for a caller that streams it."""
+        return self._core.replay(answer)
 
     @property
     def shared(self) -> Replication:

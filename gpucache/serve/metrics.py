@@ -116,5 +116,5 @@ class _CacheCollector(Collector):
         yield CounterMetricFamily(
             "gpucache_lookup_batches",
             "Batches the concurrent lookups shared (fewer than the lookups: they were coalesced)",
-            value=self.cache.core.batches,
+            value=self.cache.lookup_batches,
         )

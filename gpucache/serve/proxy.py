@@ -240,10 +240,10 @@ class Proxy:
         if isinstance(served, Found):
             if not ex.control.fresh(served.hit):
                 return await self.refresh(ex)
-            replay = self.streams.replay(meta, self.cache.core.replay(served.hit.response), usage)
+            replay = self.streams.replay(meta, self.cache.replay_chunks(served.hit.response), usage)
             return Hit(served.hit, "", stream=replay)
         if isinstance(served, JoinedLoad):
-            return Joined("", stream=self.streams.replay(meta, self.cache.core.replay(served.text), usage))
+            return Joined("", stream=self.streams.replay(meta, self.cache.replay_chunks(served.text), usage))
         if served.pieces is None:  # the upstream refused: its answer, kept from everyone
             assert isinstance(served.value, PassedThrough)
             return served.value
