@@ -131,7 +131,7 @@ class _Latest:
             given = str(doc["mac"])
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise SnapshotError(f"{where} (the record of {snapshot_path}'s generations) cannot be "
                                 f"read ({exc}): refused") from exc
         if latest.generation < 1 or not hmac.compare_digest(given, latest._mac(key)):
@@ -270,7 +270,7 @@ def read_snapshot(path: str | os.PathLike[str], key: bytes | None = None) -> Sna
             generation=generation,
             written_at=written_at,
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # nested past the parser's depth
         raise SnapshotError(f"{path} is corrupt: bad state document ({exc})") from exc
     if vectors.dtype != torch.float32 or vectors.shape != (len(entries), snapshot.dim):
         raise SnapshotError(
@@ -330,7 +330,7 @@ def _header_metadata(data: bytes, path: object) -> dict[str, str]:
         raise SnapshotError(f"{path} is corrupt: truncated header")
     try:
         header = json.loads(data[8 : 8 + size])
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
         raise SnapshotError(f"{path} is corrupt: unreadable header") from exc
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     if not isinstance(meta, dict):

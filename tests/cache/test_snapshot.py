@@ -101,6 +101,18 @@ def test_a_damaged_file_is_refused_with_a_clear_error(filled, tmp_path, damage, 
         SemanticCache.load(path, embedder=filled.embedder, device="cpu")
 
 
+def test_a_header_nested_past_the_parsers_depth_is_a_snapshot_error(fake_embedder, tmp_path):
+    """json gives up on deep nesting with RecursionError, not ValueError: a crafted file must
+    still be refused as corrupt (a server sets it aside) rather than raise something else."""
+    import struct
+
+    path = tmp_path / "c"
+    nested = b"[" * 200_000 + b"]" * 200_000
+    path.write_bytes(struct.pack("<Q", len(nested)) + nested)
+    with pytest.raises(SnapshotError, match="unreadable header"):
+        SemanticCache.load(path, embedder=fake_embedder, device="cpu")
+
+
 def test_another_version_or_format_is_refused(filled, tmp_path):
     from safetensors.torch import save_file
 
