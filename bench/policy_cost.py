@@ -5,7 +5,7 @@ no other request's work runs, the event loop's included. A pattern that is quadr
 input lets one prompt stop every tenant (the e-mail pattern before this benchmark: seconds on
 tens of thousands of characters of "a.").
 
-Each family is a short unit repeated to the length asked, then "!"; a cell is the best of
+Each family is a short unit repeated, then "!", to the length asked; a cell is the best of
 ``--repeats`` calls of ``decide(text, answer)`` and ``decide(question, text)`` together.
 ``--before REV`` loads ``gpucache/policy/content.py`` as it was at REV (the module imports the
 standard library alone) and measures it in the same run, at the sizes up to ``--before-max``
@@ -74,7 +74,8 @@ def cost(policy: Any, text: str, repeats: int) -> float:
 
 
 def row(policy: Any, unit: str, sizes: tuple[int, ...], repeats: int) -> list[float]:
-    return [cost(policy, (unit * (n // len(unit) + 1))[:n] + "!", repeats) for n in sizes]
+    # n characters in all, the scan cap included: one more would be refused unread (too-large)
+    return [cost(policy, (unit * (n // len(unit) + 1))[: n - 1] + "!", repeats) for n in sizes]
 
 
 def main() -> None:
@@ -112,7 +113,7 @@ def main() -> None:
         f"Command: `{command}` (commit {commit}, {platform.machine()}, {os.cpu_count()} CPU threads, "
         f"Python {platform.python_version()}; one run). Each cell: the best of {args.repeats} calls "
         "(1 for the policy before) of `decide(text, answer)` and `decide(question, text)` together, "
-        "the text a unit repeated to the size, then `!`. Growth: the cost at the largest size over "
+        "the text a unit repeated, then `!`, to the size. Growth: the cost at the largest size over "
         "the cost at a quarter of it (linear: 4x; quadratic: 16x). `re` holds the GIL through a "
         "search: while one text is scanned, nothing else in the process runs.",
         "",
