@@ -160,8 +160,9 @@ def main() -> None:
         "# The guard on prompts nobody tuned it on",
         "",
         f"Command: `python3 bench/guard_exam.py --out {args.out}` (commit {commit}, {platform.machine()}, "
-        f"{os.cpu_count()} CPU threads, torch {torch.__version__}). Model {embedder.name}, fp32 "
-        "similarities; verifier lexical-near-miss with every rule on. Neither file below was read "
+        f"{os.cpu_count()} CPU threads, torch {torch.__version__}). Model {embedder.name}, "
+        f"similarities from its {embedder.path}, as this machine ran it; verifier lexical-near-miss "
+        "with every rule on. Neither file below was read "
         "by any tuning code, and this report was run once, after the guard's last change.",
         "",
     ]
