@@ -18,6 +18,9 @@ log-probabilities, a last message that is not the user's, content that is not te
 too short to embed meaningfully (an empty tool-result turn would embed to one fixed vector and
 hit another conversation's entry).
 
+Invisible format characters in the text compared by meaning are in the scope too
+(``format_characters``): the model reads them and the embedder does not.
+
 The tenant that opens every scope comes from the request's credentials (tenancy.py).
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,13 +129,30 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
         bypass = "logprobs"
     if bypass is None and text is not None and len(text.strip()) < MIN_TEXT_CHARS:
         bypass = "short-text"
-    canonical = json.dumps(
-        {"endpoint": kind, "body": rest}, sort_keys=True, ensure_ascii=False, separators=(",", ":")
-    )
+    keyed: dict[str, Any] = {"endpoint": kind, "body": rest}
+    hidden = format_characters(text) if text is not None else ""
+    if hidden:  # the model reads them; the embedder and the guard do not: a request of its own
+        keyed["hidden"] = hidden
+    canonical = json.dumps(keyed, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     digest = hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
     return RequestKey(
         kind, f"{tenant}/{digest}", text if bypass is None else None, bypass, stream, include_usage
     )
+
+
+def format_characters(text: str) -> str:
+    """The invisible format characters of ``text`` (Unicode category Cf: tag characters
+    U+E0000-E007F, zero-width spaces and joiners, direction marks...), in order.
+
+    Why they key the scope: the model reads them (tag characters spell ASCII text a reader never
+    sees, a way to hide instructions in a prompt), but the tokenizer of the embedder and the
+    guard drop them, so a prompt carrying hidden instructions and the clean question embed
+    alike, at similarity 1.0. In the scope they make a request of its own: answered from the
+    cache only for a request with the same hidden characters, and its answer never served for
+    the clean question, nor the clean question's for it."""
+    if text.isascii():
+        return ""
+    return "".join(ch for ch in text if unicodedata.category(ch) == "Cf")
 
 
 def _chat_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
