@@ -64,6 +64,10 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         prompt = body["prompt"]
         return prompt if isinstance(prompt, str) else prompt[0]
 
+    def refused() -> Response:
+        return JSONResponse({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                       "param": None, "code": "invalid_api_key"}}, status_code=401)
+
     async def complete(request: Request) -> Response:
         kind = "chat" if request.url.path.endswith("chat/completions") else "completions"
         body = await request.json()
@@ -72,6 +76,8 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         queries.append(request.url.query)
         with arrived:
             arrived.notify_all()
+        if request.headers.get("authorization", "").removeprefix("Bearer ").strip() in revoked:
+            return refused()  # as the model server refuses a revoked key on every endpoint
         if "[500]" in text:
             return JSONResponse(
                 {
@@ -213,8 +219,7 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         checks.append(key)
         if key in revoked:
-            return JSONResponse({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
-                                           "param": None, "code": "invalid_api_key"}}, status_code=401)
+            return refused()
         return JSONResponse(
             {"object": "list", "data": [{"id": "smol", "object": "model", "created": 1, "owned_by": "test"}]}
         )

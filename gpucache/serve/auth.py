@@ -82,6 +82,13 @@ class CredentialCheck:
         """Drop a credential's verdict: its next request is checked again."""
         self.verdicts.pop(credential, None)
 
+    def refused(self, credential: str, verdict: Denied) -> None:
+        """The upstream refused ``credential`` on a request it was sent (a miss, a refresh):
+        that is its verdict too, kept as a checked one is, so the credential's hits stop now
+        rather than when the verdict it had expires."""
+        self.verdicts.pop(credential, None)
+        self.verdicts[credential] = (verdict, self.clock() + self.ttl)
+
     async def check(self, credential: str, headers: Mapping[str, str], query: str) -> Verdict:
         kept = self.verdicts.get(credential)
         if kept is not None and kept[1] > self.clock():

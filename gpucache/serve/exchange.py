@@ -260,3 +260,14 @@ class Shed:
 
 Outcome = (Hit | Loaded | Joined | PassedThrough | Unauthorized | Bypassed | FailedOpen | Unavailable
            | Refused | Shed)
+
+
+def upstream_answer(outcome: Outcome) -> PassedThrough | None:
+    """The upstream's own answer where ``outcome`` relays one (its status, headers and body: a
+    streamed one's body is not read here), else None (a hit, a refusal, an unreachable
+    upstream)."""
+    if isinstance(outcome, (Loaded, PassedThrough)):
+        return PassedThrough(outcome.status, outcome.headers, outcome.content)
+    if isinstance(outcome, (Bypassed, FailedOpen)) and outcome.answer is not None:
+        return PassedThrough(outcome.answer.status, outcome.answer.headers, outcome.answer.content)
+    return None

@@ -23,7 +23,15 @@ except ImportError as exc:  # the serve extra
     raise missing("serve", __name__, exc) from exc
 
 from gpucache.serve.auth import CredentialCheck, Denied, Unverified, keys_verdict
-from gpucache.serve.exchange import CacheControl, Exchange, Outcome, Refused, Unauthorized, Unavailable
+from gpucache.serve.exchange import (
+    CacheControl,
+    Exchange,
+    Outcome,
+    Refused,
+    Unauthorized,
+    Unavailable,
+    upstream_answer,
+)
 from gpucache.serve.keyfile import KeyFile
 from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
 from gpucache.serve.settings import ServeSettings
@@ -139,6 +147,15 @@ class Intake:
             return Refused(400, str(exc), "invalid_request", exc.param)
         return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control,
                         holder=identity.holder, receive=request.receive)
+
+    def heard(self, holder: str, outcome: Outcome) -> None:
+        """What the upstream answered ``holder``'s request, seen after the fact: a 401 or 403
+        is its verdict on the credential (auth = upstream), whichever request it came on."""
+        answer = upstream_answer(outcome)
+        if not isinstance(self.credentials, CredentialCheck) or answer is None:
+            return
+        if answer.status in (401, 403):
+            self.credentials.refused(holder, Denied(answer.status, answer.headers, answer.content))
 
     def forget(self, holder: str) -> None:
         """Drop ``holder``'s verdict (``/admin/revoke``): its next request is checked again."""

@@ -366,6 +366,8 @@ class Proxy:
 
     def record(self, endpoint: str, outcome: Outcome, ex: Exchange | None = None) -> None:
         answers.record(self.metrics, endpoint, outcome, ex)
+        if ex is not None:
+            self.intake.heard(ex.holder, outcome)
 
     # ------------------------------------------------------------------------- plain
 

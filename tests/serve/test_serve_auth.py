@@ -317,3 +317,22 @@ def test_a_refused_request_with_a_large_unread_body_has_its_connection_closed(re
         with httpx.Client() as client:
             r = client.post(f"{proxy.url}/v1/chat/completions", json={"model": "smol", "messages": []})
             assert r.status_code == 401 and r.headers.get("connection") != "close"
+
+
+def test_a_401_on_any_request_is_the_upstreams_verdict_and_ends_the_keys_hits_at_once(real_embedder):
+    """The verdict kept from the last check would serve the key for up to auth_ttl more; the
+    upstream refusing it on a miss is its word on the key as much as a check is."""
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=3600) as proxy:
+        text = "What is the balance of my savings account?"
+        assert chat(proxy, "sk-erin", text) == "miss"
+        assert chat(proxy, "sk-erin", text) == "exact"
+        upstream.app.state.revoked.add("sk-erin")
+        with pytest.raises(openai.AuthenticationError):  # a new question: the upstream refuses it
+            chat(proxy, "sk-erin", "And what about my checking account?")
+        checks = upstream.app.state.checks.count("sk-erin")
+        for ask in (lambda: chat(proxy, "sk-erin", text), lambda: chat(proxy, "sk-erin", text, stream=True)):
+            with pytest.raises(openai.AuthenticationError) as refused:
+                ask()
+            assert refused.value.body["code"] == "invalid_api_key"
+        assert upstream.app.state.checks.count("sk-erin") == checks  # the refusal itself was the verdict
+        assert chat(proxy, "sk-frank", text) == "miss"  # another key is unaffected
