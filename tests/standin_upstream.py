@@ -218,6 +218,9 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         # from the completions; a key in ``revoked`` is refused as a model server refuses it
         key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         checks.append(key)
+        if request.app.state.hang_checks:  # a check that never answers: held until the caller gives up
+            await hung_up(request)
+            return Response(status_code=499)
         if key in revoked:
             return refused()
         return JSONResponse(
@@ -266,6 +269,7 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
     app.state.calls = calls
     app.state.checks = checks
     app.state.revoked = revoked
+    app.state.hang_checks = False  # a test sets it: GET /v1/models then never answers
     app.state.closed = closed
     return app
 

@@ -68,13 +68,31 @@ class Unverified:
 Verdict = Allowed | Denied | Unverified
 
 
-class CredentialCheck:
-    """The verdicts of ``upstream`` on credentials, each kept ``ttl`` seconds."""
+@dataclass(frozen=True)
+class Kept:
+    """A verdict kept: until when it stands, and when the upstream last gave it (an
+    extension while the upstream cannot answer never reaches past ``confirmed`` + ttl + grace)."""
 
-    def __init__(self, upstream: Upstream, ttl: float,
-                 clock: Callable[[], float] = time.monotonic, max_verdicts: int = MAX_VERDICTS) -> None:
+    verdict: Allowed | Denied
+    until: float
+    confirmed: float
+
+
+class CredentialCheck:
+    """The verdicts of ``upstream`` on credentials, each kept ``ttl`` seconds.
+
+    A check waits at most ``timeout`` seconds (its own, not the completions' long one), so a
+    hung ``/v1/models`` holds a key's requests, hits included, that long and no longer. Where
+    the upstream cannot answer (unreachable, too slow, an error status), a key's last verdict is
+    extended by ``ttl`` at a time, for at most ``grace`` seconds past its own expiry; a
+    credential never seen, or seen longer ago than that, is refused with the upstream's failure.
+    """
+
+    def __init__(self, upstream: Upstream, ttl: float, clock: Callable[[], float] = time.monotonic,
+                 max_verdicts: int = MAX_VERDICTS, timeout: float = 5.0, grace: float = 300.0) -> None:
         self.upstream, self.ttl, self.clock, self.max_verdicts = upstream, ttl, clock, max_verdicts
-        self.verdicts: dict[str, tuple[Allowed | Denied, float]] = {}  # credential -> (verdict, until)
+        self.timeout, self.grace = timeout, grace
+        self.verdicts: dict[str, Kept] = {}
         self.asking: dict[str, asyncio.Future[Verdict]] = {}
         self.asked = 0  # checks sent to the upstream (tests and metrics)
 
@@ -86,20 +104,19 @@ class CredentialCheck:
         """The upstream refused ``credential`` on a request it was sent (a miss, a refresh):
         that is its verdict too, kept as a checked one is, so the credential's hits stop now
         rather than when the verdict it had expires."""
-        self.verdicts.pop(credential, None)
-        self.verdicts[credential] = (verdict, self.clock() + self.ttl)
+        self._keep(credential, verdict)
 
     async def check(self, credential: str, headers: Mapping[str, str], query: str) -> Verdict:
         kept = self.verdicts.get(credential)
-        if kept is not None and kept[1] > self.clock():
-            return kept[0]
+        if kept is not None and kept.until > self.clock():
+            return kept.verdict
         pending = self.asking.get(credential)
         if pending is not None:
             return await asyncio.shield(pending)
         future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self.asking[credential] = future
         try:
-            verdict = await self._ask(credential, headers, query, kept[0] if kept else None)
+            verdict = await self._ask(credential, headers, query, kept)
             future.set_result(verdict)
             return verdict
         except BaseException as exc:
@@ -110,26 +127,38 @@ class CredentialCheck:
             del self.asking[credential]
 
     async def _ask(self, credential: str, headers: Mapping[str, str], query: str,
-                   before: Allowed | Denied | None) -> Verdict:
+                   before: Kept | None) -> Verdict:
         self.asked += 1
         try:
-            response = await self.upstream.send("GET", "models", headers, b"", params=query)
+            response = await self.upstream.send("GET", "models", headers, b"", params=query,
+                                                timeout=self.timeout)
         except UpstreamUnavailable as down:
-            return before if before is not None else Unverified(
-                down.status, f"the credential could not be checked: {down}")
-        verdict: Allowed | Denied
+            return self._unanswered(credential, before, down.status,
+                                    f"the credential could not be checked: {down}")
         if 200 <= response.status_code < 300:
-            verdict = Allowed()
-        elif response.status_code in (401, 403):
-            verdict = Denied(response.status_code, response.headers, response.content)
-        else:
-            return before if before is not None else Unverified(
-                503, f"the credential could not be checked: the upstream answered {response.status_code}")
+            return self._keep(credential, Allowed())
+        if response.status_code in (401, 403):
+            return self._keep(credential, Denied(response.status_code, response.headers, response.content))
+        return self._unanswered(credential, before, 503, "the credential could not be checked: the upstream "
+                                f"answered {response.status_code}")
+
+    def _keep(self, credential: str, verdict: Allowed | Denied) -> Allowed | Denied:
         if len(self.verdicts) >= self.max_verdicts:
             self.verdicts.pop(next(iter(self.verdicts)))
         self.verdicts.pop(credential, None)  # re-inserted last: the oldest go first
-        self.verdicts[credential] = (verdict, self.clock() + self.ttl)
+        now = self.clock()
+        self.verdicts[credential] = Kept(verdict, now + self.ttl, now)
         return verdict
+
+    def _unanswered(self, credential: str, before: Kept | None, status: int, message: str) -> Verdict:
+        """The upstream could not say: the key's last verdict, extended within its grace, or
+        the upstream's failure."""
+        now = self.clock()
+        last = before.confirmed + self.ttl + self.grace if before is not None else now
+        if before is None or now >= last:
+            return Unverified(status, message)
+        self.verdicts[credential] = Kept(before.verdict, min(now + self.ttl, last), before.confirmed)
+        return before.verdict
 
 
 async def keys_verdict(keys: KeyFile, values: tuple[str, ...]) -> Verdict:

@@ -101,7 +101,8 @@ class Intake:
         self.config = config
         self.credentials: CredentialCheck | KeyFile | None = None
         if config.auth == "upstream":
-            self.credentials = CredentialCheck(upstream, config.auth_ttl)
+            self.credentials = CredentialCheck(upstream, config.auth_ttl, timeout=config.auth_timeout,
+                                               grace=config.auth_grace)
         elif config.auth == "keys":
             assert config.keys_file is not None
             self.credentials = KeyFile(config.keys_file)

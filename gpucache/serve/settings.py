@@ -167,6 +167,13 @@ class ServeSettings:
     )
     auth_ttl: float = _option(
         60.0, "seconds a credential's verdict is kept before the upstream is asked again")
+    auth_timeout: float = _option(
+        5.0, "seconds a credential check (GET /v1/models) may take before it counts as unanswered: "
+        "the longest a key's requests, its exact hits included, wait on a re-check")
+    auth_grace: float = _option(
+        300.0, "seconds past its auth_ttl that a key's last verdict is extended while the upstream "
+        "cannot answer the check (unreachable, too slow, an error status); past it, or for a key "
+        "never checked, the request gets the upstream's failure")
     require_auth: bool = _option(
         True, "answer a request without credentials with 401; --no-require-auth files keyless "
         "requests under one shared tenant, 'anonymous' (checked like any credential under auth=upstream)"
@@ -223,6 +230,9 @@ class ServeSettings:
             raise ConfigError("auth=keys needs keys_file, and keys_file is read only with auth=keys")
         if not self.auth_ttl >= 0:
             raise ConfigError(f"auth_ttl must be >= 0, got {self.auth_ttl!r}")
+        if not self.auth_timeout > 0 or not self.auth_grace >= 0:
+            raise ConfigError(f"auth_timeout must be > 0 and auth_grace >= 0, got {self.auth_timeout!r} "
+                              f"and {self.auth_grace!r}")
         if self.max_tenant_concurrency is not None and self.max_tenant_concurrency < 1:
             raise ConfigError("max_tenant_concurrency must be >= 1 or none")
         if self.max_concurrency < 1 or self.retry_after < 0:

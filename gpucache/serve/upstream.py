@@ -75,12 +75,15 @@ class Upstream:
         return f"{url}?{query}" if query else url
 
     async def send(
-        self, method: str, path: str, headers: Mapping[str, str], body: bytes, params: str = ""
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, params: str = "",
+        timeout: float | None = None,
     ) -> httpx.Response:
-        """A whole response (read), or ``UpstreamUnavailable``."""
+        """A whole response (read), or ``UpstreamUnavailable``; ``timeout``, where given, in place
+        of the client's (a credential check's own, shorter one)."""
         try:
             return await self.client.request(
-                method, self.url(path, params or ""), headers=forwarded(headers), content=body
+                method, self.url(path, params or ""), headers=forwarded(headers), content=body,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
             )
         except httpx.TimeoutException as exc:
             raise UpstreamUnavailable(504, f"the upstream did not answer in time ({exc!r})") from exc

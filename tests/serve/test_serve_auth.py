@@ -99,9 +99,10 @@ class FakeUpstream:
         self.statuses, self.sent = list(statuses), 0
         self.release = asyncio.Event()
 
-    async def send(self, method, path, headers, body, params=""):
+    async def send(self, method, path, headers, body, params="", timeout=None):
         assert (method, path) == ("GET", "models")
         self.sent += 1
+        self.timeout = timeout
         await self.release.wait()
         status = self.statuses.pop(0)
         if status is None:
@@ -139,6 +140,49 @@ def test_an_upstream_that_cannot_answer_keeps_a_verdict_seen_before_and_refuses_
     assert isinstance(first, Denied) and first.status == 403
     assert again == first  # the upstream's last word stands while it cannot be asked
     assert isinstance(never, Unverified) and never.status == 502
+
+
+def test_a_check_waits_its_own_short_timeout_not_the_completions():
+    async def main():
+        up = FakeUpstream([200])
+        up.release.set()
+        await CredentialCheck(up, ttl=60, timeout=2.5).check("key:a", {}, "")
+        return up.timeout
+
+    assert asyncio.run(main()) == 2.5
+
+
+def test_while_the_upstream_cannot_answer_a_known_verdict_is_extended_within_its_grace_only():
+    """Extended ttl at a time, so one request per ttl waits on a check (at most its timeout)
+    and the rest are answered from the kept verdict; past ttl + grace the key is refused with
+    the upstream's failure, as a key never seen is."""
+    now = [0.0]
+
+    async def main():
+        up = FakeUpstream([200, None, None, None])
+        up.release.set()
+        check = CredentialCheck(up, ttl=10, clock=lambda: now[0], grace=25)
+        seen = [await check.check("key:a", {}, "")]
+        for at in (11.0, 15.0, 22.0, 36.0):  # expired, then within the extension, then again, then past
+            now[0] = at
+            seen.append(await check.check("key:a", {}, ""))
+        return seen, up.sent
+
+    seen, sent = asyncio.run(main())
+    assert [type(v).__name__ for v in seen] == ["Allowed", "Allowed", "Allowed", "Allowed", "Unverified"]
+    assert sent == 4  # at 0, 11 (extended to 21), 22 (extended to 32: 10 + 25 caps it at 35), 36
+    assert seen[-1].status == 502
+
+
+def test_a_hung_credential_check_holds_a_keys_hits_for_its_timeout_only(real_embedder):
+    """/v1/models hangs: with a verdict expired, an exact hit waits auth_timeout, not the
+    completions' upstream_timeout, and the kept verdict answers."""
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=0,
+                                                           auth_timeout=0.5) as proxy:
+        text = "When does the library open on Sundays?"
+        assert chat(proxy, "sk-gina", text) == "miss"
+        upstream.app.state.hang_checks = True
+        assert chat(proxy, "sk-gina", text) == "exact"  # after 0.5 s, not 600
 
 
 # ----------------------------------------------------------------------------- keyless clients
