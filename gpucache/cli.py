@@ -249,6 +249,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except (OSError, TypeError, ValueError) as exc:
         print(f"gpucache serve: {exc}", file=sys.stderr)
         return 2
+    if config.auth == "upstream":  # create_app asks again: this is for a clear refusal
+        import asyncio
+
+        from gpucache.serve.auth import NOT_AN_AUTHORITY, upstream_is_authority
+
+        if asyncio.run(upstream_is_authority(config.upstream, config.auth_timeout)) is False:
+            print(f"gpucache serve: {NOT_AN_AUTHORITY}", file=sys.stderr)
+            return 2
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
                 timeout_graceful_shutdown=config.grace, http=header_deadline(config.header_timeout))
     return 0

@@ -2,7 +2,9 @@
 
     python3 scripts/vllm_upstream.py [--port N]    # prints the base URL, serves until Ctrl-C
 
-then ``gpucache serve --upstream http://127.0.0.1:N/v1``. The tests (tests/serve/test_vllm.py)
+then ``gpucache serve --upstream http://127.0.0.1:N/v1`` (with ``--api-key KEY`` here: vLLM then
+refuses every other key, so the proxy's default ``--auth upstream`` can ask it; without one, vLLM
+checks no keys and the proxy needs ``--auth none``). The tests (tests/serve/test_vllm.py)
 and bench/serve_vllm.py start it through :class:`Engine`.
 
 Why these flags: ``--enforce-eager`` skips the torch.compile warm-up (start in about 40 s on a

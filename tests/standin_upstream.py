@@ -47,9 +47,14 @@ async def hung_up(request: Request) -> None:
         pass
 
 
-def make_upstream(token_delay: float = 0.0) -> Starlette:
+def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Starlette:
+    """The stand-in. It has issued every key a test sends, except those a test revokes and the
+    proxy's probe (``gpucache-probe-...``: a key made up to be invalid), which it refuses as an
+    upstream with API keys does; ``public_models`` makes its GET /v1/models answer anyone, as
+    llama.cpp's server does (its completions still refuse a revoked key)."""
     calls: list[tuple[str, str]] = []
-    checks: list[str] = []  # the bearer key of each GET /v1/models
+    checks: list[str] = []  # the bearer key of each GET /v1/models (the proxy's probes apart)
+    probes: list[str] = []  # the keys of the proxy's probes (auth.py: CredentialCheck.probe)
     revoked: set[str] = set()  # keys the upstream refuses (a test adds them)
     paths: list[tuple[str, str]] = []  # (method, raw path) of requests to any other path
     queries: list[str] = []  # the query string of each completion request
@@ -217,6 +222,12 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
         # a credential check (the proxy asks before it serves a key: auth.py), recorded apart
         # from the completions; a key in ``revoked`` is refused as a model server refuses it
         key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if public_models:
+            (probes if key.startswith("gpucache-probe-") else checks).append(key)
+            return JSONResponse({"object": "list", "data": []})
+        if key.startswith("gpucache-probe-"):
+            probes.append(key)
+            return refused()
         checks.append(key)
         if request.app.state.hang_checks:  # a check that never answers: held until the caller gives up
             await hung_up(request)
@@ -269,6 +280,7 @@ def make_upstream(token_delay: float = 0.0) -> Starlette:
     app.state.calls = calls
     app.state.checks = checks
     app.state.revoked = revoked
+    app.state.probes = probes
     app.state.hang_checks = False  # a test sets it: GET /v1/models then never answers
     app.state.closed = closed
     return app

@@ -34,6 +34,7 @@ except ImportError as exc:  # the serve extra
 from gpucache.cache.semantic import SemanticCache
 from gpucache.serve import admin, heap
 from gpucache.serve.answers import error
+from gpucache.serve.auth import NOT_AN_AUTHORITY, CredentialCheck
 from gpucache.serve.lifecycle import build_cache
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.passthrough import route
@@ -63,6 +64,11 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         upstream = Upstream(config.upstream, config.upstream_timeout)
         metrics.watch(cache)
         proxy = Proxy(config, cache, upstream, metrics)
+        credentials = proxy.intake.credentials
+        if isinstance(credentials, CredentialCheck) and await credentials.probe() is False:
+            cache.close()
+            await upstream.close()
+            raise ConfigError(NOT_AN_AUTHORITY)
         # last at start, before the first request: the loop is not held up by full collections
         # of what start-up loaded (heap.py)
         app.state.frozen = heap.freeze()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,13 @@ from gpucache.serve.upstream import Upstream, UpstreamUnavailable
 log = logging.getLogger("gpucache.serve")
 
 MAX_VERDICTS = 100_000  # credentials remembered at once; the oldest are asked again past it
+PROBE_PREFIX = "gpucache-probe-"  # a probe's key: this prefix and 32 random hex digits
+NOT_AN_AUTHORITY = (
+    "auth=upstream, but the upstream answered GET /v1/models with a 2xx to a key it cannot have issued "
+    "(a random one): it checks no keys there (llama.cpp's server, for one, lists /v1/models among its "
+    "public endpoints), so its word on a key is no check, and every key, revoked or made up, would be "
+    "served the cache. Use --auth keys with a key file of the keys the upstream accepts (or --auth "
+    "gateway behind a front that authenticates, or --auth none where the upstream checks nothing)")
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,38 @@ class CredentialCheck:
         self.verdicts: dict[str, Kept] = {}
         self.asking: dict[str, asyncio.Future[Verdict]] = {}
         self.asked = 0  # checks sent to the upstream (tests and metrics)
+        # whether the upstream refuses a key it never issued: True, its word is a check; False,
+        # it is not (NOT_AN_AUTHORITY); None, not known yet (it could not answer the probe)
+        self.authority: bool | None = None
+        self.probing: asyncio.Future[bool | None] | None = None
+
+    async def probe(self) -> bool | None:
+        """Ask ``/v1/models`` with a key that cannot be valid, once until the upstream answers:
+        a 401 or 403 makes it the authority on keys, a 2xx proves it checks none there. At start
+        (``create_app`` refuses to serve with an upstream that is no authority) and, where the
+        upstream could not answer then, before the first verdict."""
+        if self.authority is not None:
+            return self.authority
+        if self.probing is not None:
+            return await asyncio.shield(self.probing)
+        probing = self.probing = asyncio.get_running_loop().create_future()
+        try:
+            key = PROBE_PREFIX + secrets.token_hex(16)
+            try:
+                response = await self.upstream.send("GET", "models", {"authorization": f"Bearer {key}"}, b"",
+                                                    timeout=self.timeout)
+                if response.status_code in (401, 403):
+                    self.authority = True
+                elif 200 <= response.status_code < 300:
+                    self.authority = False
+                    log.error("gpucache: %s", NOT_AN_AUTHORITY)
+            except UpstreamUnavailable:
+                pass  # asked again before the first verdict
+            return self.authority
+        finally:
+            self.probing = None
+            if not probing.done():
+                probing.set_result(self.authority)
 
     def forget(self, credential: str) -> None:
         """Drop a credential's verdict: its next request is checked again."""
@@ -107,6 +147,10 @@ class CredentialCheck:
         self._keep(credential, verdict)
 
     async def check(self, credential: str, headers: Mapping[str, str], query: str) -> Verdict:
+        if self.authority is None:
+            await self.probe()
+        if self.authority is False:
+            return Unverified(503, NOT_AN_AUTHORITY)
         kept = self.verdicts.get(credential)
         if kept is not None and kept.until > self.clock():
             return kept.verdict
@@ -159,6 +203,16 @@ class CredentialCheck:
             return Unverified(status, message)
         self.verdicts[credential] = Kept(before.verdict, min(now + self.ttl, last), before.confirmed)
         return before.verdict
+
+
+async def upstream_is_authority(url: str, timeout: float) -> bool | None:
+    """``CredentialCheck.probe`` of the upstream at ``url``, on a client of its own (``gpucache
+    serve`` asks before it starts the server, to refuse with a line, not a traceback)."""
+    upstream = Upstream(url, timeout)
+    try:
+        return await CredentialCheck(upstream, 0.0, timeout=timeout).probe()
+    finally:
+        await upstream.close()
 
 
 async def keys_verdict(keys: KeyFile, values: tuple[str, ...]) -> Verdict:

@@ -87,7 +87,8 @@ def test_the_example_upstream_serves_json_and_streams_behind_the_proxy(tiny, rea
     finally:
         sys.path.pop(0)
     with Served(local_upstream.make_app(tiny, 6)) as upstream:
-        app = create_app(ServeSettings(upstream=f"{upstream.url}/v1"),
+        # it checks no keys: --auth upstream would refuse to start in front of it
+        app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", auth="none"),
                          cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
         with Served(app) as proxy:
             client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)

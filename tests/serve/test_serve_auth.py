@@ -99,8 +99,15 @@ class FakeUpstream:
         self.statuses, self.sent = list(statuses), 0
         self.release = asyncio.Event()
 
+    probe_status = 401  # what it answers the proxy's probe (a key it never issued)
+
     async def send(self, method, path, headers, body, params="", timeout=None):
         assert (method, path) == ("GET", "models")
+        if headers.get("authorization", "").startswith("Bearer gpucache-probe-"):
+            self.probed = getattr(self, "probed", 0) + 1
+            if self.probe_status is None:
+                raise UpstreamUnavailable(502, "down")
+            return Response(self.probe_status)
         self.sent += 1
         self.timeout = timeout
         await self.release.wait()
@@ -183,6 +190,64 @@ def test_a_hung_credential_check_holds_a_keys_hits_for_its_timeout_only(real_emb
         assert chat(proxy, "sk-gina", text) == "miss"
         upstream.app.state.hang_checks = True
         assert chat(proxy, "sk-gina", text) == "exact"  # after 0.5 s, not 600
+
+
+def test_an_upstream_that_accepts_a_key_it_never_issued_is_no_authority_on_keys():
+    """The probe: a random key. A 2xx to it proves the upstream checks no keys at /v1/models, so
+    every verdict after would be 'allowed': every key is refused instead, saying why."""
+    async def main():
+        up = FakeUpstream([200])
+        up.release.set()
+        up.probe_status = 200
+        check = CredentialCheck(up, ttl=60)
+        return await check.probe(), await check.check("key:a", {}, ""), up.sent
+
+    authority, verdict, sent = asyncio.run(main())
+    assert authority is False and isinstance(verdict, Unverified) and verdict.status == 503
+    assert "--auth keys" in verdict.message and sent == 0  # the key itself was never asked about
+
+
+def test_an_upstream_down_at_the_probe_is_probed_again_before_the_first_verdict():
+    async def main():
+        up = FakeUpstream([200])
+        up.release.set()
+        up.probe_status = None
+        check = CredentialCheck(up, ttl=60)
+        at_start = await check.probe()
+        up.probe_status = 401
+        verdict = await check.check("key:a", {}, "")
+        return at_start, check.authority, verdict, up.probed
+
+    at_start, authority, verdict, probed = asyncio.run(main())
+    assert at_start is None and authority is True and isinstance(verdict, Allowed) and probed == 2
+
+
+def test_gpucache_serve_refuses_to_start_with_auth_upstream_before_an_upstream_that_checks_no_keys(real_embedder):
+    """llama.cpp's server answers /v1/models to anyone: behind it --auth upstream would let
+    every key, revoked or made up, keep its hits for ever."""
+    import subprocess
+    import sys
+
+    from serving import free_port
+
+    with Served(make_upstream(public_models=True)) as upstream:
+        run = subprocess.run([sys.executable, "-m", "gpucache", "serve", "--upstream", f"{upstream.url}/v1",
+                              "--port", str(free_port()), "--device", "cpu"],
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "GPUCACHE_NAMESPACE_SECRET": "a-secret-for-this-test"})
+        assert run.returncode == 2 and "Traceback" not in run.stderr
+        assert "checks no keys there" in run.stderr and "--auth keys" in run.stderr
+        assert len(upstream.app.state.probes) == 1 and upstream.app.state.calls == []
+        # create_app refuses it too, for a caller that builds the app itself
+        app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET),
+                         cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
+
+        async def start() -> None:
+            async with app.router.lifespan_context(app):
+                pass
+
+        with pytest.raises(ValueError, match="checks no keys there"):
+            asyncio.run(start())
 
 
 # ----------------------------------------------------------------------------- keyless clients

@@ -206,7 +206,7 @@ def test_a_key_vllm_refuses_gets_nothing_from_the_cache(proxy, tap):
 
 def test_a_vllm_stopped_mid_stream_gives_the_client_an_error_and_stores_nothing(real_embedder):
     """Its own engine: this one is killed (SIGKILL, as a crash) after the first events."""
-    dying = engine_or_fail()
+    dying = engine_or_fail(api_key=KEY)  # it checks keys, so the proxy can ask it (auth=upstream)
     made: list[SemanticCache] = []
     try:
         with proxy_in_front_of(dying.url, real_embedder, made) as proxy:
