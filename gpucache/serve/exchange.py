@@ -17,8 +17,10 @@ Outcomes:
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from gpucache.cache.served import Hit as CacheHit
@@ -100,6 +102,8 @@ def upstream_allows_storing(headers: Mapping[str, str] | None) -> bool:
     """Whether the upstream's response headers let a shared cache keep the answer."""
     if not headers:
         return True
+    if _varies(headers) or _expires_in(headers) == 0.0:
+        return False
     values = headers.get_list("cache-control") if hasattr(headers, "get_list") else [
         headers.get("cache-control") or ""]
     for value in values:
@@ -131,7 +135,7 @@ def upstream_lifetime(headers: Mapping[str, str] | None) -> float | None:
                 found[name.strip()] = min(int(arg[:12]), MAX_DELTA_SECONDS)
     lifetime = found.get("s-maxage", found.get("max-age"))
     if lifetime is None:
-        return None
+        return _expires_in(headers)
     age = (headers.get("age") or "").strip()
     return max(0.0, float(lifetime - (int(age[:12]) if age.isascii() and age.isdigit() else 0)))
 
@@ -271,3 +275,33 @@ def upstream_answer(outcome: Outcome) -> PassedThrough | None:
     if isinstance(outcome, (Bypassed, FailedOpen)) and outcome.answer is not None:
         return PassedThrough(outcome.answer.status, outcome.answer.headers, outcome.answer.content)
     return None
+
+
+# Vary names request headers the answer depends on (RFC 9111 §4.1): a cache keyed on the request
+# body cannot tell those apart, so an answer that varies on any (``*`` included) is not kept.
+# Accept-Encoding aside: the proxy asks for no encoding and keeps decoded text, the same for all.
+_VARY_IGNORED = frozenset({"", "accept-encoding"})
+
+
+def _varies(headers: Mapping[str, str]) -> bool:
+    values = headers.get_list("vary") if hasattr(headers, "get_list") else [headers.get("vary") or ""]
+    names = (name.strip().lower() for value in values for name in (value or "").split(","))
+    return any(name not in _VARY_IGNORED for name in names)
+
+
+def _expires_in(headers: Mapping[str, str]) -> float | None:
+    """Seconds until the answer's ``Expires`` (from its ``Date``, else now), where it has one and
+    no ``max-age`` or ``s-maxage`` overrides it; 0.0 for one in the past or malformed, which
+    RFC 9111 §5.3 reads as already expired; None where it has none."""
+    value, control = headers.get("expires"), (headers.get("cache-control") or "").lower()
+    if value is None or "max-age" in control or "s-maxage" in control:
+        return None
+    try:
+        expires = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return 0.0
+    try:
+        now = parsedate_to_datetime(headers.get("date") or "").timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        now = time.time()
+    return min(max(0.0, expires - now), float(MAX_DELTA_SECONDS))

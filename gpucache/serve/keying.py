@@ -14,9 +14,10 @@ prompt). A follow-up ("how old is he?") therefore matches only after the same co
 the earlier turns are part of its scope.
 
 Requests whose answer a cache cannot stand for are bypassed: several choices (``n`` > 1),
-log-probabilities, a last message that is not the user's, content that is not text, and texts
-too short to embed meaningfully (an empty tool-result turn would embed to one fixed vector and
-hit another conversation's entry).
+log-probabilities, token ids or the prompt echoed (vLLM's ``return_token_ids``, ``echo``), a
+last message that is not the user's, content that is not text, and texts too short to embed
+meaningfully (an empty tool-result turn would embed to one fixed vector and hit another
+conversation's entry).
 
 Invisible format characters in the text compared by meaning are in the scope too
 (``format_characters``): the model reads them and the embedder does not.
@@ -125,8 +126,14 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
     # any value but an absent one or false asks for logprobs: ``/v1/completions`` takes a count,
     # and ``logprobs: 0`` still asks for the chosen token's, which a stored text cannot give
     if bypass is None and any(body.get(k) is not None and body.get(k) is not False
-                                            for k in ("logprobs", "top_logprobs")):
+                              for k in ("logprobs", "top_logprobs", "prompt_logprobs")):
         bypass = "logprobs"
+    # vLLM's extensions that put more than the text in the answer: the token ids, and the
+    # prompt echoed before the answer (another user's wording, on a semantic hit)
+    if bypass is None and body.get("return_token_ids") not in (None, False):
+        bypass = "token-ids"
+    if bypass is None and body.get("echo") not in (None, False):
+        bypass = "echo"
     if bypass is None and text is not None and len(text.strip()) < MIN_TEXT_CHARS:
         bypass = "short-text"
     keyed: dict[str, Any] = {"endpoint": kind, "body": rest}

@@ -47,3 +47,29 @@ def test_the_upstreams_lifetime_is_s_maxage_then_max_age_less_its_age():
     for says_nothing in ({}, {"cache-control": "public"}, {"cache-control": "max-age=soon"}, None):
         assert upstream_lifetime(says_nothing) is None
     assert upstream_lifetime({"cache-control": "max-age=" + "9" * 40}) == 2**31  # capped, no error
+
+
+def test_an_answer_that_varies_on_a_request_header_is_not_kept():
+    """Vary names request headers the answer depends on (RFC 9111 §4.1), which a cache keyed on
+    the body cannot tell apart; Accept-Encoding aside (decoded text is the same for all)."""
+    from gpucache.serve.exchange import upstream_allows_storing
+
+    assert not upstream_allows_storing({"vary": "*"})
+    assert not upstream_allows_storing({"vary": "Accept-Encoding, X-User-Tier"})
+    assert upstream_allows_storing({"vary": "Accept-Encoding"}) and upstream_allows_storing({"vary": ""})
+
+
+def test_an_expires_in_the_past_or_malformed_is_not_kept_and_a_future_one_caps_the_life():
+    """RFC 9111 §5.3: Expires, measured from the answer's Date, unless max-age or s-maxage says
+    otherwise; a malformed one means already expired."""
+    from gpucache.serve.exchange import upstream_allows_storing, upstream_lifetime
+
+    date = "Thu, 03 Dec 2026 10:00:00 GMT"
+    past = {"date": date, "expires": "Thu, 03 Dec 2026 09:00:00 GMT"}
+    assert not upstream_allows_storing(past)
+    assert not upstream_allows_storing({"date": date, "expires": "0"})  # malformed: expired
+    future = {"date": date, "expires": "Thu, 03 Dec 2026 10:05:00 GMT"}
+    assert upstream_allows_storing(future) and upstream_lifetime(future) == 300
+    overridden = {**past, "cache-control": "max-age=60"}
+    assert upstream_allows_storing(overridden) and upstream_lifetime(overridden) == 60
+    assert upstream_allows_storing({**past, "cache-control": "s-maxage=30"})

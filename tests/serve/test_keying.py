@@ -56,6 +56,9 @@ def test_transport_fields_never_split_a_scope():
 @pytest.mark.parametrize("body, reason", [
     (chat_body(n=2), "n"),
     (chat_body(logprobs=True), "logprobs"),
+    (chat_body(prompt_logprobs=1), "logprobs"),  # vLLM's: the prompt's log-probabilities
+    (chat_body(return_token_ids=True), "token-ids"),  # vLLM's: the ids beside the text
+    (chat_body(echo=True), "echo"),  # vLLM's: the prompt echoed in the answer
     (chat_body("?"), "short-text"),
     ({"model": "smol", "messages": [{"role": "user", "content": "Hi there"},
                                     {"role": "assistant", "content": "Hello"}]}, "last-message-not-user"),
