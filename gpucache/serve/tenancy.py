@@ -39,6 +39,13 @@ from urllib.parse import parse_qsl
 
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
 CREDENTIAL_PARAMS = ("key", "api-key", "api_key", "access_token")
+# Headers other servers and gateways read a key from (Google's, LiteLLM's, Azure API Management's).
+# One that is not among the credential headers would reach the upstream, and its check, without
+# naming the tenant: a revoked key sent beside a valid one there would be served the cache, filed
+# under the other. Such a request is refused unless the deployment lists the header as a
+# credential header (then it names the tenant like the others).
+OTHER_CREDENTIAL_HEADERS = ("x-goog-api-key", "x-litellm-api-key", "ocp-apim-subscription-key",
+                            "api-key", "x-api-key", "authorization")
 NAMESPACE_HEADER = "x-gpucache-namespace"
 ANONYMOUS = "anonymous"
 # a namespace names a folder of entries, not free text: letters, digits and a few separators,
@@ -95,7 +102,8 @@ class Tenancy:
     def identify(self, headers: Mapping[str, str], query: str = "") -> Identity | Refusal:
         """Whose a request is, from its headers and raw query string alone (so it is known
         before the body is read), or why it is refused: a malformed or repeated namespace, a
-        repeated credential (400); no credentials where they are required (401)."""
+        repeated credential, a credential in a header that does not name the tenant (400); no
+        credentials where they are required (401)."""
         for name in (self.namespace_header, *self.credential_headers):
             if len(_values(headers, name)) > 1:
                 return Refusal(400, f"more than one {name} header: send it once", "duplicate_header")
@@ -104,6 +112,11 @@ class Tenancy:
             if sum(k == name for k, _ in params) > 1:
                 return Refusal(400, f"more than one {name!r} query parameter: send it once",
                                "duplicate_parameter")
+        for name in OTHER_CREDENTIAL_HEADERS:
+            if name not in self.credential_headers and _values(headers, name):
+                return Refusal(400, f"the {name} header carries a credential this proxy does not name "
+                               "tenants by; send the key in one of " + ", ".join(self.credential_headers)
+                               + f", or list {name} among the credential headers", "unhashed_credential")
         named = headers.get(self.namespace_header)
         if named is not None and not NAMESPACE_PATTERN.fullmatch(named):
             return Refusal(400, f"the {self.namespace_header} header must be 1 to 128 letters, digits "

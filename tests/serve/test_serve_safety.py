@@ -485,3 +485,14 @@ def test_a_prompt_with_hidden_instructions_is_never_served_for_the_clean_questio
     assert ask(c, question)[0]["x-gpucache"] == "miss"
     assert ask(c, question + hidden)[0]["x-gpucache"] == "exact"
     assert ask(c, question)[0]["x-gpucache"] == "exact"
+
+
+def test_a_key_in_a_header_that_does_not_name_the_tenant_is_refused_before_anything_is_asked(proxy, upstream):
+    """Sent beside a valid key, a revoked one in x-goog-api-key would reach the upstream's check
+    and the completion without naming the tenant."""
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Which key paid for this?"}]}
+    before = (len(upstream.app.state.calls), len(upstream.app.state.checks))
+    refused = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=60,
+                         headers={"authorization": "Bearer key-valid", "x-goog-api-key": "key-revoked"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "unhashed_credential"
+    assert (len(upstream.app.state.calls), len(upstream.app.state.checks)) == before

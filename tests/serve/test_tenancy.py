@@ -54,8 +54,23 @@ def test_several_credentials_are_hashed_together_and_unambiguously():
 
 def test_a_configured_header_list_is_the_only_one_read():
     custom = {"credential_headers": ("x-team-key",)}
-    assert tenant({"authorization": "Bearer alice"}, **custom) == ANONYMOUS
     assert tenant({"x-team-key": "k"}, **custom).startswith("key:")
+    assert tenant({"x-other-header": "k"}, **custom) == ANONYMOUS  # not a credential: ignored
+
+
+@pytest.mark.parametrize("header", ["x-goog-api-key", "x-litellm-api-key", "ocp-apim-subscription-key"])
+def test_a_credential_in_a_header_that_does_not_name_the_tenant_is_refused(header):
+    """It would reach the upstream and its check without naming the tenant: a revoked key sent
+    beside a valid one there would get the valid key's verdict, and its cache."""
+    refused = tenant({"authorization": "Bearer sk-valid", header: "sk-revoked"})
+    assert isinstance(refused, Refusal) and refused.status == 400 and refused.code == "unhashed_credential"
+    assert header in refused.message
+    # listed among the credential headers, it names the tenant with the others
+    listed = tenant({"authorization": "Bearer sk-valid", header: "sk-revoked"},
+                    credential_headers=("authorization", header))
+    assert listed.startswith("key:") and listed != tenant({"authorization": "Bearer sk-valid"})
+    # and the standard headers left off a configured list are refused, not ignored
+    assert isinstance(tenant({"authorization": "Bearer alice"}, credential_headers=("x-team-key",)), Refusal)
 
 
 def test_the_hash_depends_on_the_secret_and_on_nothing_per_process():
