@@ -39,6 +39,7 @@ STANDIN = Path(__file__).resolve().parents[1] / "tests" / "standin_upstream.py"
 
 SECRET = "a-stable-secret-for-the-safety-matrix"
 ADMIN = "an-admin-token-for-the-safety-matrix"
+GATE = "a-gateway-token-for-the-safety-matrix"  # what the trusted front sends
 BIG = 7_600_000  # bytes of the large bodies: under the 8 MiB body limit
 
 
@@ -231,7 +232,8 @@ def main() -> None:
         processes.append(main_proxy)
         processes.append(
             start(
-                serve + ["--port", str(ports["gate"]), "--trust-namespace-header", "--auth", "gateway"],
+                serve + ["--port", str(ports["gate"]), "--trust-namespace-header", "--auth", "gateway",
+                         "--gateway-token", GATE],
                 f"{gate}/health",
             )
         )
@@ -352,21 +354,25 @@ def main() -> None:
                 f"{kept}/20 exact",
             )
         )
+        through_gate = {"x-gpucache-gateway-token": GATE, "x-gpucache-namespace": "tenant-7"}
         rows.append(
             (
                 "gateway",
                 "--trust-namespace-header: tenant-7 via key-one stores",
-                ask(gate, {"authorization": "Bearer key-one", "x-gpucache-namespace": "tenant-7"}, q),
+                ask(gate, {"authorization": "Bearer key-one", **through_gate}, q),
             )
         )
         rows.append(
             (
                 "gateway",
                 "tenant-7 via key-two (the gateway's own key) asks again",
-                ask(gate, {"authorization": "Bearer key-two", "x-gpucache-namespace": "tenant-7"}, q),
+                ask(gate, {"authorization": "Bearer key-two", **through_gate}, q),
             )
         )
-        rows.append(("gateway", "no credentials, no namespace", ask(gate, {}, q)))
+        rows.append(("gateway", "no credentials, no namespace",
+                     ask(gate, {"x-gpucache-gateway-token": GATE}, q)))
+        rows.append(("gateway", "tenant-7 named by a client that reached the port itself (no gateway token)",
+                     ask(gate, {"authorization": "Bearer key-one", "x-gpucache-namespace": "tenant-7"}, q)))
 
         # ------------------------------------------------------------------ ambiguity
         post = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

@@ -79,6 +79,7 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
         text = text_of(kind, body)
         calls.append((kind, text))
         queries.append(request.url.query)
+        request.app.state.last_headers = dict(request.headers)  # the last completion's, as received
         with arrived:
             arrived.notify_all()
         if request.headers.get("authorization", "").removeprefix("Bearer ").strip() in revoked:
@@ -281,6 +282,7 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
     app.state.checks = checks
     app.state.revoked = revoked
     app.state.probes = probes
+    app.state.last_headers = {}
     app.state.hang_checks = False  # a test sets it: GET /v1/models then never answers
     app.state.closed = closed
     return app

@@ -12,6 +12,7 @@ byte of its body is parsed.
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,7 +35,7 @@ from gpucache.serve.exchange import (
 )
 from gpucache.serve.keyfile import KeyFile
 from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
-from gpucache.serve.settings import ServeSettings
+from gpucache.serve.settings import GATEWAY_TOKEN_HEADER, ServeSettings
 from gpucache.serve.tenancy import Identity, Refusal
 from gpucache.serve.upstream import Upstream
 
@@ -115,6 +116,10 @@ class Intake:
         unsendable = unforwardable(request.headers)
         if unsendable is not None:
             return unsendable, unsendable
+        if not self.from_gateway(request.headers):
+            refused = Refused(401, f"this proxy serves its gateway only: a valid {GATEWAY_TOKEN_HEADER} is "
+                              "required", "invalid_gateway_token", kind="unauthorized")
+            return refused, refused
         identity = self.config.tenancy.identify(request.headers, request.url.query)
         control = (CacheControl() if self.config.ignore_client_cache_control
                    else CacheControl.parse(request.headers.get("cache-control")))
@@ -129,6 +134,15 @@ class Intake:
             return None, denied
         exchange = await self.receive(kind, request, identity, control)
         return exchange, exchange if isinstance(exchange, Refused) else None
+
+    def from_gateway(self, headers: Any) -> bool:
+        """Whether the request comes through the trusted front, where one is configured (the
+        gateway token, compared in constant time); True where none is."""
+        token = self.config.gateway_token
+        if token is None:
+            return True
+        given = headers.get(GATEWAY_TOKEN_HEADER) or ""
+        return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode())
 
     async def receive(self, kind: str, request: Request, identity: Identity,
                       control: CacheControl) -> Exchange | Refused:

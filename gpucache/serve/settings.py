@@ -36,6 +36,7 @@ SECRET_ENV = "GPUCACHE_NAMESPACE_SECRET"
 # Who vouches for a credential before the cache serves it (serve/auth.py and keyfile.py say how)
 AUTH_MODES = ("upstream", "keys", "gateway", "none")
 ADMIN_TOKEN_ENV = "GPUCACHE_ADMIN_TOKEN"
+GATEWAY_TOKEN_HEADER = "x-gpucache-gateway-token"  # never forwarded: upstream.py drops x-gpucache-*
 # The paths under /v1 forwarded unchanged, as "METHOD path" with "*" for one path segment:
 # the OpenAI endpoints a chat client calls besides completions. Nothing else reaches the
 # model server through the proxy (vLLM's and Ollama's own endpoints included).
@@ -73,6 +74,16 @@ def check_type(name: str, value: Any, kind: str) -> None:
         if option.startswith("tuple") and isinstance(value, tuple) and all(isinstance(v, str) for v in value):
             return
     raise ConfigError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+
+
+def _read_token(name: str, value: str | None, path: str | None) -> str | None:
+    if path is None:
+        return value
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"the {name} token file cannot be read: {exc}") from exc
 
 
 def read_secret_file(path: str, create: bool = False) -> bytes:
@@ -194,6 +205,13 @@ class ServeSettings:
         "(argv is visible to every local user); none: the endpoints are off", secret=True, repr=False,
     )
     admin_token_file: str | None = _option(None, "a file holding the admin token")
+    gateway_token: str | None = _option(
+        None, f"the token a trusted front sends in {GATEWAY_TOKEN_HEADER} (compared in constant time), "
+        "needed with auth=gateway or trust_namespace_header: without it, anyone who reaches the port "
+        "could name any tenant; prefer GPUCACHE_GATEWAY_TOKEN or gateway_token_file",
+        secret=True, repr=False,
+    )
+    gateway_token_file: str | None = _option(None, "a file holding the gateway token")
     snapshot: str | None = _option(
         None, "a snapshot file loaded at start (when present) and saved at shutdown and on demand"
     )
@@ -249,10 +267,12 @@ class ServeSettings:
                 raise ConfigError(f"a passthrough rule is 'METHOD path', got {rule!r}")
         if self.namespace_secret is not None and len(self.namespace_secret) < 16:
             raise ConfigError("namespace_secret must be at least 16 bytes")  # not a 500 per request
-        if self.admin_token_file is not None and self.admin_token is not None:
-            raise ConfigError("give the admin token or its file, not both")
-        if self.admin_token is not None and len(self.admin_token) < 16:
-            raise ConfigError("the admin token must be at least 16 characters")
+        for name, value, path in (("admin", self.admin_token, self.admin_token_file),
+                                  ("gateway", self.gateway_token, self.gateway_token_file)):
+            if path is not None and value is not None:
+                raise ConfigError(f"give the {name} token or its file, not both")
+            if value is not None and len(value) < 16:
+                raise ConfigError(f"the {name} token must be at least 16 characters")
 
     def resolved(self) -> ServeSettings:
         """These settings with what they name outside themselves read in (the module's
@@ -264,15 +284,14 @@ class ServeSettings:
                 KeyFile(self.keys_file)
             except KeyFileError as exc:
                 raise ConfigError(str(exc)) from exc
-        token = self.admin_token
-        if self.admin_token_file is not None:
-            try:
-                with open(self.admin_token_file, encoding="utf-8") as file:
-                    token = file.read().strip()
-            except OSError as exc:
-                raise ConfigError(f"the admin token file cannot be read: {exc}") from exc
+        token, gateway = _read_token("admin", self.admin_token, self.admin_token_file), _read_token(
+            "gateway", self.gateway_token, self.gateway_token_file)
+        if gateway is None and (self.auth == "gateway" or self.trust_namespace_header):
+            raise ConfigError("auth=gateway and trust_namespace_header trust what the front says: give "
+                              f"it a gateway_token to send in {GATEWAY_TOKEN_HEADER} (or "
+                              "GPUCACHE_GATEWAY_TOKEN), or anyone who reaches the port could name any tenant")
         return dataclasses.replace(self, namespace_secret=self._secret(), admin_token=token,
-                                   admin_token_file=None)
+                                   admin_token_file=None, gateway_token=gateway, gateway_token_file=None)
 
     def _secret(self) -> bytes:
         if self.namespace_secret is not None:

@@ -29,6 +29,7 @@ from gpucache.serve.app import create_app  # noqa: E402
 from gpucache.serve.settings import ServeSettings  # noqa: E402
 
 SECRET = b"tenancy-secret-for-safety-tests"
+GATE = "a-gateway-token-for-safety-tests"
 ADMIN = "admin-token-for-safety-tests"
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -69,8 +70,10 @@ def proxy(upstream, real_embedder, clock):
         yield served
 
 
-def client(proxy, api_key="k", namespace=None):
+def client(proxy, api_key="k", namespace=None, gateway=None):
     headers = {"x-gpucache-namespace": namespace} if namespace else {}
+    if gateway is not None:
+        headers["x-gpucache-gateway-token"] = gateway
     return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=api_key, max_retries=0, default_headers=headers)
 
 
@@ -166,11 +169,25 @@ def test_require_auth_and_a_trusted_gateway_header(upstream, real_embedder):
                           json={"model": "smol", "messages": [{"role": "user", "content": "hello there"}]})
         assert bare.status_code == 401 and bare.json()["error"]["code"] == "missing_credentials"
         assert ask(client(strict, "key-x"), "hello there")[0]["x-gpucache"] == "miss"
-    with Served(proxy_app(upstream, real_embedder, trust_namespace_header=True)) as gateway:
-        ask(client(gateway, "key-one", "tenant-7"), "What is tenant 7's plan?")
+    with Served(proxy_app(upstream, real_embedder, trust_namespace_header=True, gateway_token=GATE)) as gateway:
+        ask(client(gateway, "key-one", "tenant-7", GATE), "What is tenant 7's plan?")
         # behind a gateway the header is the tenant, whatever key the gateway forwards
-        assert ask(client(gateway, "key-two", "tenant-7"), "What is tenant 7's plan?")[0]["x-gpucache"] == "exact"
-        assert ask(client(gateway, "key-one", "tenant-8"), "What is tenant 7's plan?")[0]["x-gpucache"] == "miss"
+        assert ask(client(gateway, "key-two", "tenant-7", GATE), "What is tenant 7's plan?")[0]["x-gpucache"] == "exact"
+        assert ask(client(gateway, "key-one", "tenant-8", GATE), "What is tenant 7's plan?")[0]["x-gpucache"] == "miss"
+        # anyone else who reaches the port names no tenant: refused, whatever namespace it sends
+        calls = len(upstream.app.state.calls)
+        for token in (None, "not-the-gateway-token", GATE[:-1]):
+            with pytest.raises(openai.AuthenticationError) as refused:
+                ask(client(gateway, "key-one", "tenant-7", token), "What is tenant 7's plan?")
+            assert refused.value.body["code"] == "invalid_gateway_token"
+        assert len(upstream.app.state.calls) == calls
+        assert "x-gpucache-gateway-token" not in upstream.app.state.last_headers  # never forwarded
+
+
+def test_trusting_the_namespace_header_without_a_gateway_token_is_refused_at_start(upstream):
+    for settings in ({"trust_namespace_header": True}, {"auth": "gateway"}):
+        with pytest.raises(ValueError, match="gateway_token"):
+            ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, **settings).resolved()
 
 
 # ------------------------------------------------------------------------- the passthrough
