@@ -103,19 +103,58 @@ def exam_prompts() -> list[tuple[str, ...]]:
     return [words(r[side]) for r in rows for side in ("a", "b")]
 
 
-def tuning_and_test_prompts() -> dict[str, list[tuple[str, ...]]]:
-    """Every prompt of a tuning file (data/*.jsonl, all read by tuning code) and every string
-    of four words or more written in a test."""
-    found: dict[str, list[tuple[str, ...]]] = {}
-    for path in sorted((ROOT / "data").glob("*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
-            found.setdefault(path.name, []).extend([words(row["a"]), words(row["b"])])
-    for path in sorted((ROOT / "tests").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-        found[str(path.relative_to(ROOT))] = [w for s in strings if len(w := words(s)) >= 4]
-    return found
+def _literal(node: ast.AST) -> str | None:
+    """A string literal's text; an f-string's with each ``{...}`` read as one word, so a prompt
+    built around a placeholder is read whole, as a copy of its template would be."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(part.value if isinstance(part, ast.Constant) else " x " for part in node.values)
+    return None
+
+
+def _json_strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_json_strings(k), *_json_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _json_strings(v)]
+    return []
+
+
+def strings_of(path: Path) -> list[str]:
+    """Every string a file can hold a prompt in: a Python file's literals (f-strings included),
+    a JSON or JSON-lines file's strings at any depth, a text file's lines and their comma-separated
+    entries (the guard's word lists)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        nodes = list(ast.walk(ast.parse(text)))
+        inside = {id(part) for n in nodes if isinstance(n, ast.JoinedStr) for part in n.values}
+        return [s for n in nodes if id(n) not in inside and (s := _literal(n)) is not None]
+    if path.suffix == ".json":
+        return _json_strings(json.loads(text))
+    if path.suffix == ".jsonl":
+        return [s for line in text.splitlines() if line.strip() for s in _json_strings(json.loads(line))]
+    lines = [line.split("#", 1)[0] for line in text.splitlines()]
+    return lines + [entry for line in lines for entry in line.split(",")]
+
+
+# Where a tuning pair or a test case can live: the data (every folder but the exams'), the
+# tests, and the package's own data and word lists
+FENCED = [("data", ("*.jsonl", "*.json", "*.txt")), ("tests", ("*.py", "*.jsonl", "*.json", "*.txt")),
+          ("gpucache", ("*.jsonl", "*.json", "*.txt"))]
+
+
+def fenced_files(root: Path = ROOT) -> list[Path]:
+    found = {path for folder, patterns in FENCED for pattern in patterns for path in (root / folder).rglob(pattern)}
+    return sorted(p for p in found if EXAM.rstrip("/") not in p.relative_to(root).parts[:2])
+
+
+def tuning_and_test_prompts(root: Path = ROOT) -> dict[str, list[tuple[str, ...]]]:
+    """Every string of four words or more in a fenced file (``FENCED``), by file."""
+    return {str(path.relative_to(root)): [w for s in strings_of(path) if len(w := words(s)) >= 4]
+            for path in fenced_files(root)}
 
 
 def shared_templates(exam: list[tuple[str, ...]], others: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
@@ -139,8 +178,43 @@ def test_the_template_finder_finds_a_prompt_with_a_topic_word_changed():
     assert not shared_templates([words("reset my password")], [words("reset my username")])
 
 
+NEAR_COPY = "Which knot holds best on a wet hemp rope?"  # a topic word changed
+
+
+@pytest.mark.parametrize("where, content", [
+    ("tests/guard/test_x.py", "def test_x(material):\n    check(f'Which knot holds best on a wet {material} rope?')\n"),
+    ("tests/fixtures/cases/more.jsonl", json.dumps({"a": NEAR_COPY, "b": "a knot"}) + "\n"),
+    ("data/extra/pairs.json", json.dumps({"pairs": [{"prompts": [NEAR_COPY, "a knot"]}]})),
+    ("gpucache/guard/framing.txt", "# a word list\nhello there, " + NEAR_COPY + "\n"),
+], ids=["f-string", "a subfolder", "json", "a word list"])
+def test_the_fence_reads_every_place_a_copy_can_live(tmp_path, where, content):
+    """A near-copy of an exam prompt (``Which knot holds best on a wet nylon rope?`` standing in
+    for one) placed in each kind of file the fence reads is found there."""
+    path = tmp_path / where
+    path.parent.mkdir(parents=True)
+    path.write_text(content, encoding="utf-8")
+    exam = [words("Which knot holds best on a wet nylon rope?")]
+    found = {w: shared_templates(exam, prompts) for w, prompts in tuning_and_test_prompts(tmp_path).items()}
+    assert found == {where: exam}
+
+
+# Found when the fence first read the package's data (it read data/*.jsonl and the tests' plain
+# literals before): two generic question shapes of the demo workload, written two days before the
+# second exam, which the exam's own check (11 pairs dropped) did not read. Recorded, not hidden:
+# these two exam pairs (exam2:mixed:4, exam2:subtle-request:7) are not strictly out of sample
+# (data/SOURCES.md says so); the exam is not edited after its report. Any other copy fails.
+# (named by a digest of their words, so that no exam text is written here)
+KNOWN_SHARED = {"gpucache/data/demo_workload.jsonl": {"e9c0fd35d0d8f540", "4052eda3f937c76b"}}
+
+
+def digest(prompt: tuple[str, ...]) -> str:
+    import hashlib
+
+    return hashlib.blake2b(" ".join(prompt).encode(), digest_size=8).hexdigest()
+
+
 def test_no_tuning_pair_or_test_case_shares_a_template_with_the_exam():
     exam = exam_prompts()
-    copies = {where: [" ".join(p) for p in shared_templates(exam, prompts)]
+    copies = {where: {digest(p) for p in shared_templates(exam, prompts)}
               for where, prompts in tuning_and_test_prompts().items()}
-    assert {where: found for where, found in copies.items() if found} == {}
+    assert {where: found for where, found in copies.items() if found} == KNOWN_SHARED
