@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,7 +52,14 @@ from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy, ContentPolicy
 
 log = logging.getLogger("gpucache")
-LOCK_BUSY = object()  # CacheCore.exact: the lock was held and the caller would not wait
+
+
+@dataclass(frozen=True)
+class LockBusy:
+    """``CacheCore.exact``'s answer where the lock was held and the caller would not wait."""
+
+
+LOCK_BUSY = LockBusy()
 
 
 class CacheCore:
@@ -238,11 +246,11 @@ class CacheCore:
         """A get-or-load request's claims on what its lookup found (claims.py). Lock held."""
         return take_claims(found, request, self.table, self.flights, self.counters, self.admission, now)
 
-    def exact(self, request: LookupRequest, wait: bool) -> Findings | Claims | None | object:
+    def exact(self, request: LookupRequest, wait: bool) -> Findings | Claims | LockBusy | None:
         """A request whose every prompt the exact tier answers (repeats: a dictionary lookup,
         which through the coalescer would take a thread hop and queue behind the embedder),
         looked up and claimed; None where one is not stored. ``wait`` False: only where the
-        lock is free at once, else ``LOCK_BUSY`` (how the event loop asks, never waiting on a
+        lock is free at once, else ``LockBusy`` (how the event loop asks, never waiting on a
         scan); True: from a thread that may wait for it (a scan holds it for milliseconds)."""
         if not self.lock.acquire(blocking=wait):
             return LOCK_BUSY
@@ -262,7 +270,8 @@ class CacheCore:
         ``lookup_window_seconds`` is above 0), and bounded by ``lookup_timeout_seconds``
         (``LookupTimeout``) (batching.py)."""
         found = self.exact(request, wait=False)
-        if found is LOCK_BUSY and all(self.table.may_hold(request.scope, p) for p in request.prompts):
+        held = self.table.may_hold
+        if isinstance(found, LockBusy) and all(held(request.scope, p) for p in request.prompts):
             # a scan or a store holds the lock, and every prompt looks stored: wait for the lock
             # in a thread of the exact tier's own (never queued behind the embedder's batches),
             # then look again. A prompt not stored goes to the coalescer at once.
