@@ -97,10 +97,14 @@ class CredentialCheck:
     """
 
     def __init__(self, upstream: Upstream, ttl: float, clock: Callable[[], float] = time.monotonic,
-                 max_verdicts: int = MAX_VERDICTS, timeout: float = 5.0, grace: float = 300.0) -> None:
+                 max_verdicts: int = MAX_VERDICTS, timeout: float = 5.0, grace: float = 300.0,
+                 max_checks: int = 64) -> None:
         self.upstream, self.ttl, self.clock, self.max_verdicts = upstream, ttl, clock, max_verdicts
-        self.timeout, self.grace = timeout, grace
+        self.timeout, self.grace, self.max_checks = timeout, grace, max_checks
         self.verdicts: dict[str, Kept] = {}
+        # checks the upstream could not answer, each remembered for ``timeout`` seconds: a burst of
+        # requests with a key it cannot vouch for costs one check, not one each
+        self.unanswered: dict[str, tuple[Unverified, float]] = {}
         self.asking: dict[str, asyncio.Future[Verdict]] = {}
         self.asked = 0  # checks sent to the upstream (tests and metrics)
         # whether the upstream refuses a key it never issued: True, its word is a check; False,
@@ -157,6 +161,12 @@ class CredentialCheck:
         pending = self.asking.get(credential)
         if pending is not None:
             return await asyncio.shield(pending)
+        failed = self.unanswered.get(credential)
+        if failed is not None and failed[1] > self.clock():
+            return failed[0]
+        if len(self.asking) >= self.max_checks:  # a flood of new keys: each would be a request upstream
+            return Unverified(503, f"more than {self.max_checks} credentials are being checked at once: "
+                              "retry shortly")
         future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self.asking[credential] = future
         try:
@@ -187,6 +197,7 @@ class CredentialCheck:
                                 f"answered {response.status_code}")
 
     def _keep(self, credential: str, verdict: Allowed | Denied) -> Allowed | Denied:
+        self.unanswered.pop(credential, None)
         if len(self.verdicts) >= self.max_verdicts:
             self.verdicts.pop(next(iter(self.verdicts)))
         self.verdicts.pop(credential, None)  # re-inserted last: the oldest go first
@@ -200,7 +211,10 @@ class CredentialCheck:
         now = self.clock()
         last = before.confirmed + self.ttl + self.grace if before is not None else now
         if before is None or now >= last:
-            return Unverified(status, message)
+            if len(self.unanswered) >= self.max_verdicts:
+                self.unanswered.pop(next(iter(self.unanswered)))
+            self.unanswered[credential] = (Unverified(status, message), now + self.timeout)
+            return self.unanswered[credential][0]
         self.verdicts[credential] = Kept(before.verdict, min(now + self.ttl, last), before.confirmed)
         return before.verdict
 

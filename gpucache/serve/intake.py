@@ -103,7 +103,7 @@ class Intake:
         self.credentials: CredentialCheck | KeyFile | None = None
         if config.auth == "upstream":
             self.credentials = CredentialCheck(upstream, config.auth_ttl, timeout=config.auth_timeout,
-                                               grace=config.auth_grace)
+                                               grace=config.auth_grace, max_checks=config.max_concurrency)
         elif config.auth == "keys":
             assert config.keys_file is not None
             self.credentials = KeyFile(config.keys_file)

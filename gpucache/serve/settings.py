@@ -136,7 +136,8 @@ class ServeSettings:
     )
     max_concurrency: int = _option(
         512, "most requests past the exact tier at once (waiting on a lookup or the upstream); past "
-        "it a request is answered 503 with Retry-After, and exact repeats are still served"
+        "it a request is answered 503 with Retry-After, and exact repeats are still served; also the "
+        "most credential checks in flight (a request with a new key past it: 503)"
     )
     max_tenant_concurrency: int | None = _option(
         None, "most of those one credential may hold at once (its share; past it its requests are "

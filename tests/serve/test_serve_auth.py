@@ -181,6 +181,40 @@ def test_while_the_upstream_cannot_answer_a_known_verdict_is_extended_within_its
     assert seen[-1].status == 502
 
 
+def test_a_check_the_upstream_could_not_answer_is_remembered_for_the_checks_timeout():
+    """A burst of requests with a key the upstream cannot vouch for costs one check, not one each."""
+    now = [0.0]
+
+    async def main():
+        up = FakeUpstream([None, 200])
+        up.release.set()
+        check = CredentialCheck(up, ttl=60, clock=lambda: now[0], timeout=5)
+        first = [await check.check("key:new", {}, "") for _ in range(3)]
+        now[0] = 6.0  # past the check's timeout: asked again
+        later = await check.check("key:new", {}, "")
+        return first, later, up.sent
+
+    first, later, sent = asyncio.run(main())
+    assert all(isinstance(v, Unverified) for v in first) and isinstance(later, Allowed) and sent == 2
+
+
+def test_new_keys_are_checked_within_a_bound_and_past_it_refused_at_once():
+    """A flood of made-up keys would each be a request to the upstream: past max_checks in
+    flight, a new key gets a 503 without one."""
+    async def main():
+        up = FakeUpstream([200, 200])
+        check = CredentialCheck(up, ttl=60, max_checks=2)
+        waiting = [asyncio.create_task(check.check(f"key:{n}", {}, "")) for n in range(2)]
+        await asyncio.sleep(0)  # both checks are in flight (a scheduling point)
+        refused = await check.check("key:2", {}, "")
+        up.release.set()
+        return await asyncio.gather(*waiting), refused, up.sent
+
+    checked, refused, sent = asyncio.run(main())
+    assert all(isinstance(v, Allowed) for v in checked) and sent == 2
+    assert isinstance(refused, Unverified) and refused.status == 503
+
+
 def test_a_hung_credential_check_holds_a_keys_hits_for_its_timeout_only(real_embedder):
     """/v1/models hangs: with a verdict expired, an exact hit waits auth_timeout, not the
     completions' upstream_timeout, and the kept verdict answers."""
