@@ -77,7 +77,14 @@ class KeyFile:
     def _read(self) -> tuple[tuple[int, int], frozenset[str]]:
         info = os.stat(self.path)
         with open(self.path, encoding="utf-8") as f:
-            return (info.st_mtime_ns, info.st_size), parse_key_file(f.read())
+            text = f.read()
+        digests = parse_key_file(text)
+        if info.st_mode & 0o077 and any(not line.strip().lower().startswith(("sha256:", "#"))
+                                        and line.strip() for line in text.splitlines()):
+            log.warning("gpucache: the key file %s holds keys as written and others than its owner may "
+                        "read it: list them as sha256:<hex> (gpucache.serve.keyfile.key_digest), or "
+                        "chmod 600 it", self.path)
+        return (info.st_mtime_ns, info.st_size), digests
 
     def _reload_if_changed(self) -> None:
         try:

@@ -479,3 +479,22 @@ def test_a_401_on_any_request_is_the_upstreams_verdict_and_ends_the_keys_hits_at
             assert refused.value.body["code"] == "invalid_api_key"
         assert upstream.app.state.checks.count("sk-erin") == checks  # the refusal itself was the verdict
         assert chat(proxy, "sk-frank", text) == "miss"  # another key is unaffected
+
+
+def test_a_key_file_of_keys_as_written_that_others_may_read_is_warned_about(tmp_path, caplog):
+    from gpucache.serve.keyfile import KeyFile, key_digest
+
+    path = tmp_path / "keys"
+    path.write_text("sk-plain\n")
+    path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="gpucache.serve"):
+        KeyFile(str(path))
+    assert "holds keys as written" in caplog.text
+    caplog.clear()
+    path.chmod(0o600)  # its owner's alone, or digests only: nothing to say
+    KeyFile(str(path))
+    path.write_text(f"# digests\nsha256:{key_digest('sk-plain')}\n")
+    path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="gpucache.serve"):
+        KeyFile(str(path))
+    assert "holds keys as written" not in caplog.text
