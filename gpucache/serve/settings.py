@@ -268,9 +268,9 @@ class ServeSettings:
                 raise ConfigError(f"a passthrough rule is 'METHOD path', got {rule!r}")
         if self.namespace_secret is not None and len(self.namespace_secret) < 16:
             raise ConfigError("namespace_secret must be at least 16 bytes")  # not a 500 per request
-        for name, value, path in (("admin", self.admin_token, self.admin_token_file),
+        for name, value, file in (("admin", self.admin_token, self.admin_token_file),
                                   ("gateway", self.gateway_token, self.gateway_token_file)):
-            if path is not None and value is not None:
+            if file is not None and value is not None:
                 raise ConfigError(f"give the {name} token or its file, not both")
             if value is not None and len(value) < 16:
                 raise ConfigError(f"the {name} token must be at least 16 characters")

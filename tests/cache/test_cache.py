@@ -192,6 +192,21 @@ def test_top_k_lets_the_next_candidate_through_after_a_rejection(fake_embedder, 
     assert one.get("one two three forbidden five") is None
 
 
+def free_from_another_thread(lock) -> bool:
+    """Whether another thread could take ``lock`` now (the caller's own hold counts)."""
+    free: list[bool] = []
+
+    def try_it():
+        free.append(lock.acquire(blocking=False))
+        if free[0]:
+            lock.release()
+
+    other = threading.Thread(target=try_it)
+    other.start()
+    other.join()
+    return free[0]
+
+
 class Meanwhile:
     """A verifier that, while it judges, runs ``during(cache)`` and asks from another thread
     whether the cache's lock is free: what another lookup, a store or a repeat would find."""
@@ -202,17 +217,7 @@ class Meanwhile:
         self.during, self.cache, self.lock_free = during, None, []
 
     def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
-        lock, free = self.cache.core.lock, []
-
-        def try_it():
-            free.append(lock.acquire(blocking=False))
-            if free[0]:
-                lock.release()
-
-        other = threading.Thread(target=try_it)
-        other.start()
-        other.join()
-        self.lock_free.append(free[0])
+        self.lock_free.append(free_from_another_thread(self.cache.core.lock))
         self.during(self.cache)
         return True
 
@@ -241,17 +246,7 @@ class Watching:
         from gpucache import PolicyDecision
 
         assert self.cache is not None
-        lock, free = self.cache.core.lock, []
-
-        def try_it():
-            free.append(lock.acquire(blocking=False))
-            if free[0]:
-                lock.release()
-
-        other = threading.Thread(target=try_it)
-        other.start()
-        other.join()
-        self.lock_free.append(free[0])
+        self.lock_free.append(free_from_another_thread(self.cache.core.lock))
         return PolicyDecision(True)
 
 

@@ -90,18 +90,6 @@ def test_store_everything_allows_all():
 ADVERSARIAL = ["a.", "1-", "eyJ-", "eyJaaaaaaaa.eyJ-", "@a.", "a@"]
 
 
-def _cost(text: str, repeats: int) -> float:
-    import time
-
-    best = float("inf")
-    for _ in range(repeats):
-        began = time.perf_counter()
-        P.decide(text, "an answer", "default")
-        P.decide("a question", text, "default")
-        best = min(best, time.perf_counter() - began)
-    return best
-
-
 @pytest.mark.parametrize("unit", ADVERSARIAL)
 def test_deciding_costs_in_proportion_to_the_text_on_adversarial_input(unit):
     """Python's ``re`` holds the GIL for a whole search, so a pattern that is quadratic on some
@@ -111,7 +99,9 @@ def test_deciding_costs_in_proportion_to_the_text_on_adversarial_input(unit):
     (bench/policy_cost.py measures the times)."""
     small = (unit * 25_000)[:25_000] + "!"
     large = (unit * 100_000)[:100_000] + "!"
-    growth = _cost(large, 5) / _cost(small, 5)
+    from policy_cost import cost  # bench/policy_cost.py: the same measurement
+
+    growth = cost(P, large, 5) / cost(P, small, 5)
     assert growth < 8, f"{unit!r}: {growth:.1f}x the cost for 4x the text"
 
 
