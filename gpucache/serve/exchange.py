@@ -279,8 +279,11 @@ def upstream_answer(outcome: Outcome) -> PassedThrough | None:
 
 # Vary names request headers the answer depends on (RFC 9111 §4.1): a cache keyed on the request
 # body cannot tell those apart, so an answer that varies on any (``*`` included) is not kept.
-# Accept-Encoding aside: the proxy asks for no encoding and keeps decoded text, the same for all.
-_VARY_IGNORED = frozenset({"", "accept-encoding"})
+# Two kinds aside, which never change the text a hit replays: Accept-Encoding (the proxy asks for
+# no encoding and keeps decoded text) and CORS's Origin and preflight headers (they vary only the
+# Access-Control-* headers, which a hit does not carry; vLLM sends Vary: Origin on every answer).
+_VARY_IGNORED = frozenset({"", "accept-encoding", "origin", "access-control-request-method",
+                           "access-control-request-headers"})
 
 
 def _varies(headers: Mapping[str, str]) -> bool:
