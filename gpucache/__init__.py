@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from gpucache.cache.settings import CacheSettings
     from gpucache.cache.snapshot import SnapshotError
     from gpucache.cache.stats import CacheStats
+    from gpucache.conversation.context import ContextMatcher
+    from gpucache.conversation.value import Conversation, Turn
     from gpucache.devices import resolve_device
     from gpucache.embedding.embedder import TransformerEmbedder
     from gpucache.embedding.model import Embedder
@@ -39,6 +41,8 @@ _LAZY = {
     "CacheSettings": "gpucache.cache.settings",
     "CacheStats": "gpucache.cache.stats",
     "ContentPolicy": "gpucache.policy.content",
+    "ContextMatcher": "gpucache.conversation.context",
+    "Conversation": "gpucache.conversation.value",
     "Embedder": "gpucache.embedding.model",
     "ExactScanStore": "gpucache.index.store",
     "ExplainingVerifier": "gpucache.guard.verifier",
@@ -58,6 +62,7 @@ _LAZY = {
     "Served": "gpucache.cache.served",
     "SnapshotError": "gpucache.cache.snapshot",
     "StoreEverything": "gpucache.policy.content",
+    "Turn": "gpucache.conversation.value",
     "Stream": "gpucache.cache.served",
     "ThresholdOnly": "gpucache.guard.verifier",
     "TransformerEmbedder": "gpucache.embedding.embedder",
@@ -71,6 +76,8 @@ __all__ = [
     "CacheSettings",
     "CacheStats",
     "ContentPolicy",
+    "ContextMatcher",
+    "Conversation",
     "DEFAULT_SCOPE",
     "Embedder",
     "ExactScanStore",
@@ -94,6 +101,7 @@ __all__ = [
     "Stream",
     "ThresholdOnly",
     "TransformerEmbedder",
+    "Turn",
     "Verdict",
     "prompt_key",
     "quiet_blas_pool",

@@ -39,6 +39,7 @@ from gpucache.cache.replication import LocalOnly, RemovalFence, Replication, Sha
 from gpucache.cache.served import Keep, LoaderAnswer
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.stats import CacheStats, StatsCounter
+from gpucache.conversation.value import request_of
 from gpucache.devices import DeviceLike, resolve_device
 from gpucache.embedding.embedder import TransformerEmbedder
 from gpucache.embedding.model import Embedder
@@ -213,11 +214,13 @@ class CacheCore:
         """The texts the semantic tier embeds for ``prompts``: each prompt's request as the
         verifier reads it (``ReadsRequests``: framing dropped, shorthand written out), so a
         chatty wrapper and the bare request land together; the prompt itself for a verifier
-        that reads prompts as written. The exact tier always keys the prompt as sent."""
+        that reads prompts as written. The exact tier always keys the prompt as sent (a conversation:
+the whole of it, conversation/value.py)."""
+        requests = [request_of(p) for p in prompts]  # a conversation: its final request
         verifier = self.verifier
         if isinstance(verifier, ReadsRequests):
-            return [verifier.request(p) for p in prompts]
-        return list(prompts)
+            return [verifier.request(p) for p in requests]
+        return requests
 
     def put(self, items: list[tuple[str, str]], scope: str, ttl: float | None) -> int:
         items = [(p, r) for p, r in items if self.allowed(p, r, scope)]  # no lock held

@@ -33,18 +33,19 @@ from gpucache.cache.validation import (
     check_scope,
     check_ttl,
 )
+from gpucache.conversation.value import Prompt, given
 
 T = TypeVar("T")
 
-Loader = Callable[[str], str]
-BatchLoader = Callable[[list[str]], Sequence[str]]
-StreamLoader = Callable[[str], Iterable[str]]
-AsyncLoader = Callable[[str], Awaitable[str]]
-AsyncBatchLoader = Callable[[list[str]], Awaitable[Sequence[str]]]
-AsyncStreamLoader = Callable[[str], Any]  # returns an async iterable (or an iterable) of chunks
-TypedLoader = Callable[[str], "Keep[T] | ServeOnly[T]"]
-AsyncTypedLoader = Callable[[str], Awaitable["Keep[T] | ServeOnly[T]"]]
-StreamOpener = Callable[[str], Any]  # returns Stream | ServeOnly, or an awaitable of one
+Loader = Callable[[Prompt], str]
+BatchLoader = Callable[[list[Prompt]], Sequence[str]]
+StreamLoader = Callable[[Prompt], Iterable[str]]
+AsyncLoader = Callable[[Prompt], Awaitable[str]]
+AsyncBatchLoader = Callable[[list[Prompt]], Awaitable[Sequence[str]]]
+AsyncStreamLoader = Callable[[Prompt], Any]  # returns an async iterable (or an iterable) of chunks
+TypedLoader = Callable[[Prompt], "Keep[T] | ServeOnly[T]"]
+AsyncTypedLoader = Callable[[Prompt], Awaitable["Keep[T] | ServeOnly[T]"]]
+StreamOpener = Callable[[Prompt], Any]  # returns Stream | ServeOnly, or an awaitable of one
 
 
 class GetOrLoad:
@@ -59,7 +60,7 @@ class GetOrLoad:
     # --------------------------------------------------------------------------- typed
 
     def get_or_load(
-        self, prompt: str, loader: TypedLoader[T], *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: TypedLoader[T], *, scope: str | None = None, ttl: float | None = None
     ) -> Served[T]:
         """What ``prompt`` is served: ``Found(hit)``, or on a miss ``loader(prompt)`` run
         (``Loaded(value)``), or another call's load (``Joined(text)``).
@@ -74,11 +75,12 @@ class GetOrLoad:
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         check_loader(loader, "loader(prompt) -> Keep(text, value) or ServeOnly(value)")
         served = drivers.run(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl),
-                          lambda missed: [check_answer(loader(missed[0]))])
+                          lambda missed: [check_answer(loader(given(missed[0])))])
         return served[0]
 
     async def aget_or_load(
-        self, prompt: str, loader: AsyncTypedLoader[T], *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: AsyncTypedLoader[T], *, scope: str | None = None,
+        ttl: float | None = None,
     ) -> Served[T]:
         """``get_or_load`` with an async loader: the lookup coalesced with concurrent ones, the
         cache's work in worker threads, nothing on the event loop waiting on the cache's lock."""
@@ -86,14 +88,14 @@ class GetOrLoad:
         check_loader(loader, "async loader(prompt) -> Keep(text, value) or ServeOnly(value)")
 
         async def load(missed: list[str]) -> list[Any]:
-            return [check_answer(await loader(missed[0]))]
+            return [check_answer(await loader(given(missed[0])))]
 
         served = await drivers.arun(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl),
                                  load)
         return served[0]
 
     async def aget_or_load_streaming(
-        self, prompt: str, loader: StreamOpener, *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: StreamOpener, *, scope: str | None = None, ttl: float | None = None
     ) -> Served[Any]:
         """``aget_or_load`` for a streamed answer. On a miss ``loader(prompt)`` opens the source
         and answers ``Stream(value, chunks)``, or ``ServeOnly(value)`` where it refused before
@@ -105,7 +107,7 @@ class GetOrLoad:
         check_loader(loader, "loader(prompt) -> Stream(value, chunks) or ServeOnly(value)")
 
         async def open_() -> Stream[Any] | ServeOnly[Any]:
-            opened = loader(prompt)
+            opened = loader(given(prompt))
             if inspect.isawaitable(opened):
                 opened = await opened
             if not isinstance(opened, (Stream, ServeOnly)):
@@ -119,7 +121,7 @@ class GetOrLoad:
     # ---------------------------------------------------------------------------- text
 
     def get_or_put(
-        self, prompt: str, loader: Loader, *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: Loader, *, scope: str | None = None, ttl: float | None = None
     ) -> str:
         """The cached answer for ``prompt``, or ``loader(prompt)``'s, which is then stored
         (when the cache policy allows it and the admission policy admits it) for ``ttl``
@@ -129,11 +131,11 @@ class GetOrLoad:
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         check_loader(loader, "loader(prompt) -> str")
         served = drivers.run(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl),
-                          lambda missed: [check_loaded(loader(missed[0]))])
+                          lambda missed: [check_loaded(loader(given(missed[0])))])
         return text_of(served[0])
 
     def get_or_put_all(
-        self, prompts: Sequence[str], loader: BatchLoader, *, scope: str | None = None
+        self, prompts: Sequence[Prompt], loader: BatchLoader, *, scope: str | None = None
     ) -> list[str]:
         """Answers for every prompt, calling ``loader`` once with all the distinct misses.
 
@@ -146,38 +148,38 @@ class GetOrLoad:
         prompts, scope = check_prompts(prompts), check_scope(scope)
         check_loader(loader, "loader(prompts) -> list of responses")
         served = drivers.run(self._core, flow.get_or_load(prompts, scope, self._threshold),
-                          lambda missed: check_batch(loader(list(missed)), len(missed)))
+                          lambda missed: check_batch(loader([given(p) for p in missed]), len(missed)))
         return [text_of(s) for s in served]
 
     async def aget_or_put(
-        self, prompt: str, loader: AsyncLoader, *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: AsyncLoader, *, scope: str | None = None, ttl: float | None = None
     ) -> str:
         """``get_or_put`` with an async loader (``async def loader(prompt) -> str``)."""
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         check_loader(loader, "async loader(prompt) -> str")
 
         async def load(missed: list[str]) -> list[Keep[str]]:
-            return [check_loaded(await loader(missed[0]))]
+            return [check_loaded(await loader(given(missed[0])))]
 
         served = await drivers.arun(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl),
                                  load)
         return text_of(served[0])
 
     async def aget_or_put_all(
-        self, prompts: Sequence[str], loader: AsyncBatchLoader, *, scope: str | None = None
+        self, prompts: Sequence[Prompt], loader: AsyncBatchLoader, *, scope: str | None = None
     ) -> list[str]:
         """``get_or_put_all`` with an async batch loader."""
         prompts, scope = check_prompts(prompts), check_scope(scope)
         check_loader(loader, "async loader(prompts) -> list of responses")
 
         async def load(missed: list[str]) -> list[Keep[str]]:
-            return check_batch(await loader(list(missed)), len(missed))
+            return check_batch(await loader([given(p) for p in missed]), len(missed))
 
         served = await drivers.arun(self._core, flow.get_or_load(prompts, scope, self._threshold), load)
         return [text_of(s) for s in served]
 
     def get_or_put_streaming(
-        self, prompt: str, loader: StreamLoader, *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: StreamLoader, *, scope: str | None = None, ttl: float | None = None
     ) -> Iterator[str]:
         """Stream the answer for ``prompt``: a hit is replayed in ``replay_chunk_chars`` chunks;
         a miss passes ``loader(prompt)``'s chunks through as they arrive.
@@ -195,7 +197,7 @@ class GetOrLoad:
 
         def chunks() -> Iterator[str]:
             served = drivers.run(core, flow.stream(prompt, scope, self._threshold, ttl),
-                              open_=lambda: Stream(None, loader(prompt)))
+                              open_=lambda: Stream(None, loader(given(prompt))))
             if isinstance(served, Loaded):
                 yield from cast(Iterator[str], served.pieces)
             else:
@@ -204,7 +206,7 @@ class GetOrLoad:
         return chunks()
 
     def aget_or_put_streaming(
-        self, prompt: str, loader: AsyncStreamLoader, *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: AsyncStreamLoader, *, scope: str | None = None, ttl: float | None = None
     ) -> AsyncGenerator[str, None]:
         """``get_or_put_streaming`` for asyncio: ``loader(prompt)`` returns an async iterator
         of chunks (an async generator, say); a plain iterable or an awaitable of either is
@@ -215,7 +217,7 @@ class GetOrLoad:
         core = self._core
 
         async def open_() -> Stream[None]:
-            source = loader(prompt)
+            source = loader(given(prompt))
             if inspect.isawaitable(source):
                 source = await source
             return Stream(None, source)

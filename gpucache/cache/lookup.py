@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpucache.cache.served import Hit
+from gpucache.conversation.context import ContextMatcher
+from gpucache.conversation.value import MARK, decode, given
 from gpucache.guard.verifier import ExplainingVerifier, Verdict
 
 if TYPE_CHECKING:
@@ -91,8 +93,10 @@ class Lookup:
         verifier: HitVerifier, counters: Callable[[], StatsCounter], top_k: int, now: Callable[[], float],
         embedded: Callable[[Sequence[str]], list[str]],
         fetched: Callable[[list[tuple[str, str]]], list[SharedEntry]],
+        context: ContextMatcher | None = None,
     ) -> None:
         self.lock, self.table, self.store = lock, table, store
+        self.context = context if context is not None else ContextMatcher()
         self.embedder, self.verifier, self.counters, self.top_k = embedder, verifier, counters, top_k
         self.now, self.embedded, self.fetched = now, embedded, fetched
 
@@ -113,7 +117,7 @@ class Lookup:
         if need:  # exact repeats another replica stored and this one has not applied yet
             for shared in self.fetched(list(need)):
                 for i in need.pop((shared.scope, shared.prompt), []):
-                    hits[i][shared.prompt] = Hit(shared.response, shared.prompt, 1.0, exact=True)
+                    hits[i][shared.prompt] = Hit(shared.response, given(shared.prompt), 1.0, exact=True)
         texts = list(dict.fromkeys(prompt for _, prompt in need))
         dim = self.embedder.dim
         began = time.perf_counter()
@@ -206,7 +210,16 @@ class Lookup:
         return None
 
     def _judge(self, cached: str, new: str, similarity: float) -> Verdict:
-        """The verifier's decision on one candidate, evaluated once."""
+        """The decision on one candidate, evaluated once: the verifier's on the two requests;
+        where either is a conversation (value.py), the verifier's on the final requests and
+        then the context matcher's on the turns before them."""
+        if cached.startswith(MARK) or new.startswith(MARK):
+            a, b = decode(cached), decode(new)
+            verdict = self._verdict(a.request, b.request, similarity)
+            return verdict if verdict.rejected else self.context.explain(a, b)
+        return self._verdict(cached, new, similarity)
+
+    def _verdict(self, cached: str, new: str, similarity: float) -> Verdict:
         verifier = self.verifier
         if isinstance(verifier, ExplainingVerifier):
             return verifier.explain(cached, new)
@@ -220,7 +233,7 @@ class Lookup:
             return None
         entry = candidate.entry
         self.table.touch(entry)
-        return Hit(entry.response, entry.prompt, min(candidate.similarity, 1.0), exact=False,
+        return Hit(entry.response, given(entry.prompt), min(candidate.similarity, 1.0), exact=False,
                    age=now - entry.stored_at)
 
 
@@ -228,7 +241,7 @@ _NO_VECTORS = torch.empty((0, 0))  # the findings of the exact tier alone: nothi
 
 
 def _exact_hit(entry: Entry, now: float) -> Hit:
-    return Hit(entry.response, entry.prompt, 1.0, exact=True, age=now - entry.stored_at)
+    return Hit(entry.response, given(entry.prompt), 1.0, exact=True, age=now - entry.stored_at)
 
 
 def _rows(

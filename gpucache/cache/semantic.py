@@ -46,6 +46,7 @@ from gpucache.cache.validation import (
     check_threshold,
     check_ttl,
 )
+from gpucache.conversation.value import Prompt
 from gpucache.devices import DeviceLike
 from gpucache.embedding.embedder import TransformerEmbedder
 from gpucache.embedding.model import DEFAULT_MODEL_NAME, Embedder
@@ -194,36 +195,39 @@ class SemanticCache(GetOrLoad):
 
     # ----------------------------------------------------------------------------- reads
 
-    def get(self, prompt: str, *, scope: str | None = None, threshold: float | None = None) -> Hit | None:
+    def get(self, prompt: Prompt, *, scope: str | None = None, threshold: float | None = None) -> Hit | None:
         """The cached answer for ``prompt`` in ``scope``, or None on a miss."""
-        return self.get_all([check_prompt(prompt)], scope=scope, threshold=threshold)[0]
+        request = self._request([check_prompt(prompt)], scope, threshold)
+        return self._core.lookup.find([request])[0].ordered()[0]
 
     def get_all(
-        self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
+        self, prompts: Sequence[Prompt], *, scope: str | None = None, threshold: float | None = None
     ) -> list[Hit | None]:
         """``get`` for a whole list: one embedder batch and one scan; results in input order."""
-        request = self._request(prompts, scope, threshold)
+        request = self._request(check_prompts(prompts), scope, threshold)
         return self._core.lookup.find([request])[0].ordered()
 
     async def aget(
-        self, prompt: str, *, scope: str | None = None, threshold: float | None = None
+        self, prompt: Prompt, *, scope: str | None = None, threshold: float | None = None
     ) -> Hit | None:
         """``get`` for asyncio: embedding and scanning run in a worker thread."""
-        return (await self.aget_all([check_prompt(prompt)], scope=scope, threshold=threshold))[0]
+        found = await self._core.alookup(self._request([check_prompt(prompt)], scope, threshold))
+        assert isinstance(found, Findings)  # a plain lookup claims nothing
+        return found.ordered()[0]
 
     async def aget_all(
-        self, prompts: Sequence[str], *, scope: str | None = None, threshold: float | None = None
+        self, prompts: Sequence[Prompt], *, scope: str | None = None, threshold: float | None = None
     ) -> list[Hit | None]:
         """``get_all`` for asyncio: the event loop keeps serving while the batch is embedded, and
         lookups from concurrent calls share one batch where ``lookup_window_seconds`` is set."""
-        found = await self._core.alookup(self._request(prompts, scope, threshold))
+        found = await self._core.alookup(self._request(check_prompts(prompts), scope, threshold))
         assert isinstance(found, Findings)  # a plain lookup claims nothing
         return found.ordered()
 
     # ----------------------------------------------------------------------------- writes
 
     def put(
-        self, prompt: str, response: str, *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, response: str, *, scope: str | None = None, ttl: float | None = None
     ) -> bool:
         """Store ``response`` for ``prompt``; replaces an existing entry for the same prompt.
 
@@ -255,11 +259,11 @@ class SemanticCache(GetOrLoad):
 
     # ----------------------------------------------------------------------------- upkeep
 
-    def invalidate(self, prompt: str, *, scope: str | None = None) -> bool:
+    def invalidate(self, prompt: Prompt, *, scope: str | None = None) -> bool:
         """Remove the entry stored under exactly ``prompt`` in ``scope``; True if there was one."""
         return self._core.invalidate(check_scope(scope), check_prompt(prompt))
 
-    def may_hold(self, prompt: str, *, scope: str | None = None) -> bool:
+    def may_hold(self, prompt: Prompt, *, scope: str | None = None) -> bool:
         """True where an entry is stored under exactly ``prompt`` in ``scope`` (it may have
         expired): answered without the lock, so an event loop may ask while a scan runs. For
         admission decisions (a server under load still takes exact repeats), never for serving."""
@@ -279,7 +283,7 @@ class SemanticCache(GetOrLoad):
         the cache itself needs no closing."""
         self._core.close()
 
-    def may_store(self, prompt: str, response: str, *, scope: str | None = None) -> bool:
+    def may_store(self, prompt: Prompt, response: str, *, scope: str | None = None) -> bool:
         """Whether this cache's content policy would store ``response`` for ``prompt`` (a
         refusal is counted in ``stats().refusals``), for a caller that must decide before it
         writes (the LangChain adapter stores one record for several answers)."""
@@ -363,9 +367,9 @@ class SemanticCache(GetOrLoad):
         return cls(embedder, settings=settings, **collaborators)
 
     def _request(
-        self, prompts: Sequence[str], scope: str | None, threshold: float | None
+        self, keys: Sequence[str], scope: str | None, threshold: float | None
     ) -> LookupRequest:
-        """A plain lookup's request (no claims), its input checked."""
-        return LookupRequest(tuple(check_prompts(prompts)), check_scope(scope),
+        """A plain lookup's request (no claims) for prompts already checked (their keys)."""
+        return LookupRequest(tuple(keys), check_scope(scope),
                              self.threshold if threshold is None else check_threshold(threshold),
                              claim=False)

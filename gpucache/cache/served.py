@@ -36,6 +36,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, I
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from gpucache.conversation.value import Conversation
+
 T = TypeVar("T")
 
 
@@ -48,7 +50,9 @@ class Hit:
     """
 
     response: str
-    cached_prompt: str
+    cached_prompt: str | Conversation
+    """The prompt as it was stored: a str, or the ``Conversation`` (its final request and the
+    turns before it)."""
     similarity: float
     exact: bool
     age: float = field(default=math.inf, compare=False)

@@ -12,24 +12,29 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpucache.cache.served import Keep, LoaderAnswer, ServeOnly
+from gpucache.conversation.value import MARK, Conversation
 from gpucache.keys import DEFAULT_SCOPE
 
 
 def check_prompt(prompt: object, what: str = "prompt") -> str:
+    """A prompt as the cache keys it: a str as given, a ``Conversation`` as its key."""
+    if isinstance(prompt, Conversation):
+        check_prompt(prompt.request, f"{what}.request")
+        return prompt.key
     if not isinstance(prompt, str):
-        raise TypeError(f"{what} must be a str, got {type(prompt).__name__}")
+        raise TypeError(f"{what} must be a str or a Conversation, got {type(prompt).__name__}")
     if not prompt.strip():
         raise ValueError(f"{what} must not be empty or whitespace only")
+    if prompt.startswith(MARK):  # a key only Conversation.key writes: never a caller's text
+        raise ValueError(f"{what} must not start with a NUL character followed by gpucache's "
+                         "conversation marker")
     return prompt
 
 
 def check_prompts(prompts: object) -> list[str]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
         raise TypeError(f"prompts must be a list of str, got {type(prompts).__name__}")
-    checked = list(prompts)
-    for i, prompt in enumerate(checked):
-        check_prompt(prompt, f"prompts[{i}]")
-    return checked
+    return [check_prompt(prompt, f"prompts[{i}]") for i, prompt in enumerate(prompts)]
 
 
 def check_response(response: object, what: str = "response") -> str:

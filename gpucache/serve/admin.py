@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from gpucache.conversation.value import Prompt
 from gpucache.extras import missing
 
 try:
@@ -93,10 +94,10 @@ def _credentials(doc: dict[str, Any]) -> dict[str, str]:
 @dataclass(frozen=True)
 class Target:
     """The completion request an admin call names, as the proxy files it: its scope and the
-    text compared by meaning (None for a request the cache would bypass)."""
+    prompt the cache files it under (None for a request the cache would bypass)."""
 
     scope: str
-    text: str | None
+    prompt: Prompt | None
 
     @classmethod
     def of(cls, doc: dict[str, Any], config: ServeSettings) -> Target:
@@ -118,7 +119,7 @@ class Target:
             key = request_key(kind, doc.get("request"), tenant)
         except BadRequest as exc:
             raise refused(400, str(exc), param=exc.param) from None
-        return cls(key.scope, key.text)
+        return cls(key.scope, None if key.text is None else key.prompt)
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,8 @@ AdminDoc = Annotated[dict[str, Any], Depends(admin_doc)]
 @router.post("/invalidate")
 async def invalidate(request: Request, doc: AdminDoc) -> Response:
     target = Target.of(doc, request.app.state.config)
-    removed = target.text is not None and await asyncio.to_thread(
-        request.app.state.proxy.cache.invalidate, target.text, scope=target.scope)
+    removed = target.prompt is not None and await asyncio.to_thread(
+        request.app.state.proxy.cache.invalidate, target.prompt, scope=target.scope)
     return JSONResponse({"removed": bool(removed)})
 
 

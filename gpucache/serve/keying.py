@@ -9,9 +9,13 @@ seed, tools, the response format, the system prompt(s) and every earlier turn of
 conversation are in it, and a field this proxy has never heard of is in it too: an unknown
 field can cost a hit, never cause a wrong answer.
 
-The text compared by meaning is the last user message only (for ``/v1/completions``, the
-prompt). A follow-up ("how old is he?") therefore matches only after the same conversation:
-the earlier turns are part of its scope.
+The text compared by meaning is the last user message (for ``/v1/completions``, the prompt),
+and the earlier user and assistant turns are its *context*, compared by meaning too
+(gpucache.conversation: a follow-up, "how old is he?", is served only after a conversation
+that agrees on what it depends on). System and developer messages before the first turn stay
+in the scope. A conversation holding anything else (tool calls and results, names, a system
+message between turns, content that is not text) keeps every earlier message in the scope, as
+an exact match: an unknown shape can cost a hit, never cause a wrong answer.
 
 Requests whose answer a cache cannot stand for are bypassed: several choices (``n`` > 1),
 log-probabilities, token ids or the prompt echoed (vLLM's ``return_token_ids``, ``echo``), a
@@ -19,8 +23,9 @@ last message that is not the user's, content that is not text, and texts too sho
 meaningfully (an empty tool-result turn would embed to one fixed vector and hit another
 conversation's entry).
 
-Invisible format characters in the text compared by meaning are in the scope too
-(``format_characters``): the model reads them and the embedder does not.
+Invisible format characters in the texts compared by meaning (the final message and the
+context) are in the scope too (``format_characters``): the model reads them and the embedder
+does not.
 
 The tenant that opens every scope comes from the request's credentials (tenancy.py).
 """
@@ -32,6 +37,8 @@ import json
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
+
+from gpucache.conversation.value import Conversation, Prompt, Turn
 
 TRANSPORT_FIELDS = frozenset({"stream", "stream_options", "user"})
 MIN_TEXT_CHARS = 2  # below this a text has no meaning to compare: "" or "?" embed to noise
@@ -55,12 +62,14 @@ class RequestKey:
     bypass: str | None  # why the cache stays out of it, or None
     stream: bool
     include_usage: bool
+    context: tuple[Turn, ...] = ()  # the earlier turns, compared by meaning
 
     @property
-    def semantic_text(self) -> str:
+    def prompt(self) -> Prompt:
+        """What the cache is asked: the text, or the conversation it ends."""
         if self.text is None:
             raise RuntimeError("gpucache bug: a bypassed request has no text to look up")
-        return self.text
+        return Conversation(self.text, self.context) if self.context else self.text
 
 
 def parse_json(raw: bytes) -> Any:
@@ -116,8 +125,11 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
         raise BadRequest("'stream_options' must be an object", "stream_options")
     include_usage = bool(options.get("include_usage", False))
     rest = {k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}
+    context: tuple[Turn, ...] = ()
     if kind == "chat":
         text, bypass = _chat_text(rest)
+        if bypass is None:
+            context = _context(rest)
     else:
         text, bypass = _prompt_text(rest)
     n = body.get("n", 1)
@@ -137,14 +149,13 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
     if bypass is None and text is not None and len(text.strip()) < MIN_TEXT_CHARS:
         bypass = "short-text"
     keyed: dict[str, Any] = {"endpoint": kind, "body": rest}
-    hidden = format_characters(text) if text is not None else ""
+    hidden = "".join(format_characters(t) for t in (*(turn.text for turn in context), text or ""))
     if hidden:  # the model reads them; the embedder and the guard do not: a request of its own
         keyed["hidden"] = hidden
     canonical = json.dumps(keyed, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     digest = hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
-    return RequestKey(
-        kind, f"{tenant}/{digest}", text if bypass is None else None, bypass, stream, include_usage
-    )
+    return RequestKey(kind, f"{tenant}/{digest}", text if bypass is None else None, bypass, stream,
+                      include_usage, context if bypass is None else ())
 
 
 def format_characters(text: str) -> str:
@@ -178,6 +189,25 @@ def _chat_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
         return None, "non-text-content"
     rest["messages"] = [*messages[:-1], {k: v for k, v in last.items() if k != "content"}]
     return text, None
+
+
+def _context(rest: dict[str, Any]) -> tuple[Turn, ...]:
+    """The earlier turns taken out of ``rest["messages"]`` as context, where every message after
+    the leading system (or developer) ones is a plain user or assistant text message; else
+    none, and every message stays in the scope."""
+    messages = rest["messages"]
+    lead = 0
+    while lead < len(messages) - 1 and messages[lead]["role"] in ("system", "developer"):
+        lead += 1
+    turns = []
+    for message in messages[lead:-1]:
+        text = _text_of(message.get("content"))
+        plain = message["role"] in ("user", "assistant") and set(message) == {"role", "content"}
+        if not plain or text is None:
+            return ()
+        turns.append(Turn(message["role"], text))
+    rest["messages"] = [*messages[:lead], messages[-1]]
+    return tuple(turns)
 
 
 def _prompt_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
+from gpucache.conversation.value import Prompt
 from gpucache.extras import missing
 
 try:
@@ -150,7 +151,7 @@ class Proxy:
         balancer send the request where there is room. Why a share per credential: without it
         one key's burst takes every slot and every other tenant is shed."""
         repeat = ex.key.bypass is None and ex.control.reads and self.cache.may_hold(
-            ex.key.semantic_text, scope=ex.key.scope)
+            ex.key.prompt, scope=ex.key.scope)
         share = self.config.max_tenant_concurrency
         if self.busy >= self.config.max_concurrency or (
                 share is not None and self.holding.get(ex.holder, 0) >= share):
@@ -204,12 +205,12 @@ class Proxy:
         return await self.run_json(ex)
 
     async def run_json(self, ex: Exchange) -> Outcome:
-        async def loader(text: str) -> Keep[httpx.Response] | ServeOnly[httpx.Response]:
+        async def loader(text: Prompt) -> Keep[httpx.Response] | ServeOnly[httpx.Response]:
             response = await self.send_upstream(ex)
             ex.timing["answer"] = ex.timing["upstream"]  # the whole answer's wait
             return self.keeping(ex, response)
 
-        served = await self.ask(ex, self.cache.aget_or_load(ex.key.semantic_text, loader, scope=ex.key.scope))
+        served = await self.ask(ex, self.cache.aget_or_load(ex.key.prompt, loader, scope=ex.key.scope))
         if isinstance(served, Outcome):
             return served
         ex.timing["lookup"] = served.lookup_seconds
@@ -228,11 +229,11 @@ class Proxy:
     async def run_stream(self, ex: Exchange) -> Outcome:
         relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
 
-        async def opener(text: str) -> Stream[Any] | ServeOnly[PassedThrough]:
+        async def opener(text: Prompt) -> Stream[Any] | ServeOnly[PassedThrough]:
             return await self.open_stream(ex, relay)
 
         served = await self.ask(
-            ex, self.cache.aget_or_load_streaming(ex.key.semantic_text, opener, scope=ex.key.scope))
+            ex, self.cache.aget_or_load_streaming(ex.key.prompt, opener, scope=ex.key.scope))
         if isinstance(served, Outcome):
             return served
         meta, usage = relay.meta, ex.key.include_usage
@@ -377,7 +378,7 @@ class Proxy:
     async def store(self, key: RequestKey, answer: str, ttl: float | None = None) -> None:
         """``answer`` kept for ``key``, for ``ttl`` seconds (None: the cache's own ttl)."""
         try:
-            await asyncio.to_thread(self.cache.put, key.semantic_text, answer, scope=key.scope, ttl=ttl)
+            await asyncio.to_thread(self.cache.put, key.prompt, answer, scope=key.scope, ttl=ttl)
         except Exception:  # the answer is served either way: a failed store is counted, not fatal
             log.exception("gpucache: storing an answer failed")
             self.metrics.errors.labels("cache").inc()

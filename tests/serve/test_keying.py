@@ -68,7 +68,7 @@ def test_requests_a_cache_cannot_stand_for_are_bypassed_with_their_reason(body, 
     key = request_key("chat", body, "t")
     assert key.bypass == reason and key.text is None
     with pytest.raises(RuntimeError):
-        _ = key.semantic_text
+        _ = key.prompt
 
 
 def test_text_parts_are_joined_and_one_prompt_in_a_list_is_a_prompt():

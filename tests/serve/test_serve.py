@@ -115,6 +115,32 @@ def test_a_follow_up_matches_only_after_the_same_conversation(proxy, upstream):
     assert upstream_calls(upstream, "How old was she when she died?") == 3
 
 
+def test_a_follow_up_is_served_after_the_same_conversation_reworded_and_never_after_another(proxy, upstream):
+    c = client(proxy, "t-context")
+    about_ada = [{"role": "user", "content": "Who was Ada Lovelace?"},
+                 {"role": "assistant", "content": "A mathematician."},
+                 {"role": "user", "content": "When was she born?"}]
+    reworded = [{"role": "user", "content": "hello!"},
+                {"role": "assistant", "content": "Hi! What can I do for you?"},
+                {"role": "user", "content": "who was ada lovelace"},
+                {"role": "assistant", "content": "A mathematician."},
+                {"role": "user", "content": "When was she born?"}]
+    about_marie = [{"role": "user", "content": "Who was Marie Curie?"},
+                   {"role": "assistant", "content": "A physicist and chemist."},
+                   {"role": "user", "content": "When was she born?"}]
+    assert ask(c, "", messages=about_ada)[0]["x-gpucache"] == "miss"
+    headers, answer = ask(c, "", messages=reworded)
+    assert headers["x-gpucache"] == "semantic"
+    assert answer.choices[0].message.content == answer_to("When was she born?")
+    assert ask(c, "", messages=about_marie)[0]["x-gpucache"] == "miss"
+    # a conversation holding a tool call keeps every earlier message in its scope: exact only
+    tools = [about_ada[0], {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bio", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "born 1815"}, about_ada[-1]]
+    assert ask(c, "", messages=tools)[0]["x-gpucache"] == "miss"
+    assert upstream_calls(upstream, "When was she born?") == 3
+
+
 def test_every_setting_that_changes_the_answer_is_part_of_the_scope(proxy):
     c = client(proxy, "t-params")
     ask(c, "Write a haiku about rain")
