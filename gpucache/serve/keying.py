@@ -63,6 +63,9 @@ class RequestKey:
     stream: bool
     include_usage: bool
     context: tuple[Turn, ...] = ()  # the earlier turns, compared by meaning
+    # where there is context: the scope an earlier version filed this request under (every
+    # earlier turn in it), whose entries are still served for their exact repeat
+    legacy_scope: str | None = None
 
     @property
     def prompt(self) -> Prompt:
@@ -128,6 +131,7 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
     context: tuple[Turn, ...] = ()
     if kind == "chat":
         text, bypass = _chat_text(rest)
+        earlier = rest.get("messages")
         if bypass is None:
             context = _context(rest)
     else:
@@ -148,14 +152,22 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
         bypass = "echo"
     if bypass is None and text is not None and len(text.strip()) < MIN_TEXT_CHARS:
         bypass = "short-text"
-    keyed: dict[str, Any] = {"endpoint": kind, "body": rest}
     hidden = "".join(format_characters(t) for t in (*(turn.text for turn in context), text or ""))
+    scope = f"{tenant}/{_digest(kind, rest, hidden)}"
+    if bypass is not None:
+        return RequestKey(kind, scope, None, bypass, stream, include_usage)
+    legacy = None
+    if context:  # as it was keyed before conversations were matched by meaning
+        legacy = f"{tenant}/{_digest(kind, {**rest, 'messages': earlier}, format_characters(text or ''))}"
+    return RequestKey(kind, scope, text, None, stream, include_usage, context, legacy)
+
+
+def _digest(kind: str, rest: dict[str, Any], hidden: str) -> str:
+    keyed: dict[str, Any] = {"endpoint": kind, "body": rest}
     if hidden:  # the model reads them; the embedder and the guard do not: a request of its own
         keyed["hidden"] = hidden
     canonical = json.dumps(keyed, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    digest = hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
-    return RequestKey(kind, f"{tenant}/{digest}", text if bypass is None else None, bypass, stream,
-                      include_usage, context if bypass is None else ())
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
 
 
 def format_characters(text: str) -> str:

@@ -200,9 +200,29 @@ class Proxy:
             return forwarded if isinstance(forwarded, Unavailable) else Bypassed(ex.key.bypass, forwarded)
         if not ex.control.reads:
             return await self.refresh(ex)
+        earlier = await self.stored_before(ex)
+        if earlier is not None:
+            return earlier
         if ex.key.stream:
             return await self.run_stream(ex)
         return await self.run_json(ex)
+
+    async def stored_before(self, ex: Exchange) -> Hit | None:
+        """The answer an earlier version stored for exactly this conversation, where it holds
+        one: before conversations were matched by meaning, every earlier turn was in the scope
+        (``RequestKey.legacy_scope``), and such an entry stays served for its exact repeat until
+        it expires. Asked only where the lock-free check finds one, so it costs nothing else."""
+        legacy, text = ex.key.legacy_scope, ex.key.text
+        if legacy is None or text is None or not self.cache.may_hold(text, scope=legacy):
+            return None
+        found = await self.cache.aget(text, scope=legacy, threshold=1.0)
+        if found is None or not found.exact or not ex.control.fresh(found):
+            return None
+        if not ex.key.stream:
+            return Hit(found, found.response)
+        meta = wire.StreamMeta(ex.kind, ex.body["model"])
+        replay = self.streams.replay(meta, self.cache.replay_chunks(found.response), ex.key.include_usage)
+        return Hit(found, "", stream=replay)
 
     async def run_json(self, ex: Exchange) -> Outcome:
         async def loader(text: Prompt) -> Keep[httpx.Response] | ServeOnly[httpx.Response]:

@@ -109,3 +109,41 @@ def test_invisible_format_characters_make_a_request_of_its_own(hidden):
     # visible non-ASCII text is compared by meaning as before: it keys nothing
     accented = request_key("chat", chat_body("Comment réinitialiser mon mot de passe ?"), "tenant")
     assert accented.scope == clean.scope
+
+
+def test_earlier_turns_are_context_and_system_prompts_stay_in_the_scope():
+    turns = [{"role": "user", "content": "Who was Ada?"}, {"role": "assistant", "content": "A mathematician."}]
+    last = {"role": "user", "content": "When was she born?"}
+    key = request_key("chat", {"model": "m", "messages": [{"role": "system", "content": "s"}, *turns, last]}, "t")
+    alone = request_key("chat", {"model": "m", "messages": [{"role": "system", "content": "s"}, last]}, "t")
+    assert key.scope == alone.scope and key.text == alone.text == "When was she born?"
+    assert [t.text for t in key.context] == ["Who was Ada?", "A mathematician."]
+    other_system = request_key("chat", {"model": "m", "messages": [{"role": "system", "content": "t"}, last]}, "t")
+    assert other_system.scope != alone.scope
+    # the scope gpucache 0.1 at e50a2a0 gave this request (every earlier turn in it)
+    assert key.legacy_scope == "t/f9aab383aaad3231b8d524e1597a4379"
+    assert alone.legacy_scope is None and not alone.context
+
+
+@pytest.mark.parametrize("odd", [
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
+                                                          "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "1", "content": "42"},
+    {"role": "user", "name": "bob", "content": "hi"},
+    {"role": "system", "content": "between turns"},
+    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]},
+])
+def test_a_conversation_holding_any_other_shape_keeps_every_message_in_the_scope(odd):
+    messages = [{"role": "user", "content": "Who was Ada?"}, odd, {"role": "user", "content": "When was she born?"}]
+    key = request_key("chat", {"model": "m", "messages": messages}, "t")
+    assert key.context == () and key.legacy_scope is None
+    plain = request_key("chat", {"model": "m", "messages": messages[-1:]}, "t")
+    assert key.scope != plain.scope
+
+
+def test_hidden_format_characters_in_an_earlier_turn_key_the_scope():
+    def key(first: str):
+        messages = [{"role": "user", "content": first}, {"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": "summarise that"}]
+        return request_key("chat", {"model": "m", "messages": messages}, "t")
+    assert key("read this\u200b").scope != key("read this").scope

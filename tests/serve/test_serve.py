@@ -26,6 +26,7 @@ from serving import Served, answer_to, free_port, make_upstream  # noqa: E402
 
 from gpucache import SemanticCache  # noqa: E402
 from gpucache.serve.app import create_app  # noqa: E402
+from gpucache.serve.keying import request_key
 from gpucache.serve.settings import ServeSettings  # noqa: E402
 
 ADMIN = "admin-secret-for-the-tests"
@@ -139,6 +140,26 @@ def test_a_follow_up_is_served_after_the_same_conversation_reworded_and_never_af
         {"role": "tool", "tool_call_id": "c1", "content": "born 1815"}, about_ada[-1]]
     assert ask(c, "", messages=tools)[0]["x-gpucache"] == "miss"
     assert upstream_calls(upstream, "When was she born?") == 3
+
+
+def test_a_conversation_an_earlier_version_stored_is_served_for_its_exact_repeat(proxy, upstream):
+    """Before conversations were matched by meaning, every earlier turn was in the scope: such
+    an entry (a snapshot's) is still served for exactly the same conversation."""
+    messages = [{"role": "user", "content": "Who painted the Night Watch?"},
+                {"role": "assistant", "content": "Rembrandt."},
+                {"role": "user", "content": "Where does it hang?"}]
+    app = proxy.app
+    tenant = app.state.config.tenancy.tenant({"x-gpucache-namespace": "t-legacy-turns",
+                                              "authorization": "Bearer k"})
+    key = request_key("chat", {"model": "smol", "messages": messages}, tenant)
+    assert key.context and key.legacy_scope not in (None, key.scope)
+    app.state.proxy.cache.put("Where does it hang?", "In the Rijksmuseum.", scope=key.legacy_scope)
+    c = client(proxy, "t-legacy-turns")
+    headers, answer = ask(c, "", messages=messages)
+    assert headers["x-gpucache"] == "exact" and answer.choices[0].message.content == "In the Rijksmuseum."
+    headers, _ = ask(c, "", messages=[*messages[:2], {"role": "user", "content": "Who bought it?"}])
+    assert headers["x-gpucache"] == "miss"
+    assert upstream_calls(upstream, "Where does it hang?") == 0
 
 
 def test_every_setting_that_changes_the_answer_is_part_of_the_scope(proxy):
