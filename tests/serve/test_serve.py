@@ -26,7 +26,7 @@ from serving import Served, answer_to, free_port, make_upstream  # noqa: E402
 
 from gpucache import SemanticCache  # noqa: E402
 from gpucache.serve.app import create_app  # noqa: E402
-from gpucache.serve.keying import request_key
+from gpucache.serve.keying import request_key  # noqa: E402
 from gpucache.serve.settings import ServeSettings  # noqa: E402
 
 ADMIN = "admin-secret-for-the-tests"
