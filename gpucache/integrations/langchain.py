@@ -3,9 +3,12 @@
 LangChain asks a cache with two strings: the prompt and ``llm_string``, the model and its
 parameters serialised. ``llm_string`` is the exact scope, so two models, or one model at two
 temperatures, never share an answer. For a chat model the prompt is the serialised message list;
-as in ``gpucache serve``, the last human message is the text compared by meaning and every
-earlier message joins the scope, so a follow-up matches only after the same conversation. An
-LLM's prompt is compared whole.
+as in ``gpucache serve``, it becomes a ``Conversation``: the last human message is the request,
+the earlier human and AI text messages its context (compared by meaning: a follow-up is served
+after a conversation that agrees on what it depends on), and the system messages before them
+join the scope. A history holding anything else (tool calls and results, named messages, a
+system message between turns) joins the scope whole, as an exact match. An LLM's prompt is
+compared whole.
 
 What is stored is the generations themselves, serialised as LangChain's own caches serialise
 them (``langchain_core.load``), so a hit is what was stored: every generation of a call with
@@ -48,6 +51,7 @@ except ImportError as exc:  # the langchain extra
 
 from gpucache.cache.semantic import SemanticCache
 from gpucache.cache.validation import check_scope
+from gpucache.conversation.value import Conversation, Prompt, Turn
 
 log = logging.getLogger(__name__)
 
@@ -102,29 +106,51 @@ class GpuSemanticCache(BaseCache):
     async def aclear(self, **kwargs: Any) -> None:
         await asyncio.to_thread(self.clear, **kwargs)
 
-    def _key(self, prompt: str, llm_string: str) -> tuple[str, str, bool]:
-        """(text compared by meaning, exact scope, whether the prompt is a chat)."""
-        history, text = _last_human(prompt)
-        chat = text is not None
-        if text is None:
-            history, text = "", prompt
+    def _key(self, prompt: str, llm_string: str) -> tuple[Prompt, str, bool]:
+        """(what the cache is asked, exact scope, whether the prompt is a chat)."""
+        history, asked = _conversation(prompt)
+        chat = asked is not None
+        if asked is None:
+            history, asked = "", prompt
         digest = hashlib.blake2b(f"{llm_string}\0{history}".encode(), digest_size=16).hexdigest()
-        return text, f"{self.scope_prefix}/{digest}", chat
+        return asked, f"{self.scope_prefix}/{digest}", chat
 
 
-def _last_human(prompt: str) -> tuple[str, str | None]:
-    """A chat prompt (LangChain's serialised message list) split into everything before the
-    last human message, and that message's text; ("", None) for any other prompt."""
+# A message's fields that say nothing about what was said: a run's id and what the provider
+# reported. Any other field that is set (tool calls, a name, extra arguments) makes the history
+# exact.
+_METADATA = frozenset({"type", "content", "id", "response_metadata", "usage_metadata"})
+_ROLES = {"human": "user", "ai": "assistant"}
+
+
+def _conversation(prompt: str) -> tuple[str, Conversation | str | None]:
+    """A chat prompt (LangChain's serialised message list) as (what joins the scope, the
+    conversation); ("", None) for any other prompt. The leading system messages join the scope;
+    where every later message before the last human one is a plain human or AI text message,
+    they are the conversation's context, else they join the scope too and the last message is
+    asked alone."""
     try:
         messages = json.loads(prompt)
     except ValueError:
         return "", None
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         return "", None
-    last = messages[-1].get("kwargs") or {}
+    kwargs = [m.get("kwargs") if isinstance(m.get("kwargs"), dict) else {} for m in messages]
+    last = kwargs[-1]
     if last.get("type") != "human" or not isinstance(last.get("content"), str):
         return "", None
-    return json.dumps(messages[:-1], sort_keys=True), last["content"]
+    lead = 0
+    while lead < len(messages) - 1 and kwargs[lead].get("type") == "system":
+        lead += 1
+    turns = []
+    for k in kwargs[lead:-1]:
+        plain = k.get("type") in _ROLES and isinstance(k.get("content"), str) and not any(
+            value for name, value in k.items() if name not in _METADATA)
+        if not plain:
+            return json.dumps(messages[:-1], sort_keys=True), last["content"]
+        turns.append(Turn(_ROLES[k["type"]], k["content"]))
+    history = json.dumps(messages[:lead], sort_keys=True)
+    return history, Conversation(last["content"], tuple(turns)) if turns else last["content"]
 
 
 def _record(generations: Sequence[Generation]) -> str:

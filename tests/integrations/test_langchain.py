@@ -37,6 +37,24 @@ def test_a_chat_model_is_answered_from_the_cache_for_a_rewording(adapter):
     assert model.invoke("How do I reset my username?").content == "second"  # a different question
 
 
+def test_a_follow_up_is_served_after_the_same_conversation_reworded(adapter):
+    model = FakeListChatModel(responses=["1815", "1867", "asked"], cache=adapter)
+    ada = [HumanMessage(content="Who was Ada Lovelace?"), AIMessage(content="A mathematician."),
+           HumanMessage(content="When was she born?")]
+    assert model.invoke(ada).content == "1815"
+    reworded = [HumanMessage(content="hey!"), AIMessage(content="Hello, how can I help?"),
+                HumanMessage(content="who was ada lovelace"), AIMessage(content="A mathematician."),
+                HumanMessage(content="When was she born?")]
+    assert model.invoke(reworded).content == "1815"
+    curie = [HumanMessage(content="Who was Marie Curie?"), AIMessage(content="A physicist."),
+             HumanMessage(content="When was she born?")]
+    assert model.invoke(curie).content == "1867"
+    tool = [HumanMessage(content="Who was Ada Lovelace?"),
+            AIMessage(content="", tool_calls=[{"name": "bio", "args": {}, "id": "c1"}]),
+            HumanMessage(content="When was she born?")]
+    assert model.invoke(tool).content == "asked"  # a history with a tool call is exact
+
+
 def test_the_model_settings_and_the_earlier_turns_are_the_scope(adapter):
     model = FakeListChatModel(responses=["a", "b", "c", "d"], cache=adapter)
     other = FakeListChatModel(responses=["x", "y"], cache=adapter)
