@@ -60,6 +60,9 @@ GENERIC = frozenset(
 # how people restate context; the details that matter are compared by the detail check.
 TURN_RULES_SKIPPED = ("added",)
 MAX_TURN_CHARS = 2000  # a turn is read for its first this many characters (bounds the cost)
+# Longer conversations are served for their exact repeat only: the matcher's cost grows with
+# the turns, and a dependency in a turn it did not read would be a wrong answer.
+MAX_CONTEXT_TURNS = 128
 _WORD = re.compile(r"[a-z']+")
 
 
@@ -158,6 +161,10 @@ class ContextMatcher:
         reject, naming the side, the turn (counted from 1) and the difference."""
         if cached.context == new.context:
             return Verdict(False, "context-same")
+        longest = max(len(cached.context), len(new.context))
+        if longest > MAX_CONTEXT_TURNS:
+            return Verdict(True, "context-too-long", f"{longest} earlier turns: more than "
+                           f"{MAX_CONTEXT_TURNS} are matched exactly only")
         sides = []
         for conversation in (cached, new):
             turns = [_read(i, t) for i, t in enumerate(conversation.context)]

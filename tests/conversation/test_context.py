@@ -114,3 +114,9 @@ print(m.explain(a, b), m.explain(a, c), m.explain(b, c))
 """
     outputs = outputs_under_hash_seeds(code)
     assert len(outputs) == 1, outputs
+
+
+def test_a_conversation_longer_than_the_bound_is_matched_exactly_only(matcher):
+    long = BOOKED.context * (context.MAX_CONTEXT_TURNS // 2 + 1)
+    verdict = matcher.explain(Conversation(BOOKED.request, long), Conversation(BOOKED.request, long[2:]))
+    assert verdict.rejected and verdict.rule == "context-too-long"

@@ -1,0 +1,106 @@
+"""What matching a conversation by meaning costs a lookup: a single-turn lookup beside the same
+request after 2, 16 and 64 earlier messages, through a real ``SemanticCache`` (the shipped
+embedder, CPU), with a stored conversation that the semantic tier finds and the context matcher
+judges; and the matcher alone, cold (its memo of read turns cleared) and warm.
+
+    python bench/conversation_cost.py --out bench/reports/conversation-cost.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from gpucache import ContextMatcher, Conversation, SemanticCache, Turn  # noqa: E402
+from gpucache.conversation import context  # noqa: E402
+from gpucache.guard.lexical import clear_caches  # noqa: E402
+
+# an exchange of a long support chat, repeated with its numbers changed to make 64 messages
+EXCHANGES = [
+    ("my order 4411{i} hasn't arrived, it was supposed to come on the {i}th",
+     "I'm sorry about that. Order 4411{i} left our warehouse on the {i}th and is with the courier."),
+    ("can you check which courier has it and when they expect to deliver",
+     "It is with Parcelway; their latest scan was in Leeds at 0{i}:40 this morning."),
+    ("also I want to change the delivery address to my office at {i} Mill Lane",
+     "Done: the courier will deliver to {i} Mill Lane instead."),
+    ("thanks! while we're at it, is the blender in that order covered by a warranty",
+     "Yes, the Vortex {i}00 blender has a two-year warranty from the delivery date."),
+]
+FINAL = "how do I register it for the warranty?"
+
+
+def conversation(messages: int, variant: int) -> Conversation:
+    turns = []
+    for n in range(messages // 2):
+        user, assistant = EXCHANGES[n % len(EXCHANGES)]
+        turns += [Turn("user", user.format(i=n % 9 + 1)), Turn("assistant", assistant.format(i=n % 9 + 1))]
+    if variant:  # the same conversation with a greeting first: a semantic candidate, not exact
+        turns = [Turn("user", "hi there"), Turn("assistant", "Hello! How can I help?"), *turns]
+    return Conversation(FINAL, tuple(turns))
+
+
+def timed(call, rounds: int) -> float:  # type: ignore[no-untyped-def]
+    """Median milliseconds of ``call`` over ``rounds`` runs."""
+    samples = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - began) * 1000)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cache = SemanticCache(device="cpu")
+    matcher = ContextMatcher()
+    rows = []
+    cache.put(FINAL, "From the app, under Products.", scope="single")
+    single = timed(lambda: cache.get("how can I register it for warranty?", scope="single"), args.rounds)
+    for messages in (2, 16, 64):
+        stored, asked = conversation(messages, 0), conversation(messages, 1)
+        scope = f"m{messages}"
+        cache.put(stored, "From the app, under Products.", scope=scope)
+        assert cache.get(asked, scope=scope) is not None, "the bench's pair must be served"
+        lookup = timed(lambda: cache.get(asked, scope=scope), args.rounds)  # noqa: B023
+
+        def cold() -> None:
+            context._read_text.cache_clear()
+            clear_caches()
+            matcher.explain(stored, asked)  # noqa: B023
+
+        rows.append((messages, lookup, lookup - single, timed(cold, args.rounds),
+                     timed(lambda: matcher.explain(stored, asked), args.rounds)))  # noqa: B023
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    lines = ["# What matching a conversation costs a lookup", "",
+             f"Command: `python bench/conversation_cost.py`; commit {commit}; {platform.machine()} CPU, "
+             f"{platform.python_version()}, torch {torch.__version__} fp32 on 1 thread, embedder "
+             f"{cache.embedder.name}; medians of {args.rounds} runs. A semantic hit each time: the "
+             "stored conversation is found by the final request, and the matcher judges its turns.",
+             "", f"Single-turn semantic lookup: {single:.2f} ms.", "",
+             "| earlier messages | lookup (ms) | added to a single-turn lookup (ms) | matcher, cold (ms) "
+             "| matcher, warm (ms) |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {m} | {lookup:.2f} | {added:+.2f} | {cold:.2f} | {warm:.2f} |"
+              for m, lookup, added, cold, warm in rows]
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text, "utf-8")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
