@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from gpucache.conversation.value import Conversation, Turn
-from gpucache.guard.differences import capitalised, named_kinds
+from gpucache.guard.differences import align, capitalised, segments
 from gpucache.guard.lexical import LexicalNearMissVerifier
 from gpucache.guard.parsing import FRAMING_READ, parse
 from gpucache.guard.request import request_text
@@ -48,6 +48,22 @@ BACK_REFERENCES = frozenset(
     former latter previous earlier above mentioned option options either both cheaper cheapest
     bigger smaller better worse more less longer shorter then""".split()
 )
+ORDINALS = frozenset("first second third fourth fifth last former latter previous other".split())
+# A turn that keeps this many content words of the other, and at least EDIT_RATIO times as many
+# as it changes, is an edit of it (context.ContextMatcher._same)
+EDIT_SHARED_MIN, EDIT_RATIO = 3, 1
+# Words of a reaction said in passing, and words and phrases of a change of mind (``aside``)
+REACTIONS = frozenset("""lol haha hahaha lmao omg wow ugh yay yikes oops oh ah ahh hmm cool awesome
+    nice great thanks thank thx appreciate sorry excited nervous glad happy phew gosh sweet""".split())
+CHANGES = frozenset("actually instead rather meant change changed switch cancel scratch wait".split())
+CHANGE_PHRASES = re.compile(r"\b(?:never ?mind|on second thought|make (?:it|that)|not anymore)\b",
+                            re.IGNORECASE)
+# Nouns that stand for something said before ("is the answer 7/8?", "will the error come back?")
+DISCOURSE_NOUNS = frozenset("answer result results solution problem issue error".split())
+# The user's own situation, described earlier ("what would my monthly payment be?", "do I need an
+# x-ray?"), except in a how-to that asks the general way ("how do I reverse a string?")
+FIRST_PERSON = frozenset("i i'm i've i'd me my mine myself we we're our ours us".split())
+HOW_TO = re.compile(r"^\s*how\s+(?:do|can|should|would|could)\s+i\b", re.IGNORECASE)
 # Openings of a follow-up that names only what changes ("what about Tuesday?", "and for two?")
 FOLLOW_UP = re.compile(r"^\s*(?:and|but|so|or|what about|how about|ok(?:ay)?|then)\b", re.IGNORECASE)
 # Content words too common to tie two turns to one topic
@@ -58,7 +74,7 @@ GENERIC = frozenset(
 # The guard's rules not run on a turn against its counterpart: a word one side adds to a
 # statement of the same facts ("which plans include roaming" / "which plans have roaming") is
 # how people restate context; the details that matter are compared by the detail check.
-TURN_RULES_SKIPPED = ("added",)
+TURN_RULES_SKIPPED: tuple[str, ...] = ("added",)
 MAX_TURN_CHARS = 2000  # a turn is read for its first this many characters (bounds the cost)
 # Longer conversations are served for their exact repeat only: the matcher's cost grows with
 # the turns, and a dependency in a turn it did not read would be a wrong answer.
@@ -70,78 +86,116 @@ _WORD = re.compile(r"[a-z']+")
 class _Read:
     """One turn as the matcher compares it."""
 
-    index: int
+    index: int  # the turn's place in the conversation
+    part: int  # the sentence's place in the turn
     role: str
-    text: str  # as read: at most MAX_TURN_CHARS
+    text: str  # one sentence of the turn, as read (within its first MAX_TURN_CHARS)
     content: frozenset[str]  # content words, less framing and generic words
     details: frozenset[str]  # numbers, names, named kinds
 
 
 @lru_cache(maxsize=8192)
 def _read_text(text: str) -> tuple[frozenset[str], frozenset[str]]:
-    """(content words, details) of one turn's text; memoised, turns repeat across lookups."""
+    """(content words, details) of one turn's text; memoised, turns repeat across lookups.
+    The details are its numbers and the names written with a capital: what a context states
+    that an answer turns on. (The guard's other named kinds, an audience or a tone, describe a
+    request, and the turns are compared as requests where they are asked: ``_counterpart``.)"""
     asked = request_text(text)
     parsed = parse(asked)
     content = frozenset(parsed.content) - FRAMING_READ - GENERIC
     names = capitalised(text)
-    details = {f"#{n}" for n in parsed.numbers}
-    details.update(f"{kind}:{word}" for kind, word in named_kinds(parsed.content, names))
+    details = {f"#{n.lstrip('#')}" for n in parsed.numbers}  # "the 1st" states the number 1
+    details.update(f"name:{word}" for word in parsed.content if word in names)
     return content, frozenset(details)
 
 
-def _read(index: int, turn: Turn) -> _Read:
-    text = turn.text[:MAX_TURN_CHARS]
-    content, details = _read_text(text)
-    return _Read(index, turn.role, text, content, details)
+def _read(index: int, turn: Turn) -> list[_Read]:
+    """One turn as the sentences it states, each read on its own: a statement changed in one
+    sentence ("the modem is rented from you" / "I bought my own modem") is a sentence the other
+    side does not state, however many of the turn's other words it shares."""
+    return [_Read(index, part, turn.role, text, *_read_text(text))
+            for part, text in enumerate(segments(turn.text[:MAX_TURN_CHARS]))]
 
 
 def points_back(request: str) -> bool:
     """Whether a final request refers to something said earlier ("how much is it?", "what
-    about the second one?", "and for Tuesday?"), or says too little to stand alone."""
+    about the second one?", "and for Tuesday?", "is the answer 7/8?"), asks about the user's
+    own situation ("do I need an x-ray?"), or says too little to stand alone."""
     words = _WORD.findall(request.casefold())
-    if FOLLOW_UP.match(request) or any(w in BACK_REFERENCES for w in words):
+    if FOLLOW_UP.match(request) or any(w in BACK_REFERENCES or w in DISCOURSE_NOUNS for w in words):
+        return True
+    if not HOW_TO.match(request) and any(w in FIRST_PERSON for w in words):
         return True
     content, _ = _read_text(request[:MAX_TURN_CHARS])
     return len(content) <= 1
+
+
+def ordinal(request: str) -> bool:
+    """Whether a request picks one of several things by its place ("the second one", "the
+    latter"): then the order the context listed them in decides which."""
+    return any(w in ORDINALS for w in _WORD.findall(request.casefold()))
 
 
 def depended_on(request: str, turns: list[_Read]) -> list[_Read]:
     """The turns of one side that ``request`` depends on (chatter already set aside): the latest
     exchange where it points back, then every turn sharing a content word with the request or a
     turn found, until none joins."""
-    found: dict[int, _Read] = {}
+    found: set[int] = set()  # positions in ``turns``
     pool = set(_read_text(request[:MAX_TURN_CHARS])[0])
     if turns and points_back(request):
         last_user = max((t.index for t in turns if t.role == "user"), default=turns[0].index)
-        for t in turns:
+        for k, t in enumerate(turns):
             if t.index >= last_user:
-                found[t.index] = t
+                found.add(k)
                 pool |= t.content
     grew = True
     while grew:
         grew = False
-        for t in turns:
-            if t.index not in found and t.content & pool:
-                found[t.index] = t
+        for k, t in enumerate(turns):
+            if k not in found and t.content & pool:
+                found.add(k)
                 pool |= t.content
                 grew = True
-    return [found[i] for i in sorted(found)]
+    return [t for k, t in enumerate(turns) if k in found]
 
 
-def _differing(a: list[_Read], b: list[_Read]) -> list[str]:
-    """The details one side's turns hold and the other's do not: numbers compared as numbers;
-    a name or a named kind compared as a word, so a name one side writes in lowercase is
-    still the same name."""
-    details_a = frozenset().union(*(t.details for t in a))
-    details_b = frozenset().union(*(t.details for t in b))
-    words_a = frozenset().union(*(t.content for t in a))
-    words_b = frozenset().union(*(t.content for t in b))
-    out = []
-    for mine, theirs, words in ((details_a, details_b, words_b), (details_b, details_a, words_a)):
-        for detail in sorted(mine - theirs):
-            if detail.startswith("#") or detail.split(":", 1)[1] not in words:
-                out.append(detail)
-    return sorted(set(out))
+def needed_turns(request: str, turns: list[_Read]) -> list[_Read]:
+    """The turns of one side the request may depend on (chatter already set aside).
+
+    A request that points back depends on the latest exchange and on every turn that shares a
+    content word with it or with the request, transitively (``depended_on``). Beyond those,
+    every exchange (a user turn and the answer after it) counts unless it is an island: one
+    that shares no content word or detail with the request nor with any other exchange is about
+    something else ("do you take Visa?" in a conversation about a delivery), and nothing refers
+    to it. A request that points nowhere and names nothing of its context stands alone."""
+    grouped: dict[int, list[_Read]] = {}
+    for t in turns:  # a user turn and the answer after it
+        grouped.setdefault(t.index - (t.role == "assistant"), []).append(t)
+    exchanges = [grouped[k] for k in sorted(grouped)]
+    words = [frozenset().union(*(t.content | t.details for t in e)) for e in exchanges]
+    asked = _read_text(request[:MAX_TURN_CHARS])
+    asked_words = asked[0] | asked[1]
+    if not points_back(request) and not any(w & asked_words for w in words):
+        return []
+    kept = {(t.index, t.text): t for t in depended_on(request, turns)}
+    for i, exchange in enumerate(exchanges):
+        others = asked_words.union(*(w for j, w in enumerate(words) if j != i))
+        if words[i] & others:
+            kept.update(((t.index, t.text), t) for t in exchange)
+    return [t for t in turns if (t.index, t.text) in kept]
+
+
+def _differing(needed: list[_Read], others: list[_Read]) -> list[str]:
+    """The details the turns a request depends on state that the other side's conversation
+    does not state anywhere: a number compared as a number, a name as a word (so a name one
+    side writes in lowercase is still the same name)."""
+    stated = frozenset().union(*(t.details for t in others))
+    words = frozenset().union(*(t.content for t in others))
+    missing = set()
+    for detail in frozenset().union(*(t.details for t in needed)) - stated:
+        if detail.startswith("#") or detail.split(":", 1)[1] not in words:
+            missing.add(detail)
+    return sorted(missing)
 
 
 class ContextMatcher:
@@ -167,38 +221,93 @@ class ContextMatcher:
                            f"{MAX_CONTEXT_TURNS} are matched exactly only")
         sides = []
         for conversation in (cached, new):
-            turns = [_read(i, t) for i, t in enumerate(conversation.context)]
+            turns = [unit for i, t in enumerate(conversation.context) for unit in _read(i, t)]
             spoken = [t for t in turns if t.content or t.details]  # chatter set aside
-            sides.append((spoken, depended_on(conversation.request, spoken)))
+            sides.append((spoken, needed_turns(conversation.request, spoken)))
         (spoken_a, needed_a), (spoken_b, needed_b) = sides
-        differing = _differing(needed_a, needed_b)
+        differing = _differing(needed_a, spoken_b) + _differing(needed_b, spoken_a)
         if differing:
             return Verdict(True, "context-detail",
                            f"the turns the request depends on differ in {', '.join(differing)}",
                            tuple(differing))
-        for side, needed, others in (("cached", needed_a, spoken_b), ("new", needed_b, spoken_a)):
-            for turn in needed:
-                if turn.role != "user":
-                    continue
-                verdict = self._counterpart(turn, [t for t in others if t.role == "user"])
-                if verdict is not None:
-                    return Verdict(True, verdict.rule, f"{side} turn {turn.index + 1}: {verdict.detail}",
-                                   verdict.words)
+        strict = points_back(cached.request) or points_back(new.request)
+        for side, spoken, needed, others in (("cached", spoken_a, needed_a, spoken_b),
+                                             ("new", spoken_b, needed_b, spoken_a)):
+            found = []
+            for turn in spoken:
+                match = self._counterpart(turn, [t for t in others if t.role == turn.role], strict)
+                if isinstance(match, tuple):
+                    found.append(match)
+                elif match.rule != "context-unmatched" or (turn in needed and not aside(turn)):
+                    # a statement changed, or one the request may depend on stated on one side only
+                    return Verdict(True, match.rule, f"{side} turn {turn.index + 1}: {match.detail}",
+                                   match.words)
+            if found != sorted(found):  # "it", "the second one": the order decides what they mean
+                return Verdict(True, "context-order", f"the {side} side's sentences come in another order")
         return Verdict(False, "context-agrees")
 
-    def _counterpart(self, turn: _Read, others: list[_Read]) -> Verdict | None:
-        """None where ``others`` holds a user turn the guard judges the same as ``turn``; else
-        why not (no turn shares a content word, or the closest one differs)."""
+    def _counterpart(self, turn: _Read, others: list[_Read], strict: bool) -> tuple[int, int] | Verdict:
+        """The position of the turn of ``others`` that says the same as ``turn`` (``_same``);
+        else why there is none: no turn shares enough of its words to be its counterpart, or
+        the closest one differs."""
         ranked = sorted(others, key=lambda o: (-len(turn.content & o.content), -o.index))
-        if not ranked or not turn.content & ranked[0].content:
+        close = [o for o in ranked if _close(turn, o)]
+        if not close:
             return Verdict(True, "context-unmatched", f'"{turn.text[:80]}" has no counterpart')
-        for other in ranked:
-            if not turn.content & other.content:
-                break
-            verdict = self.guard.explain(other.text, turn.text)
-            if not verdict.rejected:
-                return None
-        best = ranked[0]
-        verdict = self.guard.explain(best.text, turn.text)
-        return Verdict(True, f"context-{verdict.rule}",
-                       f'"{turn.text[:80]}" / "{best.text[:80]}": {verdict}', verdict.words)
+        first: Verdict | None = None
+        for other in close:
+            verdict = self._same(other, turn, strict)
+            if verdict is None:
+                return other.index, other.part
+            first = first or verdict
+        assert first is not None
+        return Verdict(True, first.rule, f'"{turn.text[:80]}" / "{close[0].text[:80]}": {first.detail}',
+                       first.words)
+
+    def _same(self, a: _Read, b: _Read, strict: bool) -> Verdict | None:
+        """None where two turns say the same; else the difference. The guard judges them as two
+        requests; and where one is an edit of the other (most of its words shared), any word
+        substituted or added is a difference: a statement of context changed in one word ("a
+        tension headache" / "a migraine", "rename it" / "rename it, no wait, delete it") states
+        something else, where a question changed in one word may not ask anything else.
+        ``strict``: the words must also come in the same order (the request points at the
+        first or second of something)."""
+        verdict = self.guard.explain(a.text, b.text)
+        if verdict.rejected:
+            return Verdict(True, f"context-{verdict.rule}", str(verdict), verdict.words)
+        edit = align(parse(request_text(a.text)), parse(request_text(b.text)))
+        changed = len(edit.only_a) + len(edit.only_b)
+        # a word substituted, or more than one added (one verb more restates: "which plans
+        # include roaming" / "which plans have roaming")
+        altered = (edit.only_a and edit.only_b) or changed > 1
+        kept = max(edit.shared, edit.framed)
+        if altered and kept >= EDIT_SHARED_MIN and kept >= EDIT_RATIO * changed:
+            words = edit.only_a + edit.only_b
+            return Verdict(True, "context-edited", f"one turn is the other edited: {' / '.join(words)}",
+                           words)
+        shared = a.content & b.content
+        if strict and _order(a, shared) != _order(b, shared):
+            return Verdict(True, "context-order", "the same words in another order")
+        return None
+
+
+def aside(turn: _Read) -> bool:
+    """Whether a sentence only one side has is said in passing: a reaction ("haha sorry, my
+    hands are full", "thank you, that's kind of you") that states no number or name and changes
+    nothing ("actually", "instead", "I meant")."""
+    words = set(_WORD.findall(turn.text.casefold()))
+    return (not turn.details and bool(words & REACTIONS) and not words & CHANGES
+            and not CHANGE_PHRASES.search(turn.text))
+
+
+def _close(a: _Read, b: _Read) -> bool:
+    """Whether ``b`` shares enough of ``a``'s words to be its counterpart: a third of the
+    shorter turn's content words (the guard judges pairs a similarity threshold has let
+    through, and two turns sharing one word are no such pair)."""
+    shared = len(a.content & b.content)
+    return shared >= 1 and 3 * shared >= min(len(a.content), len(b.content))
+
+
+def _order(turn: _Read, words: frozenset[str]) -> tuple[str, ...]:
+    """The order ``words`` come in in ``turn`` (each at its first place)."""
+    return tuple(dict.fromkeys(w for w in parse(request_text(turn.text)).content if w in words))
