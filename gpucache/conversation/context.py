@@ -53,11 +53,25 @@ ORDINALS = frozenset("first second third fourth fifth last former latter previou
 # as it changes, is an edit of it (context.ContextMatcher._same)
 EDIT_SHARED_MIN, EDIT_RATIO = 3, 1
 # Words of a reaction said in passing, and words and phrases of a change of mind (``aside``)
-REACTIONS = frozenset("""lol haha hahaha lmao omg wow ugh yay yikes oops oh ah ahh hmm cool awesome
-    nice great thanks thank thx appreciate sorry excited nervous glad happy phew gosh sweet""".split())
+REACTIONS = frozenset("""lol haha hahaha ha hehe lmao omg wow ugh yay yikes oops oh ah ahh hmm cool
+    awesome nice great thanks thank thx appreciate sorry excited exciting nervous glad happy phew
+    gosh sweet lovely fun love hi hello hey morning afternoon evening welcome anytime rush
+    worries""".split())
 CHANGES = frozenset("actually instead rather meant change changed switch cancel scratch wait".split())
 CHANGE_PHRASES = re.compile(r"\b(?:never ?mind|on second thought|make (?:it|that)|not anymore)\b",
                             re.IGNORECASE)
+# A user's instruction for every later answer: its manner, language, length, audience or role
+INSTRUCTION = re.compile(
+    r"\b(?:from now on|going forward|for (?:the rest|all) of|(?:always|only|never) (?:answer|reply|respond|"
+    r"use|give|write|say)|(?:answer|reply|respond|write|talk|speak|explain)\w* (?:in|as|like|with|to|"
+    r"using|only|briefly|simply)|like i'?m \w+|keep (?:it|your|answers|replies|responses)|"
+    r"pretend|act as|you are (?:a|an|my)|in (?:bullet|one|two|three|a) \w+|no more than|"
+    r"under \d+ words|in (?:french|spanish|german|italian|portuguese|chinese|japanese|korean|hindi|"
+    r"arabic|russian|dutch|english))\b", re.IGNORECASE)
+# What opens an aside: a question the user marks as off the conversation's topic
+ASIDE = re.compile(r"\b(?:unrelated|random q(?:uestion)?|off[- ]topic|btw|by the way|side question|"
+                   r"different question|changing the subject|on another note|totally different)\b",
+                   re.IGNORECASE)
 # Nouns that stand for something said before ("is the answer 7/8?", "will the error come back?")
 DISCOURSE_NOUNS = frozenset("answer result results solution problem issue error".split())
 # The user's own situation, described earlier ("what would my monthly payment be?", "do I need an
@@ -178,11 +192,38 @@ def needed_turns(request: str, turns: list[_Read]) -> list[_Read]:
     if not points_back(request) and not any(w & asked_words for w in words):
         return []
     kept = {(t.index, t.text): t for t in depended_on(request, turns)}
+    apart = _asides(exchanges, words, asked_words)
+    if apart and points_back(request):
+        apart.discard(len(exchanges) - 1)  # the latest exchange may be what the request is about
     for i, exchange in enumerate(exchanges):
+        if i in apart:
+            for t in exchange:
+                kept.pop((t.index, t.text), None)
+            continue
         others = asked_words.union(*(w for j, w in enumerate(words) if j != i))
         if words[i] & others:
             kept.update(((t.index, t.text), t) for t in exchange)
     return [t for t in turns if (t.index, t.text) in kept]
+
+
+def _asides(exchanges: list[list[_Read]], words: list[frozenset[str]], asked: frozenset[str]) -> set[int]:
+    """The exchanges a user opened as an aside ("random q, do gift cards expire?", "unrelated,
+    but...", "btw"), and those after it that stay off the conversation's topic (sharing no word
+    with the request or the exchanges before the aside)."""
+    apart: set[int] = set()
+    topic = set(asked)
+    inside = False
+    for i, exchange in enumerate(exchanges):
+        said = " ".join(t.text for t in exchange if t.role == "user")
+        if ASIDE.search(said):
+            inside = True
+        elif inside and words[i] & topic:
+            inside = False
+        if inside:
+            apart.add(i)
+        else:
+            topic |= words[i]
+    return apart
 
 
 def _differing(needed: list[_Read], others: list[_Read]) -> list[str]:
@@ -225,12 +266,14 @@ class ContextMatcher:
             spoken = [t for t in turns if t.content or t.details]  # chatter set aside
             sides.append((spoken, needed_turns(conversation.request, spoken)))
         (spoken_a, needed_a), (spoken_b, needed_b) = sides
+        strict = points_back(cached.request) or points_back(new.request)
+        if not strict:  # the request stands alone: only an instruction for every answer counts
+            return self._instructions(spoken_a, spoken_b)
         differing = _differing(needed_a, spoken_b) + _differing(needed_b, spoken_a)
         if differing:
             return Verdict(True, "context-detail",
                            f"the turns the request depends on differ in {', '.join(differing)}",
                            tuple(differing))
-        strict = points_back(cached.request) or points_back(new.request)
         for side, spoken, needed, others in (("cached", spoken_a, needed_a, spoken_b),
                                              ("new", spoken_b, needed_b, spoken_a)):
             found = []
@@ -245,6 +288,20 @@ class ContextMatcher:
             if found != sorted(found):  # "it", "the second one": the order decides what they mean
                 return Verdict(True, "context-order", f"the {side} side's sentences come in another order")
         return Verdict(False, "context-agrees")
+
+    def _instructions(self, a: list[_Read], b: list[_Read]) -> Verdict:
+        """For a request that stands alone: accept unless a user sentence that instructs every
+        later answer ("from now on answer in French", "explain like I'm five") is said on one
+        side only, or differently."""
+        for side, mine, others in (("cached", a, b), ("new", b, a)):
+            theirs = [t for t in others if t.role == "user"]
+            for turn in mine:
+                if turn.role == "user" and INSTRUCTION.search(turn.text):
+                    match = self._counterpart(turn, theirs, True)
+                    if isinstance(match, Verdict):
+                        return Verdict(True, "context-instruction",
+                                       f"{side} turn {turn.index + 1}: {match.detail}", match.words)
+        return Verdict(False, "context-apart")
 
     def _counterpart(self, turn: _Read, others: list[_Read], strict: bool) -> tuple[int, int] | Verdict:
         """The position of the turn of ``others`` that says the same as ``turn`` (``_same``);
