@@ -192,7 +192,7 @@ def needed_turns(request: str, turns: list[_Read]) -> list[_Read]:
     if not points_back(request) and not any(w & asked_words for w in words):
         return []
     kept = {(t.index, t.text): t for t in depended_on(request, turns)}
-    apart = _asides(exchanges, words, asked_words)
+    apart = _asides(exchanges)
     if apart and points_back(request):
         apart.discard(len(exchanges) - 1)  # the latest exchange may be what the request is about
     for i, exchange in enumerate(exchanges):
@@ -206,24 +206,11 @@ def needed_turns(request: str, turns: list[_Read]) -> list[_Read]:
     return [t for t in turns if (t.index, t.text) in kept]
 
 
-def _asides(exchanges: list[list[_Read]], words: list[frozenset[str]], asked: frozenset[str]) -> set[int]:
+def _asides(exchanges: list[list[_Read]]) -> set[int]:
     """The exchanges a user opened as an aside ("random q, do gift cards expire?", "unrelated,
-    but...", "btw"), and those after it that stay off the conversation's topic (sharing no word
-    with the request or the exchanges before the aside)."""
-    apart: set[int] = set()
-    topic = set(asked)
-    inside = False
-    for i, exchange in enumerate(exchanges):
-        said = " ".join(t.text for t in exchange if t.role == "user")
-        if ASIDE.search(said):
-            inside = True
-        elif inside and words[i] & topic:
-            inside = False
-        if inside:
-            apart.add(i)
-        else:
-            topic |= words[i]
-    return apart
+    but...", "btw"). Only those: an exchange after one may as well be back on the topic."""
+    return {i for i, exchange in enumerate(exchanges)
+            if ASIDE.search(" ".join(t.text for t in exchange if t.role == "user"))}
 
 
 def _differing(needed: list[_Read], others: list[_Read]) -> list[str]:
@@ -342,8 +329,10 @@ class ContextMatcher:
             words = edit.only_a + edit.only_b
             return Verdict(True, "context-edited", f"one turn is the other edited: {' / '.join(words)}",
                            words)
-        shared = a.content & b.content
-        if strict and _order(a, shared) != _order(b, shared):
+        # the same words in another order: "my husband has a cold and my daughter pink eye" /
+        # "my daughter has pink eye and my husband a cold" (a rewording moves words and changes
+        # some: the guard has judged it)
+        if strict and a.content == b.content and _order(a, a.content) != _order(b, b.content):
             return Verdict(True, "context-order", "the same words in another order")
         return None
 

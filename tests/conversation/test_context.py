@@ -5,6 +5,8 @@ assistant stated differently does. Each case below fails when its check is taken
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpucache import ContextMatcher, Conversation, Turn
@@ -120,3 +122,88 @@ def test_a_conversation_longer_than_the_bound_is_matched_exactly_only(matcher):
     long = BOOKED.context * (context.MAX_CONTEXT_TURNS // 2 + 1)
     verdict = matcher.explain(Conversation(BOOKED.request, long), Conversation(BOOKED.request, long[2:]))
     assert verdict.rejected and verdict.rule == "context-too-long"
+
+
+# Each check below, and what taking it out would serve. The monkeypatched runs are the proof
+# that the check, not something else, refuses the pair.
+
+DIAGNOSED = talk("what usually helps with that?",
+                 "I get a dull ache on both sides of my head by the afternoon.",
+                 "Based on what you describe, this sounds most like a tension-type headache.")
+OTHER_DIAGNOSIS = talk("what usually helps with that?",
+                       "I get a dull ache on both sides of my head by the afternoon.",
+                       "Based on what you describe, this sounds most like a migraine.")
+
+
+def test_a_statement_edited_in_one_word_is_a_difference(matcher, monkeypatch):
+    verdict = matcher.explain(DIAGNOSED, OTHER_DIAGNOSIS)
+    assert verdict.rejected and verdict.rule == "context-edited", verdict
+    monkeypatch.setattr(context, "EDIT_SHARED_MIN", 10_000)
+    assert not matcher.explain(DIAGNOSED, OTHER_DIAGNOSIS).rejected
+
+
+def test_each_sentence_needs_a_counterpart_not_only_each_turn(matcher, monkeypatch):
+    """A turn that keeps one sentence and replaces the other: read whole, the guard would take
+    the two turns for one request reworded."""
+    rented = talk("if it's broken will you replace it for free?",
+                  "My internet light is blinking red and nothing connects. The modem is rented from you "
+                  "guys, it's on my bill.",
+                  "Let's try a restart first.")
+    bought = talk("if it's broken will you replace it for free?",
+                  "My internet light is blinking red and nothing connects. I bought my own modem at a "
+                  "store a couple years ago.",
+                  "Let's try a restart first.")
+    assert matcher.explain(rented, bought).rejected
+    monkeypatch.setattr(context, "segments", lambda text: (text,))
+    assert not matcher.explain(rented, bought).rejected
+
+
+def test_the_same_words_in_another_order_refuse_a_request_that_points_back(matcher, monkeypatch):
+    first = talk("is the second one contagious?", "my son has a cold and my wife has the flu")
+    swapped = talk("is the second one contagious?", "my wife has the flu and my son has a cold")
+    verdict = matcher.explain(first, swapped)
+    assert verdict.rejected and "order" in verdict.rule
+    monkeypatch.setattr(context, "_order", lambda turn, words: ())
+    assert not matcher.explain(first, swapped).rejected
+
+
+def test_an_aside_the_user_marks_does_not_block_a_hit(matcher, monkeypatch):
+    aside = talk("can you move it to the afternoon?",
+                 "random q, is there parking at the clinic?", "Yes, free parking behind the building.",
+                 "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+                 "Done: Friday at 9:00 at Elm Street.")
+    assert not matcher.explain(BOOKED, aside).rejected
+    monkeypatch.setattr(context, "ASIDE", re.compile("(?!)"))
+    assert matcher.explain(BOOKED, aside).rejected
+
+
+def test_a_reaction_said_in_passing_does_not_block_a_hit_but_a_change_of_mind_does(matcher, monkeypatch):
+    reacted = talk("can you move it to the afternoon?",
+                   "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+                   "Done: Friday at 9:00 at Elm Street.", "haha great, my teeth thank you")
+    changed = talk("can you move it to the afternoon?",
+                   "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+                   "Done: Friday at 9:00 at Elm Street.", "haha actually make it a whitening")
+    assert not matcher.explain(BOOKED, reacted).rejected
+    assert matcher.explain(BOOKED, changed).rejected
+    monkeypatch.setattr(context, "aside", lambda turn: False)
+    assert matcher.explain(BOOKED, reacted).rejected
+
+
+def test_a_request_that_stands_alone_still_needs_the_same_standing_instructions(matcher, monkeypatch):
+    question = "what is the boiling point of ethanol"
+    plain = talk(question, "hi", "Hello!")
+    french = talk(question, "from now on answer in French please", "D'accord !")
+    verdict = matcher.explain(plain, french)
+    assert verdict.rejected and verdict.rule == "context-instruction"
+    monkeypatch.setattr(context, "INSTRUCTION", re.compile("(?!)"))
+    assert not matcher.explain(plain, french).rejected
+
+
+@pytest.mark.parametrize("request_text, points", [
+    ("how much is it?", True), ("is the answer 7/8?", True), ("do I need an x-ray?", True),
+    ("and for two people?", True), ("tell me more about the second one", True),
+    ("how do I reverse a string in python?", False), ("what is compound interest?", False),
+])
+def test_what_points_back(request_text, points):
+    assert context.points_back(request_text) is points
