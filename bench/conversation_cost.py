@@ -25,16 +25,16 @@ from gpucache import ContextMatcher, Conversation, SemanticCache, Turn  # noqa: 
 from gpucache.conversation import context  # noqa: E402
 from gpucache.guard.lexical import clear_caches  # noqa: E402
 
-# an exchange of a long support chat, repeated with its numbers changed to make 64 messages
+# an exchange of a long support chat, repeated about other parcels to make 64 messages
 EXCHANGES = [
-    ("my order 4411{i} hasn't arrived, it was supposed to come on the {i}th",
-     "I'm sorry about that. Order 4411{i} left our warehouse on the {i}th and is with the courier."),
-    ("can you check which courier has it and when they expect to deliver",
-     "It is with Parcelway; their latest scan was in Leeds at 0{i}:40 this morning."),
-    ("also I want to change the delivery address to my office at {i} Mill Lane",
-     "Done: the courier will deliver to {i} Mill Lane instead."),
-    ("thanks! while we're at it, is the blender in that order covered by a warranty",
-     "Yes, the Vortex {i}00 blender has a two-year warranty from the delivery date."),
+    ("my parcel {n} hasn't arrived, it was supposed to come on the {i}th",
+     "I'm sorry about that. Parcel {n} left our warehouse on the {i}th and is with the courier."),
+    ("can you check which courier has parcel {n} and when they expect to deliver",
+     "Parcel {n} is with Parcelway; their latest scan was in Leeds at 0{i}:40 this morning."),
+    ("also I want parcel {n} delivered to my office at {i} Mill Lane",
+     "Done: the courier will deliver parcel {n} to {i} Mill Lane instead."),
+    ("thanks! is the blender in parcel {n} covered by a warranty",
+     "Yes, the Vortex {i}00 blender in parcel {n} has a two-year warranty from the delivery date."),
 ]
 FINAL = "how do I register it for the warranty?"
 
@@ -43,7 +43,8 @@ def conversation(messages: int, variant: int) -> Conversation:
     turns = []
     for n in range(messages // 2):
         user, assistant = EXCHANGES[n % len(EXCHANGES)]
-        turns += [Turn("user", user.format(i=n % 9 + 1)), Turn("assistant", assistant.format(i=n % 9 + 1))]
+        fill = {"n": 4411 + n, "i": n % 9 + 1}
+        turns += [Turn("user", user.format(**fill)), Turn("assistant", assistant.format(**fill))]
     if variant:  # the same conversation with a greeting first: a semantic candidate, not exact
         turns = [Turn("user", "hi there"), Turn("assistant", "Hello! How can I help?"), *turns]
     return Conversation(FINAL, tuple(turns))
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cache = SemanticCache(device="cpu")
+    cache = SemanticCache(device="cpu", match_context=True)
     matcher = ContextMatcher()
     rows = []
     cache.put(FINAL, "From the app, under Products.", scope="single")

@@ -6,7 +6,8 @@ where b may be served a's answer, ``kind`` naming the case) is run through a rea
 ``SemanticCache`` (the shipped embedder, the default guard and threshold) in a scope of its own:
 a is stored, then b is looked up, three ways:
 
-    conversation   b as a ``Conversation`` after a stored as one (this project's matcher)
+    conversation   b as a ``Conversation`` after a stored as one (the context matcher:
+                   ``match_context`` on)
     last message   the final user messages alone (context ignored: what most caches do)
     every turn     the final user message in a scope that holds every earlier turn (exact
                    context: gpucache serve before conversations were matched by meaning)
@@ -120,7 +121,9 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true")
     args = parser.parse_args()
     pairs = [json.loads(line) for line in args.pairs.read_text("utf-8").splitlines() if line.strip()]
-    cache = SemanticCache(device="cpu", capacity=8 * len(pairs) + 8)
+    # match_context on: the "conversation" way is the matcher's (the "every turn" way keys the
+    # earlier turns into the scope itself, as match_context off would compare them)
+    cache = SemanticCache(device="cpu", capacity=8 * len(pairs) + 8, match_context=True)
     began = time.perf_counter()
     results = run(cache, pairs)
     text = report(args.pairs.resolve(), results, cache, args.explain, time.perf_counter() - began)

@@ -39,6 +39,7 @@ from gpucache.cache.replication import LocalOnly, RemovalFence, Replication, Sha
 from gpucache.cache.served import Keep, LoaderAnswer
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.stats import CacheStats, StatsCounter
+from gpucache.conversation.context import ContextMatcher
 from gpucache.conversation.value import request_of
 from gpucache.devices import DeviceLike, resolve_device
 from gpucache.embedding.embedder import TransformerEmbedder
@@ -118,6 +119,7 @@ class CacheCore:
             lock=self.lock, table=self.table, store=self.store, embedder=self.embedder,
             verifier=self.verifier, counters=lambda: self.counters, top_k=s.top_k, now=self.now,
             embedded=self.embedded, fetched=self.fetched,
+            context=ContextMatcher() if s.match_context else None,
         )
         # where an async exact lookup waits for the lock a scan holds: one thread of its own,
         # so a repeat never queues behind the embedder's batches in the shared pool

@@ -96,7 +96,7 @@ class Lookup:
         context: ContextMatcher | None = None,
     ) -> None:
         self.lock, self.table, self.store = lock, table, store
-        self.context = context if context is not None else ContextMatcher()
+        self.context = context  # None: earlier turns must be the same, word for word
         self.embedder, self.verifier, self.counters, self.top_k = embedder, verifier, counters, top_k
         self.now, self.embedded, self.fetched = now, embedded, fetched
 
@@ -212,11 +212,16 @@ class Lookup:
     def _judge(self, cached: str, new: str, similarity: float) -> Verdict:
         """The decision on one candidate, evaluated once: the verifier's on the two requests;
         where either is a conversation (value.py), the verifier's on the final requests and
-        then the context matcher's on the turns before them."""
+        then, on the turns before them, the context matcher's (``match_context``) or equality."""
         if cached.startswith(MARK) or new.startswith(MARK):
             a, b = decode(cached), decode(new)
             verdict = self._verdict(a.request, b.request, similarity)
-            return verdict if verdict.rejected else self.context.explain(a, b)
+            if verdict.rejected:
+                return verdict
+            if self.context is None:  # earlier turns compared word for word (match_context off)
+                same = a.context == b.context
+                return Verdict(not same, "context-same" if same else "context-differs")
+            return self.context.explain(a, b)
         return self._verdict(cached, new, similarity)
 
     def _verdict(self, cached: str, new: str, similarity: float) -> Verdict:

@@ -263,9 +263,10 @@ class ContextMatcher:
                            tuple(differing))
         for side, spoken, needed, others in (("cached", spoken_a, needed_a, spoken_b),
                                              ("new", spoken_b, needed_b, spoken_a)):
-            found = []
+            found: list[tuple[int, int]] = []
             for turn in spoken:
-                match = self._counterpart(turn, [t for t in others if t.role == turn.role], strict)
+                after = found[-1] if found else (-1, -1)
+                match = self._counterpart(turn, [t for t in others if t.role == turn.role], strict, after)
                 if isinstance(match, tuple):
                     found.append(match)
                 elif match.rule != "context-unmatched" or (turn in needed and not aside(turn)):
@@ -290,11 +291,18 @@ class ContextMatcher:
                                        f"{side} turn {turn.index + 1}: {match.detail}", match.words)
         return Verdict(False, "context-apart")
 
-    def _counterpart(self, turn: _Read, others: list[_Read], strict: bool) -> tuple[int, int] | Verdict:
-        """The position of the turn of ``others`` that says the same as ``turn`` (``_same``);
-        else why there is none: no turn shares enough of its words to be its counterpart, or
-        the closest one differs."""
-        ranked = sorted(others, key=lambda o: (-len(turn.content & o.content), -o.index))
+    def _counterpart(self, turn: _Read, others: list[_Read], strict: bool,
+                     after: tuple[int, int] = (-1, -1)) -> tuple[int, int] | Verdict:
+        """The position of the sentence of ``others`` that says the same as ``turn`` (``_same``),
+        the first at or after ``after`` among those sharing the most words (a sentence said
+        twice, "Thanks!", is matched in order); else why there is none: no sentence shares
+        enough of its words to be its counterpart, or the closest one differs."""
+        same = [o for o in others if o.text == turn.text]  # the common case, without the guard
+        if same:
+            o = min(same, key=lambda o: ((o.index, o.part) < after, o.index, o.part))
+            return o.index, o.part
+        ranked = sorted(others, key=lambda o: (-len(turn.content & o.content),
+                                               (o.index, o.part) < after, o.index, o.part))
         close = [o for o in ranked if _close(turn, o)]
         if not close:
             return Verdict(True, "context-unmatched", f'"{turn.text[:80]}" has no counterpart')

@@ -5,15 +5,15 @@ is equal: the tenant's namespace, the endpoint, and the whole request body excep
 compared by meaning and the fields that only shape the transport (``stream``,
 ``stream_options``, ``user``). So the model, every sampling setting (an omitted temperature is
 the upstream's default, not 0, and an omitted field stays apart from any value), limits, stop,
-seed, tools, the response format, the system prompt(s) and every earlier turn of the
-conversation are in it, and a field this proxy has never heard of is in it too: an unknown
-field can cost a hit, never cause a wrong answer.
+seed, tools, the response format and the system prompt(s) are in it, and a field this proxy
+has never heard of is in it too: an unknown field can cost a hit, never cause a wrong answer.
 
 The text compared by meaning is the last user message (for ``/v1/completions``, the prompt),
-and the earlier user and assistant turns are its *context*, compared by meaning too
-(gpucache.conversation: a follow-up, "how old is he?", is served only after a conversation
-that agrees on what it depends on). System and developer messages before the first turn stay
-in the scope. A conversation holding anything else (tool calls and results, names, a system
+and the earlier user and assistant turns are its *context*, carried with it as a
+``Conversation`` (gpucache.conversation): the cache serves a follow-up ("how old is he?") only
+after the same earlier turns, word for word, or, with ``match_context`` on, after turns the
+context matcher finds agree on what it depends on. System and developer messages before the
+first turn stay in the scope. A conversation holding anything else (tool calls and results, names, a system
 message between turns, content that is not text) keeps every earlier message in the scope, as
 an exact match: an unknown shape can cost a hit, never cause a wrong answer.
 
@@ -62,7 +62,7 @@ class RequestKey:
     bypass: str | None  # why the cache stays out of it, or None
     stream: bool
     include_usage: bool
-    context: tuple[Turn, ...] = ()  # the earlier turns, compared by meaning
+    context: tuple[Turn, ...] = ()  # the earlier turns (the cache compares them: match_context)
     # where there is context: the scope an earlier version filed this request under (every
     # earlier turn in it), whose entries are still served for their exact repeat
     legacy_scope: str | None = None

@@ -29,9 +29,10 @@ NON_DEFAULT = {
     "lookup_batch": 8,
     "lookup_timeout_seconds": 0.5,
     "scan_kernel": "torch",
+    "match_context": True,
 }
 # the machine's and the server's speed choices: a snapshot leaves them out
-NOT_SAVED = {"scan_kernel", "lookup_window_seconds", "lookup_batch", "lookup_timeout_seconds"}
+NOT_SAVED = {"scan_kernel", "lookup_window_seconds", "lookup_batch", "lookup_timeout_seconds", "match_context"}
 
 
 def test_every_setting_has_a_non_default_value_here():

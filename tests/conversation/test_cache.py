@@ -23,9 +23,22 @@ STORED = talk("how much would that cost per month?",
 
 @pytest.fixture
 def cache(real_embedder) -> SemanticCache:
-    made = SemanticCache(real_embedder, device="cpu")
+    made = SemanticCache(real_embedder, device="cpu", match_context=True)
     made.put(STORED, "The Traveller plan is $45 a month.")
     return made
+
+
+def test_by_default_earlier_turns_must_be_the_same_word_for_word(real_embedder):
+    """``match_context`` off (the default): the final request is matched by meaning, after the
+    same earlier turns only."""
+    cache = SemanticCache(real_embedder, device="cpu")
+    cache.put(STORED, "The Traveller plan is $45 a month.")
+    reworded_final = Conversation("what would that cost monthly?", STORED.context)
+    hit = cache.get(reworded_final)
+    assert hit is not None and not hit.exact
+    chatty = Conversation(STORED.request, (Turn("user", "hi there"), Turn("assistant", "Hello!"), *STORED.context))
+    assert cache.get(chatty) is None
+    assert cache.stats().rejections.get("context-differs") == 1
 
 
 def test_the_exact_conversation_is_an_exact_hit(cache):

@@ -37,7 +37,8 @@ def test_a_chat_model_is_answered_from_the_cache_for_a_rewording(adapter):
     assert model.invoke("How do I reset my username?").content == "second"  # a different question
 
 
-def test_a_follow_up_is_served_after_the_same_conversation_reworded(adapter):
+def test_a_follow_up_is_served_after_the_same_conversation_reworded(real_embedder):
+    adapter = GpuSemanticCache(SemanticCache(real_embedder, device="cpu", match_context=True))
     model = FakeListChatModel(responses=["1815", "1867", "asked"], cache=adapter)
     ada = [HumanMessage(content="Who was Ada Lovelace?"), AIMessage(content="A mathematician."),
            HumanMessage(content="When was she born?")]

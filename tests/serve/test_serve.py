@@ -46,7 +46,8 @@ def proxy(upstream, real_embedder, tmp_path_factory):
                          namespace_secret=SECRET,
                          snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"))
     app = create_app(config, cache_factory=lambda: SemanticCache(
-        real_embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0))
+        real_embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0,
+        match_context=True))
     with Served(app) as served:
         yield served
 
