@@ -419,8 +419,43 @@ def test_admin_endpoints_need_the_token_and_do_their_job(proxy, real_embedder):
     assert len(SemanticCache.load(saved, embedder=real_embedder, device="cpu")) == entries
 
 
-@pytest.mark.parametrize("method, path", [("POST", "invalidate"), ("POST", "clear"), ("POST", "revoke"),
-                                          ("POST", "snapshot"), ("GET", "stats")])
+def test_every_admin_route_the_app_has_is_one_of_those_checked_below(proxy):
+    """The router checks the token for every route it holds; the routes are listed below so
+    that each is also asked for real."""
+    def walk(routes):  # an included router stands as one route holding its own
+        for r in routes:
+            inner = getattr(r, "original_router", None)
+            yield from walk(inner.routes) if inner is not None else (r,)
+
+    routes = {(m, r.path.removeprefix("/admin/")) for r in walk(proxy.app.routes)
+              if getattr(r, "path", "").startswith("/admin") for m in r.methods}
+    assert routes == set(ADMIN_ROUTES)
+
+
+def test_a_route_added_to_the_admin_router_is_closed_without_its_own_check():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from gpucache.serve import admin
+
+    admin.router.add_api_route("/added-later", lambda: {"open": True}, methods=["GET"])
+    try:
+        app = FastAPI()
+        app.include_router(admin.router)
+        app.state.config = ServeSettings(upstream="http://127.0.0.1:9/v1", admin_token=ADMIN, require_auth=False)
+        app.add_exception_handler(admin.AdminRefusal, lambda request, exc: exc.response)
+        with TestClient(app) as client:
+            assert client.get("/admin/added-later").status_code == 401
+            opened = client.get("/admin/added-later", headers={"authorization": f"Bearer {ADMIN}"})
+            assert opened.json() == {"open": True}
+    finally:
+        admin.router.routes.pop()
+
+
+ADMIN_ROUTES = [("POST", "invalidate"), ("POST", "clear"), ("POST", "revoke"), ("POST", "snapshot"), ("GET", "stats")]
+
+
+@pytest.mark.parametrize("method, path", ADMIN_ROUTES)
 def test_every_admin_endpoint_refuses_a_wrong_token_before_its_body_is_read(proxy, method, path):
     for token in (None, "Bearer not-the-admin-token", f"Basic {ADMIN}"):
         headers = {"authorization": token} if token else {}
