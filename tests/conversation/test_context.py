@@ -203,7 +203,7 @@ def test_a_request_that_stands_alone_still_needs_the_same_standing_instructions(
 @pytest.mark.parametrize("request_text, points", [
     ("how much is it?", True), ("is the answer 7/8?", True), ("do I need an x-ray?", True),
     ("and for two people?", True), ("tell me more about the second one", True),
-    ("how do I reverse a string in python?", False), ("what is compound interest?", False),
+    ("how do I reverse a string in python?", False), ("why do onions make people cry when cut?", False),
 ])
 def test_what_points_back(request_text, points):
     assert context.points_back(request_text) is points
