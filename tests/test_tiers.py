@@ -58,6 +58,7 @@ TIERS: dict[str, str] = {
     "gpucache.cache.flow": ENGINE,
     "gpucache.cache.loading": ENGINE,
     "gpucache.cache.lookup": ENGINE,
+    "gpucache.cache.onloop": ENGINE,
     "gpucache.cache.replication": ENGINE,
     "gpucache.cache.saving": ENGINE,
     "gpucache.cache.semantic": ENGINE,

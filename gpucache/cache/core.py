@@ -4,9 +4,10 @@ The facade (``SemanticCache``, semantic.py) checks what callers hand it and runs
 get-or-load flows (flow.py), whose drivers (drivers.py) run the operations defined here
 (``finish``, ``abort``, ``claim_shared``...). What is here: the collaborators and settings, the
 lock, the entry table over the index, single-flight, the counters and the clock; the lookups
-(``Lookup``, lookup.py) and the claims taken on what they found (claims.py); stores after a
-load; the upkeep. The snapshot's capture and restore are saving.py's. Public to the package;
-input is not checked here (the facade has done it).
+(``Lookup``, lookup.py: ``find`` for plain lookups, ``find_and_claim`` for get-or-load ones,
+each with one return type; from an event loop, onloop.py) and the claims taken on what they
+found (claims.py); stores after a load; the upkeep. The snapshot's capture and restore are
+saving.py's. Public to the package; input is not checked here (the facade has done it).
 
 Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
 embedder, the verifier, the content policy and the caller's loader never run under it, so a
@@ -19,22 +20,19 @@ Single-flight has its own lock (flight.py), so a claim can be released on the ev
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from gpucache.cache.batching import LookupCoalescer
 from gpucache.cache.claims import Claims, take_claims
 from gpucache.cache.entries import EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight
 from gpucache.cache.lookup import Findings, Lookup, LookupRequest
+from gpucache.cache.onloop import LoopLookups
 from gpucache.cache.replication import LocalOnly, RemovalFence, Replication, SharedEntry
 from gpucache.cache.served import Keep, LoaderAnswer
 from gpucache.cache.settings import CacheSettings
@@ -54,14 +52,6 @@ from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy, ContentPolicy
 
 log = logging.getLogger("gpucache")
-
-
-@dataclass(frozen=True)
-class LockBusy:
-    """``CacheCore.exact``'s answer where the lock was held and the caller would not wait."""
-
-
-LOCK_BUSY = LockBusy()
 
 
 class CacheCore:
@@ -121,11 +111,7 @@ class CacheCore:
             embedded=self.embedded, fetched=self.fetched,
             context=ContextMatcher() if s.match_context else None,
         )
-        # where an async exact lookup waits for the lock a scan holds: one thread of its own,
-        # so a repeat never queues behind the embedder's batches in the shared pool
-        self._exact_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpucache-exact")
-        self.coalescer = LookupCoalescer(self.lookup_batch, self.release,
-                                         window=s.lookup_window_seconds, max_batch=s.lookup_batch)
+        self.onloop = LoopLookups(self)  # lookups asked from an event loop (onloop.py)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
         self.shared: Replication = LocalOnly()
         if shared is not None:
@@ -142,7 +128,7 @@ class CacheCore:
     @property
     def batches(self) -> int:
         """Lookup batches computed so far (the coalescer's count; a server exports it)."""
-        return self.coalescer.batches
+        return self.onloop.coalescer.batches
 
     # ----------------------------------------------------------------------------- upkeep
 
@@ -179,7 +165,7 @@ class CacheCore:
 
     def close(self) -> None:
         self.shared.close()
-        self._exact_pool.shutdown(wait=False)
+        self.onloop.close()
 
     def purge_expired(self) -> int:
         with self.lock:
@@ -237,9 +223,22 @@ the whole of it, conversation/value.py)."""
         self.shared.stored(scope, items, vectors, _expiry(now, ttl))
         return stored
 
-    def lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Findings | Claims]:
-        """Each request's findings, and for a get-or-load request its claims on them
-        (claims.py), from one embedder batch and one scan per scope."""
+    def find(self, requests: Sequence[LookupRequest]) -> list[Findings]:
+        """Plain lookups (no claims): each request's findings, from one embedder batch and one
+        scan per scope."""
+        if any(r.claim for r in requests):
+            raise ValueError("gpucache bug: find takes plain lookups; find_and_claim claims")
+        return self.lookup.find(requests)
+
+    def find_and_claim(self, requests: Sequence[LookupRequest]) -> list[Claims]:
+        """Get-or-load lookups: each request's claims on what it found (claims.py)."""
+        if not all(r.claim for r in requests):
+            raise ValueError("gpucache bug: find_and_claim takes get-or-load lookups")
+        return cast("list[Claims]", self.looked(requests))
+
+    def looked(self, requests: Sequence[LookupRequest]) -> list[Findings | Claims]:
+        """One batch that may hold both kinds (the coalescer's): each plain request's findings,
+        each get-or-load request's claims."""
         found = self.lookup.find(requests)
         if not any(r.claim for r in requests):
             return list(found)
@@ -251,40 +250,19 @@ the whole of it, conversation/value.py)."""
         """A get-or-load request's claims on what its lookup found (claims.py). Lock held."""
         return take_claims(found, request, self.table, self.flights, self.counters, self.admission, now)
 
-    def exact(self, request: LookupRequest, wait: bool) -> Findings | Claims | LockBusy | None:
-        """A request whose every prompt the exact tier answers (repeats: a dictionary lookup,
-        which through the coalescer would take a thread hop and queue behind the embedder),
-        looked up and claimed; None where one is not stored. ``wait`` False: only where the
-        lock is free at once, else ``LockBusy`` (how the event loop asks, never waiting on a
-        scan); True: from a thread that may wait for it (a scan holds it for milliseconds)."""
-        if not self.lock.acquire(blocking=wait):
-            return LOCK_BUSY
-        try:
-            found = self.lookup.exact(request)
-            if found is None or not request.claim:
-                return found
-            return self.claims(request, found, self.now())
-        finally:
-            self.lock.release()
+    async def afind(self, request: LookupRequest) -> Findings:
+        """``find`` for one plain request, from the event loop (onloop.py)."""
+        found = await self.onloop.looked(request)
+        if not isinstance(found, Findings) or request.claim:
+            raise ValueError("gpucache bug: afind takes a plain lookup")
+        return found
 
-    async def alookup(self, request: LookupRequest) -> Findings | Claims:
-        """``lookup_batch`` for one request, from the event loop: an exact repeat answered on
-        the spot where the lock is free, else after waiting for the lock in the exact tier's own
-        thread (``exact``); otherwise in a worker thread, at once where no batch is computing,
-        else in the next batch with the requests that gathered behind it (where
-        ``lookup_window_seconds`` is above 0), and bounded by ``lookup_timeout_seconds``
-        (``LookupTimeout``) (batching.py)."""
-        found = self.exact(request, wait=False)
-        held = self.table.may_hold
-        if isinstance(found, LockBusy) and all(held(request.scope, p) for p in request.prompts):
-            # a scan or a store holds the lock, and every prompt looks stored: wait for the lock
-            # in a thread of the exact tier's own (never queued behind the embedder's batches),
-            # then look again. A prompt not stored goes to the coalescer at once.
-            loop = asyncio.get_running_loop()
-            found = await loop.run_in_executor(self._exact_pool, self.exact, request, True)
-        if isinstance(found, (Findings, Claims)):
-            return found
-        return await self.coalescer.submit(request, self.settings.lookup_timeout_seconds)
+    async def afind_and_claim(self, request: LookupRequest) -> Claims:
+        """``find_and_claim`` for one get-or-load request, from the event loop (onloop.py)."""
+        found = await self.onloop.looked(request)
+        if not isinstance(found, Claims):
+            raise ValueError("gpucache bug: afind_and_claim takes a get-or-load lookup")
+        return found
 
     def release(self, found: Findings | Claims) -> None:
         """Give up a lookup's claims, if it took any: its caller is gone, and its waiters load

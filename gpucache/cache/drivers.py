@@ -39,7 +39,7 @@ from gpucache.cache.flow import (
     Wait,
     WaitShared,
 )
-from gpucache.cache.lookup import Findings, LookupRequest
+from gpucache.cache.lookup import LookupRequest
 from gpucache.cache.served import Found, Joined, Keep, Loaded, LoaderAnswer, ServeOnly, Stream
 from gpucache.cache.validation import check_response, check_ttl
 
@@ -55,9 +55,9 @@ class FlowCore(Protocol):
 
     shared: Replication
 
-    def lookup_batch(self, requests: Sequence[LookupRequest]) -> list[Findings | Claims]: ...
+    def find_and_claim(self, requests: Sequence[LookupRequest]) -> list[Claims]: ...
 
-    async def alookup(self, request: LookupRequest) -> Findings | Claims: ...
+    async def afind_and_claim(self, request: LookupRequest) -> Claims: ...
 
     def claim_shared(self, claims: Claims) -> list[str]: ...
 
@@ -127,7 +127,7 @@ def _stamped(result: Any, seconds: float) -> Any:
 
 def _call(core: FlowCore, op: Op, load: BatchLoad | None = None, open_: Opener | None = None) -> object:
     if isinstance(op, Find):
-        return core.lookup_batch([op.request])[0]
+        return core.find_and_claim([op.request])[0]
     if isinstance(op, Finish):
         core.finish(op.claims, op.answers, op.ttl)
         return None
@@ -153,7 +153,7 @@ async def _acall(
     core: FlowCore, op: Op, load: AsyncBatchLoad | None = None, open_: Opener | None = None
 ) -> object:
     if isinstance(op, Find):
-        return await core.alookup(op.request)
+        return await core.afind_and_claim(op.request)
     if isinstance(op, Abort) or (isinstance(op, ClaimShared) and not core.shared.remote):
         # in place: a release takes only single-flight's own lock, and must happen before
         # anything awaits (a cancelled task may be cancelled again at any await); a cache with

@@ -25,7 +25,7 @@ from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.core import CacheCore
 from gpucache.cache.flight import LoadAbandoned
 from gpucache.cache.loading import GetOrLoad
-from gpucache.cache.lookup import Findings, LookupRequest
+from gpucache.cache.lookup import LookupRequest
 from gpucache.cache.replication import Replication
 from gpucache.cache.saving import capture, restore
 from gpucache.cache.served import Found, Hit, Joined, Keep, Loaded, Served, ServeOnly, Stream
@@ -198,21 +198,20 @@ class SemanticCache(GetOrLoad):
     def get(self, prompt: Prompt, *, scope: str | None = None, threshold: float | None = None) -> Hit | None:
         """The cached answer for ``prompt`` in ``scope``, or None on a miss."""
         request = self._request([check_prompt(prompt)], scope, threshold)
-        return self._core.lookup.find([request])[0].ordered()[0]
+        return self._core.find([request])[0].ordered()[0]
 
     def get_all(
         self, prompts: Sequence[Prompt], *, scope: str | None = None, threshold: float | None = None
     ) -> list[Hit | None]:
         """``get`` for a whole list: one embedder batch and one scan; results in input order."""
         request = self._request(check_prompts(prompts), scope, threshold)
-        return self._core.lookup.find([request])[0].ordered()
+        return self._core.find([request])[0].ordered()
 
     async def aget(
         self, prompt: Prompt, *, scope: str | None = None, threshold: float | None = None
     ) -> Hit | None:
         """``get`` for asyncio: embedding and scanning run in a worker thread."""
-        found = await self._core.alookup(self._request([check_prompt(prompt)], scope, threshold))
-        assert isinstance(found, Findings)  # a plain lookup claims nothing
+        found = await self._core.afind(self._request([check_prompt(prompt)], scope, threshold))
         return found.ordered()[0]
 
     async def aget_all(
@@ -220,8 +219,7 @@ class SemanticCache(GetOrLoad):
     ) -> list[Hit | None]:
         """``get_all`` for asyncio: the event loop keeps serving while the batch is embedded, and
         lookups from concurrent calls share one batch where ``lookup_window_seconds`` is set."""
-        found = await self._core.alookup(self._request(check_prompts(prompts), scope, threshold))
-        assert isinstance(found, Findings)  # a plain lookup claims nothing
+        found = await self._core.afind(self._request(check_prompts(prompts), scope, threshold))
         return found.ordered()
 
     # ----------------------------------------------------------------------------- writes
