@@ -90,3 +90,15 @@ def test_invalidate_removes_the_conversation_only(cache):
     assert cache.invalidate(STORED)
     assert cache.get(STORED) is None or not cache.get(STORED).exact
     assert cache.get("how much would that cost per month?").exact
+
+
+def test_a_conversation_survives_a_snapshot_and_is_matched_the_same_after_it(cache, real_embedder, tmp_path):
+    path = tmp_path / "c.gpucache"
+    cache.save(path)
+    loaded = SemanticCache.load(path, embedder=real_embedder, device="cpu", match_context=True)
+    hit = loaded.get(STORED)
+    assert hit is not None and hit.exact and hit.cached_prompt == STORED
+    other_plan = talk("how much would that cost per month?",
+                      "which of your plans includes unlimited data?",
+                      "The Streamer plan includes unlimited data.")
+    assert loaded.get(other_plan) is None

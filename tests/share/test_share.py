@@ -547,3 +547,19 @@ def test_the_queue_knows_the_removals_it_holds_through_writes_and_drops(server):
     assert cache.shared.writer.removals() == [("two", None)]
     cache.put("another question", "another answer")
     assert cache.shared.writer.removals() == []
+
+
+def test_a_conversation_replicates_whole_and_is_judged_the_same_on_every_replica(replicas):
+    from gpucache import Conversation, Turn
+
+    asked = Conversation("when was she born?", (Turn("user", "who was Ada Lovelace?"),
+                                                 Turn("assistant", "A mathematician.")))
+    other = Conversation("when was she born?", (Turn("user", "who was Marie Curie?"),
+                                                 Turn("assistant", "A physicist.")))
+    a, b = replicas(), replicas()
+    a.put(asked, "1815")
+    assert b.shared.wait_applied(1, timeout=10)
+    hit = b.get(asked)
+    assert hit is not None and hit.exact and hit.cached_prompt == asked
+    assert a.get(other) is None and b.get(other) is None  # the same final request, other turns
+    assert a.stats().rejections == b.stats().rejections == {"context-differs": 1}
