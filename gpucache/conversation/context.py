@@ -3,22 +3,24 @@
 The guard has already judged the two final requests the same. What is left is the context:
 the earlier turns. Comparing them whole would refuse nearly every conversation (a greeting, a
 turn reworded, a question about something else asked first); ignoring them would serve the
-answer to "how much is it?" about one product after a conversation about another. So the
-matcher compares only what the final request *depends on*, and compares it strictly:
+answer to "how much is it?" about one product after a conversation about another. So:
 
-1. **Read each turn**: its content words (the guard's reading: framing dropped, stems, the
-   interchangeable table, misspellings mended) and its *details*: numbers, names written with a
-   capital, and words of a kind the guard names (an entity, an audience, a time...). A turn
-   with no content word is chatter ("hi!", "thanks, that helps") and is set aside.
-2. **Find the turns the request depends on, on each side**: where the final request points back
-   ("it", "that", "the second one", "instead", "what about", a request of one content word),
-   the latest exchange; then every turn that shares a content word with the request or with a
-   turn already found, until none joins. A turn on another topic that nothing refers to is
-   unrelated and does not count.
-3. **Compare those turns strictly**: the details of the turns found must be the same on both
-   sides (a different account, number, product, place, or a price the assistant quoted), and
-   every user turn found must have a counterpart on the other side that the guard judges the
-   same request (a change of mind, "actually, make it vegetarian", has none).
+1. **Read each turn sentence by sentence**: each sentence's content words (the guard's reading:
+   framing dropped, stems, the interchangeable table, misspellings mended) and its *details*
+   (numbers, names written with a capital). A sentence with neither is chatter, set aside.
+2. **A request that stands alone** (it points back to nothing: no "it", "that", "the second
+   one", "my ...", "the answer", no follow-up opening) needs only the same standing
+   instructions on both sides ("from now on answer in French").
+3. **Find what the request depends on, on each side** (``needed_turns``): the latest exchange
+   and every sentence sharing a word with the request or with one found, and every other
+   exchange except an island (sharing no word with the request or the rest) and an exchange
+   the user marks as an aside ("random q", "unrelated", "btw").
+4. **Compare strictly**: the numbers and names stated in what the request depends on must be
+   stated on the other side; every sentence needs a close counterpart (a third of its words
+   shared) that the guard and the edit check judge the same (a sentence edited in a word,
+   "a tension headache" / "a migraine", states something else), in the same order where the
+   order can decide what "it" or "the second one" means; a sentence one side has and the other
+   does not refuses when the request depends on it, unless it is a reaction said in passing.
 
 When unsure it refuses: a turn with no counterpart is a difference. Everything is a pure
 function of the two conversations and shipped word lists (no floating point, no ``hash()``),
@@ -48,7 +50,6 @@ BACK_REFERENCES = frozenset(
     former latter previous earlier above mentioned option options either both cheaper cheapest
     bigger smaller better worse more less longer shorter then""".split()
 )
-ORDINALS = frozenset("first second third fourth fifth last former latter previous other".split())
 # A turn that keeps this many content words of the other, and at least EDIT_RATIO times as many
 # as it changes, is an edit of it (context.ContextMatcher._same)
 EDIT_SHARED_MIN, EDIT_RATIO = 3, 1
@@ -142,12 +143,6 @@ def points_back(request: str) -> bool:
         return True
     content, _ = _read_text(request[:MAX_TURN_CHARS])
     return len(content) <= 1
-
-
-def ordinal(request: str) -> bool:
-    """Whether a request picks one of several things by its place ("the second one", "the
-    latter"): then the order the context listed them in decides which."""
-    return any(w in ORDINALS for w in _WORD.findall(request.casefold()))
 
 
 def depended_on(request: str, turns: list[_Read]) -> list[_Read]:

@@ -21,7 +21,8 @@ Requests whose answer a cache cannot stand for are bypassed: several choices (``
 log-probabilities, token ids or the prompt echoed (vLLM's ``return_token_ids``, ``echo``), a
 last message that is not the user's, content that is not text, and texts too short to embed
 meaningfully (an empty tool-result turn would embed to one fixed vector and hit another
-conversation's entry).
+conversation's entry), and a text that starts as the cache's key of a conversation
+(``value.MARK``: the library refuses such a prompt, so that no text is read as a conversation).
 
 Invisible format characters in the texts compared by meaning (the final message and the
 context) are in the scope too (``format_characters``): the model reads them and the embedder
@@ -38,7 +39,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from gpucache.conversation.value import Conversation, Prompt, Turn
+from gpucache.conversation.value import MARK, Conversation, Prompt, Turn
 
 TRANSPORT_FIELDS = frozenset({"stream", "stream_options", "user"})
 MIN_TEXT_CHARS = 2  # below this a text has no meaning to compare: "" or "?" embed to noise
@@ -152,6 +153,8 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
         bypass = "echo"
     if bypass is None and text is not None and len(text.strip()) < MIN_TEXT_CHARS:
         bypass = "short-text"
+    if bypass is None and text is not None and text.startswith(MARK):
+        bypass = "reserved-text"  # the cache's own key of a conversation: the client's text stays its own
     hidden = "".join(format_characters(t) for t in (*(turn.text for turn in context), text or ""))
     scope = f"{tenant}/{_digest(kind, rest, hidden)}"
     if bypass is not None:

@@ -60,6 +60,7 @@ def test_transport_fields_never_split_a_scope():
     (chat_body(return_token_ids=True), "token-ids"),  # vLLM's: the ids beside the text
     (chat_body(echo=True), "echo"),  # vLLM's: the prompt echoed in the answer
     (chat_body("?"), "short-text"),
+    (chat_body("\x00gpucache-conversation-1\x00" + '["x"]'), "reserved-text"),
     ({"model": "smol", "messages": [{"role": "user", "content": "Hi there"},
                                     {"role": "assistant", "content": "Hello"}]}, "last-message-not-user"),
     (chat_body([{"type": "image_url", "image_url": {"url": "data:,"}}]), "non-text-content"),
