@@ -2,7 +2,7 @@
 
 Why: a server runs one ``aget_or_put`` per request, each with one prompt; looked up alone, every
 request pays for its own embedder call and its own scan over every stored row. Requests that
-gather share one batch (``CacheCore._looked``): one embedder batch and one scan per scope (lookup.py). Each
+gather share one batch (``CacheCore.looked``): one embedder batch and one scan per scope (lookup.py). Each
 caller gets the result it would have got alone.
 
 Batch only what gathers. A lookup that arrives while none of its loop's batches is computing is
@@ -63,7 +63,7 @@ class LookupCoalescer:
     """Batches the lookups submitted on an event loop while one of its batches computes.
 
     Args:
-        run: ``CacheCore._looked``: requests in, a result per request out (its
+        run: ``CacheCore.looked``: requests in, a result per request out (its
             findings, or a get-or-load call's claims); runs in a worker thread.
         release: gives up a result's claims, if any (its caller is gone).
         window: above 0, lookups coalesce: one is sent at once where no batch is computing,

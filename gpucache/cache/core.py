@@ -202,8 +202,8 @@ class CacheCore:
         """The texts the semantic tier embeds for ``prompts``: each prompt's request as the
         verifier reads it (``ReadsRequests``: framing dropped, shorthand written out), so a
         chatty wrapper and the bare request land together; the prompt itself for a verifier
-        that reads prompts as written. The exact tier always keys the prompt as sent (a conversation:
-the whole of it, conversation/value.py)."""
+        that reads prompts as written. The exact tier always keys the prompt as sent (a
+        conversation: the whole of it, conversation/value.py)."""
         requests = [request_of(p) for p in prompts]  # a conversation: its final request
         verifier = self.verifier
         if isinstance(verifier, ReadsRequests):

@@ -209,7 +209,7 @@ class Proxy:
 
     async def stored_before(self, ex: Exchange) -> Hit | None:
         """The answer an earlier version stored for exactly this conversation, where it holds
-        one: before conversations were matched by meaning, every earlier turn was in the scope
+        one: before a conversation's turns were carried as its context, every one was in the scope
         (``RequestKey.legacy_scope``), and such an entry stays served for its exact repeat until
         it expires. Asked only where the lock-free check finds one, so it costs nothing else."""
         legacy, text = ex.key.legacy_scope, ex.key.text
