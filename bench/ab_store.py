@@ -42,13 +42,16 @@ def store_class_at(revision: str) -> type:
     from git and imported as ``gpucache_base`` beside this checkout's (its modules moved between
     revisions, so one file would not do)."""
     root = Path(tempfile.mkdtemp())
-    archive = subprocess.run(["git", "archive", revision, "gpucache", "kernels"], check=True,
-                             capture_output=True).stdout
+    # before 2026-12 the kernels lived in a top-level kernels/ folder installed as gpucache.kernels
+    older = subprocess.run(["git", "cat-file", "-e", f"{revision}:kernels"], capture_output=True).returncode == 0
+    archive = subprocess.run(["git", "archive", revision, "gpucache", *(["kernels"] if older else [])],
+                             check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(root, filter="data")
     package = root / "gpucache_base"
     (root / "gpucache").rename(package)
-    (root / "kernels").rename(package / "kernels")  # installed as gpucache.kernels
+    if older:
+        (root / "kernels").rename(package / "kernels")
     for source in package.rglob("*.py"):
         text = source.read_text()
         source.write_text(re.sub(r"\bgpucache(?=[. ])", "gpucache_base", text))

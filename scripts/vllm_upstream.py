@@ -96,8 +96,7 @@ class Engine:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         env.pop("PYTHONPATH", None)  # the engine's environment is its own
-        # run from its environment's folder: from the checkout, this project's kernels/ folder
-        # would shadow the `kernels` package transformers looks for
+        # run from its environment's folder: nothing of the checkout is imported in its place
         self._process = subprocess.Popen(self.command(), env=env, cwd=VENV, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
         threading.Thread(target=self._read, args=(self._process,), daemon=True).start()

@@ -141,8 +141,6 @@ def test_no_module_imports_another_modules_private_names(tmp_path):
 def test_no_module_of_the_package_is_longer_than_a_reader_holds_at_once():
     """A module over the limit does more than one part's work: split it where its parts meet."""
     lengths = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
-    kernels = PACKAGE.parent / "kernels"
-    lengths.update({f"kernels.{p.stem}": len(p.read_text().splitlines()) for p in kernels.glob("*.py")})
     assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
 
 
@@ -154,9 +152,17 @@ def test_every_package_of_the_tree_is_installed_with_the_library():
     config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     in_tree = {".".join(p.parent.relative_to(root).parts) for p in (root / "gpucache").rglob("__init__.py")}
-    assert in_tree | {"gpucache.kernels"} == listed
-    assert config["package-dir"] == {"gpucache.kernels": "kernels"}
-    assert (root / "kernels" / "__init__.py").exists()
+    assert in_tree == listed
+    assert "package-dir" not in config  # every package where its name says
+
+def test_nothing_at_the_repository_root_can_be_imported_in_place_of_another_distribution():
+    """Commands run from the checkout put its root first on sys.path: a package or module there
+    is imported in place of an installed one of the same name. A top-level kernels/ folder did
+    that to the `kernels` distribution transformers imports, and the first command failed."""
+    root = PACKAGE.parent
+    importable = sorted(p.name for p in root.iterdir()
+                        if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py")
+    assert importable == ["gpucache"]
 
 
 def _layout_names() -> set[str]:

@@ -26,7 +26,6 @@ import pytest
 from gpucache.extras import EXTRAS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpucache"
-KERNELS = PACKAGE.parent / "kernels"
 
 # What the engine needs beyond the standard library: the core dependencies and their own
 ENGINE_LIBRARIES = ("torch", "numpy", "transformers", "safetensors", "tokenizers", "pynvml", "tqdm",
@@ -190,7 +189,6 @@ def _package_modules() -> set[str]:
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    found |= {"gpucache.kernels" + ("" if p.stem == "__init__" else "." + p.stem) for p in KERNELS.glob("*.py")}
     found.discard("gpucache.__main__")  # runs the command
     return found
 

