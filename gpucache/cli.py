@@ -163,8 +163,20 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging as hf_logging
 
+    import torch
+
     from gpucache import TransformerEmbedder
-    from gpucache.guard.calibration import Scored, choose, fold_of, interval, skip_sets, to_toml, upper_bound
+    from gpucache.guard.calibration import (
+        Scored,
+        choose,
+        fold_of,
+        interval,
+        near,
+        similarity_milli,
+        skip_sets,
+        to_toml,
+        upper_bound,
+    )
     from gpucache.guard.lexical import LexicalNearMissVerifier
 
     try:
@@ -176,16 +188,18 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print("gpucache calibrate: --budget must be in (0, 1)", file=sys.stderr)
         return 2
     hf_logging.disable_progress_bar()
-    embedder = TransformerEmbedder(args.model, device=args.device)
+    # fp32 on every machine: the half precision a CPU or GPU would serve in moves similarities by
+    # thousandths, and the same pairs would choose another point there (calibration.py)
+    embedder = TransformerEmbedder(args.model, device=args.device, dtype=torch.float32)
     verifiers = {skip: LexicalNearMissVerifier(skip=skip) for skip in skip_sets()}
     guard = verifiers[()]
     # what the cache embeds: each prompt's request text (the same for every set of rules)
     texts = [guard.request(a) for a, _, _ in pairs] + [guard.request(b) for _, b, _ in pairs]
     vectors = embedder.encode(texts)
     n = len(pairs)
-    sims = (vectors[:n] * vectors[n:]).sum(dim=1).tolist()
+    sims = (vectors[:n].double() * vectors[n:].double()).sum(dim=1).tolist()
     # each pair both ways round: the cache may hold either prompt
-    scored = [Scored(label, int(sim * 1000) if sim < 1 else 1000,
+    scored = [Scored(label, similarity_milli(sim),
                      {skip: v.verify(a, b, sim) and v.verify(b, a, sim) for skip, v in verifiers.items()},
                      fold_of(a, b))
               for (a, b, label), sim in zip(pairs, sims)]
@@ -193,8 +207,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     positives = sum(p.label for p in scored)
     held_out = [p for p in scored if p.fold]
     negatives_out = sum(p.label == 0 for p in held_out)
+    matmuls = str(embedder.autocast_dtype or embedder.dtype).removeprefix("torch.")
     print(f"{n} pairs: {positives} same request, {n - positives} different; budget {args.budget:.2%} "
-          f"false hits on the {args.confidence:.0%} upper bound")
+          f"false hits on the {args.confidence:.0%} upper bound; similarities from {matmuls} embeddings "
+          "in float64, compared to 4 places")
     print(f"the point is chosen on {n - len(held_out)} pairs and its figures and bound are those of the "
           f"other {len(held_out)} (split by a hash of each pair's text): a bound on the pairs that "
           "chose it would favour the luckiest of 1,280 candidates")
@@ -207,6 +223,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     hit_low, hit_high = interval(choice.hits, choice.positives, args.confidence)
     fh_low, fh_high = interval(choice.false_hits, choice.negatives, args.confidence)
     print(f"threshold {choice.threshold:.3f}, soft rules off: {', '.join(choice.skip_rules) or 'none'}")
+    close = near(sims, choice.threshold_milli)
+    if close:
+        print(f"near the threshold: {close} pairs within 0.0005 of it; a cache serving in half precision "
+              "(bf16 or fp16 matmuls) may put some on its other side")
     print(f"expected hits       {choice.hit_rate:.1%} ({choice.hits} of {choice.positives}; "
           f"{args.confidence:.0%} interval {hit_low:.1%} to {hit_high:.1%})")
     print(f"expected false hits {choice.false_hit_rate:.1%} ({choice.false_hits} of {choice.negatives}; "

@@ -19,6 +19,18 @@ not chosen. A point that the held-out half cannot confirm within the budget is n
 Ties go to the higher threshold and then to fewer rules switched off: the more conservative
 point. Thresholds are searched on a grid of thousandths, as integers, so the choice does not
 depend on floating-point rounding of the grid.
+
+The same pairs should choose the same point on every machine. The similarities are what could
+differ: ``gpucache calibrate`` embeds in fp32 whatever the machine would serve in (a CPU with
+native bf16 moves similarities by up to a few thousandths, enough to move a pair across a
+threshold), and computes each similarity in float64 from those vectors; machines then differ in
+about the seventh place, from their matrix kernels' order of sums. ``similarity_milli`` rounds
+to a stated precision, ``PLACES`` decimals, before it compares: a pair that one machine puts a
+hair below a threshold and another a hair above counts the same on both. What remains is a pair
+within that difference of a rounding midpoint. A cache that serves in half precision computes
+its similarities a little differently again (its embeddings keep 0.9999 cosine with fp32's):
+the printed "near the threshold" count says how many pairs lie close enough to the chosen
+threshold for that to matter.
 """
 
 from __future__ import annotations
@@ -34,6 +46,23 @@ from itertools import combinations
 from gpucache.guard.settings import SOFT_RULES
 
 THRESHOLDS_MILLI = range(800, 1000, 5)  # 0.800 ... 0.995
+PLACES = 4  # similarities agreeing to this many decimal places are one similarity
+
+
+def similarity_milli(similarity: float) -> int:
+    """A similarity in thousandths as calibration compares it with a threshold: rounded to
+    ``PLACES`` decimals, then down to thousandths (a pair is served at a threshold it reaches,
+    as in the cache), in integers. 0.87499997 and 0.87500003, one pair on two machines, are both
+    875. At most 1000: a prompt's similarity with itself may come out a hair above one."""
+    units = round(similarity * 10**PLACES)  # the product and the rounding are exact IEEE steps
+    return min(1000, units // 10 ** (PLACES - 3))
+
+
+def near(similarities: Sequence[float], threshold_milli: int) -> int:
+    """How many similarities lie within half a thousandth of the threshold: the pairs whose side
+    of it a cache serving in half precision could decide otherwise."""
+    edge = threshold_milli / 1000
+    return sum(abs(s - edge) < 0.0005 for s in similarities)
 
 
 def _log_pmf(k: int, n: int, p: float) -> float:
@@ -86,8 +115,8 @@ def interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Scored:
-    """One labelled pair: its label, its similarity in thousandths (rounded down), and for each
-    set of skipped soft rules (``skip_sets()``) whether the guard accepts it."""
+    """One labelled pair: its label, its similarity in thousandths (``similarity_milli``), and
+    for each set of skipped soft rules (``skip_sets()``) whether the guard accepts it."""
 
     label: int
     similarity_milli: int

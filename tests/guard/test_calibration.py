@@ -19,6 +19,8 @@ from gpucache.guard.calibration import (
     binomial_cdf,
     choose,
     interval,
+    near,
+    similarity_milli,
     skip_sets,
     to_toml,
     upper_bound,
@@ -87,6 +89,29 @@ def test_a_soft_rule_is_switched_off_only_where_it_buys_hits_within_the_budget()
     assert choice.false_hit_bound <= 0.02
 
 
+@pytest.mark.parametrize("hair", [3e-8, 3e-7, 3e-6])
+def test_one_pair_as_two_machines_compute_it_is_one_similarity(hair):
+    # fp32 embeddings summed in another order differ in about the seventh place
+    for milli in (800, 875, 905, 999):
+        assert similarity_milli(milli / 1000 - hair) == similarity_milli(milli / 1000 + hair) == milli
+    assert similarity_milli(0.87549) == 875  # a threshold is reached, never rounded up to
+    assert similarity_milli(1.0000001) == 1000 and similarity_milli(-0.25) == -250
+
+
+def test_the_same_pairs_choose_the_same_point_on_a_machine_whose_arithmetic_differs():
+    def as_computed(offset: float) -> list[Scored]:
+        # every similarity on a threshold of the grid or between, a hair off on each machine
+        return [Scored(p.label, similarity_milli(p.similarity_milli / 1000 + offset), p.accepted, p.fold)
+                for p in pairs(4000, 1000)]
+
+    here, there = choose(as_computed(-4e-7), budget=0.02), choose(as_computed(4e-7), budget=0.02)
+    assert here is not None and here == there
+
+
+def test_the_pairs_near_the_chosen_threshold_are_counted():
+    assert near([0.8746, 0.8751, 0.87549, 0.8756, 0.90], 875) == 3
+
+
 def test_too_few_different_pairs_to_promise_the_budget_is_no_choice():
     assert choose(pairs(50, 50), budget=0.01) is None  # 0 of 50 still bounds at 5.8%
     with pytest.raises(ValueError):
@@ -114,7 +139,13 @@ def write(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_the_command_calibrates_a_file_end_to_end(tmp_path, capsys):
+def test_the_command_calibrates_a_file_end_to_end(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from gpucache.embedding import embedder
+
+    # a machine whose cache would serve in bf16: the command still embeds in fp32
+    monkeypatch.setattr(embedder, "_default_dtype", lambda device: torch.bfloat16)
     same = [("How do I boil an egg?", "how do you boil an egg"), ("What is the capital of Peru?",
             "capital of Peru?"), ("Tips for sleeping better", "How can I sleep better?")]
     different = [("How do I boil an egg?", "How do I poach an egg?"), ("Capital of Peru", "Capital of Chile"),
@@ -125,6 +156,7 @@ def test_the_command_calibrates_a_file_end_to_end(tmp_path, capsys):
     assert main(["calibrate", str(pairs_file), "--budget", "0.99", "--out", str(out), "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     assert "7 pairs: 3 same request, 4 different" in printed and "expected false hits" in printed
+    assert "similarities from float32 embeddings in float64, compared to 4 places" in printed
     assert "the point is chosen on" in printed and "[embedder]" not in out.read_text()
     assert "[cache]\nthreshold = " in out.read_text() and "[guard]\nskip_rules = [" in out.read_text()
     # a budget the file cannot promise: no settings, and why
