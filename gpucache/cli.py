@@ -161,9 +161,8 @@ def read_pairs(path: str) -> list[tuple[str, str, int]]:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import shlex
 
-    from transformers.utils import logging as hf_logging
-
     import torch
+    from transformers.utils import logging as hf_logging
 
     from gpucache import TransformerEmbedder
     from gpucache.guard.calibration import (
