@@ -43,7 +43,8 @@ def store_class_at(revision: str) -> type:
     revisions, so one file would not do)."""
     root = Path(tempfile.mkdtemp())
     # before 2026-12 the kernels lived in a top-level kernels/ folder installed as gpucache.kernels
-    older = subprocess.run(["git", "cat-file", "-e", f"{revision}:kernels"], capture_output=True).returncode == 0
+    older = subprocess.run(["git", "cat-file", "-e", f"{revision}:kernels"],
+                           capture_output=True).returncode == 0
     archive = subprocess.run(["git", "archive", revision, "gpucache", *(["kernels"] if older else [])],
                              check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
