@@ -9,9 +9,7 @@ judges; and the matcher alone, cold (its memo of read turns cleared) and warm.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from provenance import run_label  # noqa: E402
 
 from gpucache import ContextMatcher, Conversation, SemanticCache, Turn  # noqa: E402
 from gpucache.conversation import context  # noqa: E402
@@ -86,11 +85,9 @@ def main() -> None:
 
         rows.append((messages, lookup, lookup - single, timed(cold, args.rounds),
                      timed(lambda: matcher.explain(stored, asked), args.rounds)))  # noqa: B023
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
     lines = ["# What matching a conversation costs a lookup", "",
-             f"Command: `python bench/conversation_cost.py`; commit {commit}; {platform.machine()} CPU, "
-             f"{platform.python_version()}, torch {torch.__version__} fp32 on 1 thread, embedder "
+             f"Command: `python bench/conversation_cost.py`; {run_label(cache.embedder)}; timed on 1 "
+             "thread; embedder "
              f"{cache.embedder.name}; medians of {args.rounds} runs. A semantic hit each time: the "
              "stored conversation is found by the final request, and the matcher judges its turns.",
              "", f"Single-turn semantic lookup: {single:.2f} ms.", "",

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +31,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from provenance import run_label  # noqa: E402
 
 from gpucache import ContextMatcher, Conversation, SemanticCache  # noqa: E402
 from gpucache.conversation.value import Turn  # noqa: E402
@@ -77,13 +77,11 @@ def share(rows: list[tuple[dict[str, Any], bool]]) -> str:
 
 def report(path: Path, results: dict[str, list[tuple[dict[str, Any], bool]]], cache: SemanticCache,
            explain: bool, seconds: float) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     lines = [f"# Conversations served: `{path.name}`", "",
              f"Command: `python bench/conversations.py {shown}`"
-             f"; commit {commit}; {platform.machine()} CPU, {platform.python_version()}, "
-             f"embedder {cache.embedder.name} fp32, threshold {cache.threshold}, guard "
+             f"; {run_label(cache.embedder)}; "
+             f"embedder {cache.embedder.name}, threshold {cache.threshold}, guard "
              f"{cache.verifier.name}; {seconds:.0f} s.", "",
              "| pairs | " + " | ".join(WAYS) + " |", "|---|" + "---:|" * len(WAYS)]
     for label, name in ((1, "should share an answer: served"), (0, "should not: served (wrong answers)")):

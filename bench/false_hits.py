@@ -31,8 +31,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from labelled_pairs import NEAR_MISS_JACCARD, THRESHOLDS, PairResult, ReplayPoint
+from provenance import run_label
 
 from gpucache.guard.lexical import LexicalNearMissVerifier
 
@@ -267,8 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     about = (
         f"Model {embedder.name} on {embedder.device} ({embedder.dtype}"
         + (f", matmuls in {embedder.autocast_dtype}" if embedder.autocast_dtype else "")
-        + f"); torch {torch.__version__}, "
-        f"transformers {transformers.__version__}; verifier {verifier.name}."
+        + f"); transformers {transformers.__version__}; verifier {verifier.name}; {run_label(embedder)}."
     )
     command = "python3 bench/false_hits.py " + " ".join(shlex.quote(str(p)) for p in args.pairs)
     if args.held_apart:

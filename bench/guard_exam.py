@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 
-import torch
+from provenance import run_label
 
 from gpucache import (
     LexicalNearMissVerifier,
@@ -154,14 +151,11 @@ def main() -> None:
     parser.add_argument("--out", default="bench/reports/guard-exam.md")
     args = parser.parse_args()
     embedder = TransformerEmbedder(device="cpu")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     lines = [
         "# The guard on prompts nobody tuned it on",
         "",
-        f"Command: `python3 bench/guard_exam.py --out {args.out}` (commit {commit}, {platform.machine()}, "
-        f"{os.cpu_count()} CPU threads, torch {torch.__version__}). Model {embedder.name}, "
-        f"similarities from its {embedder.path}, as this machine ran it; verifier lexical-near-miss "
+        f"Command: `python3 bench/guard_exam.py --out {args.out}` ({run_label(embedder)}; its forward "
+        f"pass: {embedder.path}). Model {embedder.name}; verifier lexical-near-miss "
         "with every rule on. Neither file below was read "
         "by any tuning code, and this report was run once, after the guard's last change.",
         "",

@@ -32,6 +32,7 @@ import httpx
 import openai
 
 sys.path.insert(0, str(Path(__file__).parent))
+from provenance import run_label  # noqa: E402
 from serve import free_port, proxy_command, start, stop  # noqa: E402
 
 # the stand-in model server, test support (an OpenAI-compatible upstream that answers at once)
@@ -816,7 +817,7 @@ def main() -> None:
     lines = [
         "# gpucache serve in front of hostile clients",
         "",
-        "Reproduce: `python3 bench/serve_safety.py --out bench/reports/serve-safety.md`",
+        f"Reproduce: `python3 bench/serve_safety.py --out bench/reports/serve-safety.md` ({run_label()})",
         "",
         "Each row is one request (or a few) to a running proxy (`gpucache serve`, its defaults with an "
         "admin token and `--header-timeout 2`), or, by area: `auth keys` and the `--tenant-capacity` row "
