@@ -52,14 +52,12 @@ def prepare(work: Path, targets: tuple[str, ...], tests: tuple[str, ...]) -> Non
                              cwd=ROOT, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(work, filter="data")
-    keep = {str(Path(t)) for t in targets}
-    others = sorted(str(p.relative_to(work)) for p in (work / "gpucache").rglob("*.py")
-                    if str(p.relative_to(work)) not in keep)
     settings = ("\n[tool.mutmut]\n"
-                'paths_to_mutate = ["gpucache/"]\n'
-                f"do_not_mutate = {json.dumps(others)}\n"
-                f"tests_dir = {json.dumps(list(tests))}\n"
-                'also_copy = ["data/"]\n')
+                'source_paths = ["gpucache/"]\n'
+                f"only_mutate = {json.dumps([str(Path(t)) for t in targets])}\n"
+                f"pytest_add_cli_args_test_selection = {json.dumps(list(tests))}\n"
+                'also_copy = ["data/"]\n'
+                "use_git_change_detection = false\n")
     with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
         f.write(settings)
 
@@ -71,13 +69,13 @@ def mutmut(work: Path, *args: str, timeout: float | None = None) -> subprocess.C
 
 def outcomes(work: Path, targets: tuple[str, ...]) -> dict[str, dict[str, str]]:
     """Each target's mutants and their status, read from mutmut's records."""
-    from mutmut.__main__ import status_by_exit_code
+    from mutmut.stats import status_by_exit_code
 
     found: dict[str, dict[str, str]] = {}
     for target in targets:
         meta = work / "mutants" / (target + ".meta")
         codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-        found[target] = {name: status_by_exit_code.get(code, f"exit {code}") for name, code in codes.items()}
+        found[target] = {name: status_by_exit_code[code] for name, code in codes.items()}
     return found
 
 

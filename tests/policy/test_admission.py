@@ -149,3 +149,92 @@ def test_the_same_counters_in_processes_with_different_hash_seeds():
 
     outputs = outputs_under_hash_seeds(code, seeds=("0", "7", "4242"))
     assert len(outputs) == 1
+
+
+def test_the_default_admits_on_the_first_repeat_and_not_before():
+    """min_sightings defaults to 2: a prompt asked once is not stored, asked twice it is."""
+    sketch = AdmissionPolicy()
+    assert sketch.min_sightings == 2
+    sketch.record("s", "asked")
+    assert not sketch.admits("s", "asked")
+    sketch.record("s", "asked")
+    assert sketch.admits("s", "asked")
+
+
+def test_a_prompt_sits_in_the_same_counters_in_every_version():
+    """The slots are part of the snapshot format: a sketch saved by one version and restored by
+    another must count the same prompts in the same counters (keyed blake2b, 8 bytes a row,
+    little-endian, modulo the width)."""
+    sketch = AdmissionPolicy()
+    assert sketch.slots("default", "How do I reset my password?") == [3704, 6915, 11695, 15472]
+    assert sketch.slots("tenant-a", "é") == [1563, 5441, 9913, 13331]
+    small = AdmissionPolicy(sketch_width=8, sketch_depth=2)
+    for prompt in ("p", "p", "q"):
+        small.record("s", prompt)
+    assert small.state()["counters"] == (  # uint32 little-endian, row by row
+        "0000000000000000000000000000000003000000000000000000000000000000"
+        "0200000001000000000000000000000000000000000000000000000000000000")
+
+
+def test_a_counter_saturates_at_the_largest_uint32_instead_of_overflowing():
+    sketch = AdmissionPolicy(sketch_width=4, sketch_depth=1)
+    state = {**sketch.state(), "counters": "ffffffff" * 4}
+    full = AdmissionPolicy.from_state(state)
+    assert full.estimate("s", "p") == 2**32 - 1  # a saturated counter restores unsigned
+    assert full.record("s", "p") == 2**32 - 1
+
+
+def test_after_a_halving_the_count_towards_the_next_one_is_halved_too():
+    """The sightings since the last halving halve with the counters, as TinyLFU ages: with
+    reset_after=10, the first halving comes at the 10th sighting, the next after 5 more."""
+    sketch = AdmissionPolicy(sketch_width=1024, sketch_depth=4, reset_after=10)
+    for _ in range(10):
+        sketch.record("s", "often")
+    assert sketch.estimate("s", "often") == 5 and sketch.state()["sightings"] == 5
+    assert isinstance(sketch.state()["sightings"], int)
+    for _ in range(4):
+        sketch.record("s", "often")
+    assert sketch.estimate("s", "often") == 9  # not yet halved
+    sketch.record("s", "often")
+    assert sketch.estimate("s", "often") == 5  # halved at the 15th: 10 >> 1
+
+
+def test_snapshot_bytes_are_little_endian_on_any_machine(monkeypatch):
+    from array import array
+
+    from gpucache.policy import admission
+
+    assert admission._little_endian(array("I", [1])).tobytes() == (1).to_bytes(4, "little")
+    # on a big-endian machine the counters are byte-swapped on the way out and back in
+    monkeypatch.setattr(admission.sys, "byteorder", "big")
+    swapped = admission._little_endian(array("I", [1, 2**32 - 1]))
+    assert swapped.typecode == "I" and swapped.tolist() == [1 << 24, 2**32 - 1]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"min_sightings": 0}, r"min_sightings must be an int in \[1, 2147483648\], got 0"),
+    ({"min_sightings": 2**31 + 1}, r"min_sightings must be an int in \[1, 2147483648\]"),
+    ({"sketch_width": 2**28 + 1}, r"sketch_width must be an int in \[1, 268435456\]"),
+    ({"sketch_depth": 9}, r"sketch_depth must be an int in \[1, 8\], got 9"),
+    ({"reset_after": 1}, r"reset_after must be an int >= 2 or None, got 1"),
+    ({"reset_after": 2.5}, r"reset_after must be an int >= 2 or None, got 2.5"),
+])
+def test_a_bad_setting_is_named_with_its_range(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AdmissionPolicy(**kwargs)
+
+
+def test_every_setting_accepts_both_ends_of_its_range():
+    for kwargs in ({"min_sightings": 1}, {"min_sightings": 2**31}, {"sketch_width": 1},
+                   {"sketch_depth": 1}, {"sketch_depth": 8}, {"reset_after": 2}):
+        AdmissionPolicy(**kwargs)
+
+
+def test_clearing_forgets_every_sighting():
+    sketch = AdmissionPolicy(sketch_width=64, reset_after=100)
+    for _ in range(3):
+        sketch.record("s", "p")
+    sketch.clear()
+    assert sketch.estimate("s", "p") == 0 and sketch.state()["sightings"] == 0
+    assert sketch.nbytes == 64 * 4 * 4 and not sketch.admits("s", "p")
+    assert sketch.record("s", "p") == 1
