@@ -168,6 +168,9 @@ def test_a_prompt_sits_in_the_same_counters_in_every_version():
     sketch = AdmissionPolicy()
     assert sketch.slots("default", "How do I reset my password?") == [3704, 6915, 11695, 15472]
     assert sketch.slots("tenant-a", "é") == [1563, 5441, 9913, 13331]
+    # a width that is no power of two reads exactly the row's 8 bytes (a ninth would change it)
+    assert AdmissionPolicy(sketch_width=1000, sketch_depth=3).slots("default", "How do I reset my password?") \
+        == [150, 1918, 2933]
     small = AdmissionPolicy(sketch_width=8, sketch_depth=2)
     for prompt in ("p", "p", "q"):
         small.record("s", prompt)
