@@ -3,7 +3,7 @@ module, and whether the tests that cover it fail (the mutant is killed) or pass 
 
 A surviving mutant is a change to a verdict, an admission or an eviction that no test notices.
 The run works on a copy of the committed tree (``git archive HEAD``), so the checkout is never
-touched; mutmut (the ``mutation`` extra) mutates the targets and, for each mutant, runs the tests
+touched; mutmut (the ``dev`` extra) mutates the targets and, for each mutant, runs the tests
 that its statistics pass found covering the mutated function.
 
     python3 bench/mutation.py --out bench/reports/mutation.md
@@ -113,7 +113,8 @@ def main() -> None:
     for target, per_file in found.items():
         counts = Counter(per_file.values())
         other = sum(n for status, n in counts.items() if status not in ("killed", "survived"))
-        lines.append(f"| `{target}` | {len(per_file)} | {counts['killed']} | {counts['survived']} | {other} |")
+        lines.append(f"| `{target}` | {len(per_file)} | {counts['killed']} | {counts['survived']} "
+                     f"| {other} |")
     lines += ["", "## Survivors and why each is left", "",
               "Each survivor's diff; under it, written after the run, why it is left.", ""]
     for per_file in found.values():

@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from gpucache.kernels import triton_available
 
 from gpucache.index.codecs import make_codec
 from gpucache.index.engines.base import RowsView, ScanJob
@@ -21,6 +20,7 @@ from gpucache.index.interface import FREE
 from gpucache.index.kernel_choice import ScanKernelChooser
 from gpucache.index.probes import INT8_GEMV_DIM, CpuPaths
 from gpucache.index.scratch import ScanScratch, host_buffer
+from gpucache.kernels import triton_available
 
 # The tolerance of a returned score against the same product in fp32 over the rows as stored:
 # half-precision products round each score to ~3 significant digits; int8 ranks on int8

@@ -9,7 +9,6 @@ import time
 
 import pytest
 import torch
-from gpucache.kernels import triton_available
 
 from gpucache.index.engines.choose import ChoosingEngine
 from gpucache.index.engines.torch_engine import TorchEngine
@@ -23,6 +22,7 @@ from gpucache.index.kernel_choice import (
     wall_timer,
 )
 from gpucache.index.store import ExactScanStore
+from gpucache.kernels import triton_available
 
 
 class ScriptedTimer:

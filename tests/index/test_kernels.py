@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+
 from gpucache.kernels import scan_topk, scan_topk_ref, triton_available
 
 pytestmark = [pytest.mark.skipif(not triton_available(), reason="triton is not installed")]
