@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -57,14 +58,18 @@ def prepare(work: Path, targets: tuple[str, ...], tests: tuple[str, ...]) -> Non
                 f"only_mutate = {json.dumps([str(Path(t)) for t in targets])}\n"
                 f"pytest_add_cli_args_test_selection = {json.dumps(list(tests))}\n"
                 'also_copy = ["data/"]\n'
-                "use_git_change_detection = false\n")
+                "use_git_change_detection = false\n"
+                # torch's thread pools do not survive a fork: each worker is forked from a
+                # server that has imported the tests but run nothing
+                'process_isolation = "forkserver"\n')
     with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
         f.write(settings)
 
 
 def mutmut(work: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one core a worker
     return subprocess.run([sys.executable, "-c", BOOT, *args], cwd=work, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def outcomes(work: Path, targets: tuple[str, ...]) -> dict[str, dict[str, str]]:
