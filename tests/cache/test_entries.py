@@ -1,0 +1,197 @@
+"""The entry table (gpucache/cache/entries.py) over a real exact-scan index: what is kept, what is
+evicted and counted, when an entry expires, and how the bounds on entries, text bytes and each
+tenant's share hold at their edges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpucache.cache.entries import EntryTable, tenant_of, text_size
+from gpucache.cache.stats import StatsCounter
+from gpucache.index.store import ExactScanStore
+
+DIM = 8
+
+
+def table(limit: int = 100, text_limit: int | None = None, tenant_limit: int | None = None) -> EntryTable:
+    return EntryTable(ExactScanStore(DIM, device="cpu"), limit, StatsCounter(), text_limit, tenant_limit)
+
+
+def vectors(n: int) -> torch.Tensor:
+    return torch.nn.functional.normalize(torch.randn(n, DIM, generator=torch.Generator().manual_seed(n)), dim=1)
+
+
+def put(t: EntryTable, scope: str, *pairs: tuple[str, str], expires_at: float = float("inf"),
+        now: float = 0.0) -> int:
+    return t.store(scope, list(pairs), vectors(len(pairs)), expires_at, now)
+
+
+def prompts(t: EntryTable) -> list[str]:
+    return [e.prompt for e in t]
+
+
+def test_a_tenant_is_a_scopes_part_before_its_first_slash():
+    assert tenant_of("alice/model-a/sys") == "alice"
+    assert tenant_of("alice") == "alice"
+
+
+def test_the_texts_held_are_the_sum_of_the_entries_sizes():
+    t = table()
+    assert t.text_bytes == 0
+    put(t, "s", ("a question", "an answer"), ("another question", "x" * 50))
+    assert t.text_bytes == text_size("a question", "an answer") + text_size("another question", "x" * 50)
+    put(t, "s", ("a question", "a longer answer than before"))  # an update re-counts its entry
+    assert t.text_bytes == text_size("a question", "a longer answer than before") + \
+        text_size("another question", "x" * 50)
+    t.clear()
+    assert t.text_bytes == 0 and len(t) == 0
+
+
+def test_stores_are_counted_across_calls_updates_included():
+    t = table()
+    assert put(t, "s", ("p1", "r1"), ("p2", "r2")) == 2
+    assert put(t, "s", ("p1", "r1 again"), ("p2", "r2 again"), ("p3", "r3")) == 3  # two updates, one new
+    assert t.stats.stores == 5
+
+
+def test_an_entry_expires_at_its_expiry_time_not_after():
+    t = table()
+    put(t, "s", ("p", "r"), expires_at=10.0)
+    entry = t.exact("s", "p", now=9.5)
+    assert entry is not None and t.holds(entry, now=9.5)
+    assert not t.holds(entry, now=10.0)
+    assert t.exact("s", "p", now=10.0) is None
+    assert t.stats.expirations == 1 and len(t) == 0
+    put(t, "s", ("q", "r"), expires_at=20.0)
+    assert t.exact("s", "q", now=20.0) is None
+    assert t.stats.expirations == 2  # counted across lookups
+
+
+def test_expired_entries_are_purged_and_counted_when_room_is_needed():
+    t = table(limit=3)
+    put(t, "s", ("old 1", "r"), ("old 2", "r"), expires_at=5.0)
+    put(t, "s", ("new 1", "r"), now=6.0)  # within the limit: nothing purged yet
+    assert len(t) == 3 and t.stats.expirations == 0
+    put(t, "s", ("new 2", "r"), now=6.0)  # room needed: the expired go first, no live one is evicted
+    assert prompts(t) == ["new 1", "new 2"]
+    assert t.stats.expirations == 2 and t.stats.evictions == 0
+    put(t, "s", ("new 3", "r"), expires_at=7.0, now=6.0)
+    put(t, "s", ("new 4", "r"), ("new 5", "r"), now=8.0)
+    assert t.stats.expirations == 3  # counted across purges
+
+
+def test_the_least_recently_used_go_past_the_entry_limit_and_are_counted():
+    t = table(limit=3)
+    put(t, "s", ("a", "r"), ("b", "r"), ("c", "r"))
+    assert len(t) == 3 and t.stats.evictions == 0  # exactly the limit: nothing evicted
+    t.exact("s", "a", now=0.0)  # a is used again
+    put(t, "s", ("d", "r"))
+    assert prompts(t) == ["c", "a", "d"] and t.stats.evictions == 1
+    put(t, "s", ("e", "r"))
+    assert t.stats.evictions == 2
+
+
+def test_scopes_get_ids_never_shared_and_never_reused():
+    """A scope's id keeps its rows apart in the scan: two live scopes sharing one would see each
+    other's entries, and a forgotten id reused would hand a stale reader another's rows."""
+    t = table()
+    put(t, "alice", ("p", "r"))
+    put(t, "bob", ("p", "r"))
+    put(t, "carol", ("p", "r"))
+    ids = [t.scope_id(s) for s in ("alice", "bob", "carol")]
+    assert None not in ids and len(set(ids)) == 3
+    t.remove("bob", "p")
+    assert t.scope_id("bob") is None and t.scopes == 2
+    put(t, "dave", ("p", "r"))
+    put(t, "bob", ("p", "r"))
+    assert len({t.scope_id(s) for s in ("alice", "bob", "carol", "dave")} | set(ids)) == 5
+
+
+@pytest.fixture
+def sizes():
+    """Three entries and their sizes in bytes, each under any budget below."""
+    pairs = [("first question", "a" * 40), ("second question", "b" * 60), ("third question", "c" * 80)]
+    return pairs, [text_size(*p) for p in pairs]
+
+
+def test_texts_that_fit_exactly_evict_nothing(sizes):
+    pairs, (s1, s2, s3) = sizes
+    t = table(text_limit=s1 + s2 + s3)
+    put(t, "s", *pairs)
+    assert len(t) == 3 and t.text_bytes == t.text_limit and t.stats.evictions == 0
+
+
+def test_past_the_text_budget_just_enough_least_recently_used_go(sizes):
+    pairs, (s1, s2, s3) = sizes
+    t = table(text_limit=s2 + s3)  # the last two fit exactly
+    put(t, "s", *pairs)
+    assert prompts(t) == ["second question", "third question"] and t.stats.evictions == 1
+    t = table(text_limit=s2 + s3 - 1)  # one byte short: the second must go too
+    put(t, "s", *pairs)
+    assert prompts(t) == ["third question"] and t.text_bytes <= t.text_limit
+
+
+def test_no_text_budget_means_no_bound():
+    t = table(text_limit=None)
+    put(t, "s", ("p", "x" * 100_000))
+    assert len(t) == 1 and t.stats.evictions == 0
+
+
+def test_an_answer_exactly_the_budget_is_stored_and_one_byte_more_is_refused_and_counted():
+    budget = text_size("p", "x" * 100)
+    t = table(text_limit=budget)
+    assert put(t, "s", ("p", "x" * 100)) == 1
+    assert put(t, "s", ("p", "x" * 100)) == 1  # updated in place at exactly the budget
+    assert put(t, "s", ("q", "x" * 101), ("tiny", "r")) == 1  # one refused, one stored
+    assert t.stats.refusals["too-large"] == 1
+    assert put(t, "s", ("q", "x" * 101)) == 0
+    assert t.stats.refusals["too-large"] == 2  # counted across calls
+
+
+def test_a_refused_update_drops_the_old_answer_and_the_batch_goes_on():
+    t = table(text_limit=text_size("p", "x" * 100))
+    put(t, "s", ("p", "old"), ("q", "old"))
+    assert put(t, "s", ("p", "x" * 101), ("q", "new")) == 1
+    assert t.exact("s", "p", now=0.0) is None  # the old answer must not stand for the new one
+    entry = t.exact("s", "q", now=0.0)
+    assert entry is not None and entry.response == "new"
+
+
+def test_a_tenant_keeps_at_most_its_share_and_evicts_its_own_first():
+    t = table(tenant_limit=2)
+    put(t, "bob/m", ("b1", "r"))
+    put(t, "alice/m", ("a1", "r"), ("a2", "r"))
+    put(t, "alice/other", ("a3", "r"))  # alice's oldest goes, bob's stays
+    assert prompts(t) == ["b1", "a2", "a3"] and t.stats.evictions == 1
+    put(t, "alice/m", ("a4", "r"))
+    assert prompts(t) == ["b1", "a3", "a4"] and t.stats.evictions == 2
+
+
+def test_a_tenants_last_entry_removed_forgets_the_tenant():
+    t = table(tenant_limit=2)
+    put(t, "alice/m", ("a1", "r"))
+    assert t.remove("alice/m", "a1") and len(t) == 0
+    put(t, "alice/m", ("a2", "r"), ("a3", "r"), ("a4", "r"))
+    assert prompts(t) == ["a3", "a4"]
+
+
+def test_after_a_restore_each_tenant_is_trimmed_to_its_share():
+    t = table(tenant_limit=2)
+    for scope, prompt in (("alice/m", "a1"), ("bob/m", "b1"), ("alice/m", "a2"), ("alice/x", "a3")):
+        t.restore(scope, [(prompt, f"answer to {prompt}")], vectors(1), [float("inf")])
+    t.trim_tenants()
+    assert prompts(t) == ["b1", "a2", "a3"] and t.stats.evictions == 1
+    entry = t.exact("alice/x", "a3", now=0.0)
+    assert entry is not None and (entry.scope, entry.response) == ("alice/x", "answer to a3")
+    assert t.scope_id("alice/x") is not None
+    loose = table()  # no share: a restore keeps everything
+    for n in range(3):
+        loose.restore("alice/m", [(f"p{n}", "r")], vectors(1), [float("inf")])
+    loose.trim_tenants()
+    assert len(loose) == 3
+
+
+def test_a_row_with_no_entry_is_a_bug_that_names_the_row():
+    with pytest.raises(RuntimeError, match="index row 99 has no entry"):
+        table().at_row(99)
