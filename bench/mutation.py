@@ -33,7 +33,7 @@ from provenance import run_label
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("gpucache/guard/parsing.py", "gpucache/guard/payload.py", "gpucache/policy/admission.py",
            "gpucache/cache/entries.py")
-TESTS = ("tests/guard/", "tests/policy/", "tests/cache/test_cache.py")
+TESTS = ("tests/guard/", "tests/policy/", "tests/cache/test_cache.py", "tests/cache/test_entries.py")
 
 # mutmut puts the mutated copy first on sys.path; an editable install's import hook would still
 # hand the tests the checkout's own package, so it is taken out before mutmut starts
