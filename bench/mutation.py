@@ -105,7 +105,10 @@ def main() -> None:
         found = outcomes(work, targets)
         diffs = {name: mutmut(work, "show", name).stdout.strip()
                  for per_file in found.values() for name, status in per_file.items() if status != "killed"}
-    command = "python3 bench/mutation.py" + (f" --out {args.out}" if args.out else "")
+    shown = Path(args.out).resolve() if args.out else None
+    if shown is not None and shown.is_relative_to(ROOT):
+        shown = shown.relative_to(ROOT)
+    command = "python3 bench/mutation.py" + (f" --out {shown}" if shown else "")
     if tuple(args.targets) != TARGETS:
         command += " --targets " + " ".join(targets)
     if tuple(args.tests) != TESTS:
