@@ -49,15 +49,16 @@ cli()
 
 def prepare(work: Path, targets: tuple[str, ...], tests: tuple[str, ...]) -> None:
     """The committed tree, unpacked into ``work``, with mutmut's settings in its pyproject."""
-    archive = subprocess.run(["git", "archive", "HEAD", "gpucache", "tests", "data", "pyproject.toml"],
-                             cwd=ROOT, check=True, capture_output=True).stdout
+    paths = ["gpucache", "tests", "data", "bench", "pyproject.toml"]
+    archive = subprocess.run(["git", "archive", "HEAD", *paths], cwd=ROOT, check=True,
+                             capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(work, filter="data")
     settings = ("\n[tool.mutmut]\n"
                 'source_paths = ["gpucache/"]\n'
                 f"only_mutate = {json.dumps([str(Path(t)) for t in targets])}\n"
                 f"pytest_add_cli_args_test_selection = {json.dumps(list(tests))}\n"
-                'also_copy = ["data/"]\n'
+                'also_copy = ["data/", "bench/"]\n'  # tests of the data read bench's modules
                 "use_git_change_detection = false\n"
                 # torch's thread pools do not survive a fork: each worker is forked from a
                 # server that has imported the tests but run nothing
