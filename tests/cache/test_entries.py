@@ -150,9 +150,11 @@ def test_an_answer_exactly_the_budget_is_stored_and_one_byte_more_is_refused_and
 
 
 def test_a_refused_update_drops_the_old_answer_and_the_batch_goes_on():
-    t = table(text_limit=text_size("p", "x" * 100))
+    t = table(text_limit=2 * text_size("p", "old") + 10)
     put(t, "s", ("p", "old"), ("q", "old"))
-    assert put(t, "s", ("p", "x" * 101), ("q", "new")) == 1
+    assert len(t) == 2  # both stored: the update below finds each
+    assert put(t, "s", ("p", "x" * 300), ("q", "new")) == 1
+    assert t.stats.refusals["too-large"] == 1
     assert t.exact("s", "p", now=0.0) is None  # the old answer must not stand for the new one
     entry = t.exact("s", "q", now=0.0)
     assert entry is not None and entry.response == "new"
@@ -178,10 +180,11 @@ def test_a_tenants_last_entry_removed_forgets_the_tenant():
 
 def test_after_a_restore_each_tenant_is_trimmed_to_its_share():
     t = table(tenant_limit=2)
-    for scope, prompt in (("alice/m", "a1"), ("bob/m", "b1"), ("alice/m", "a2"), ("alice/x", "a3")):
+    for scope, prompt in (("alice/m", "a1"), ("bob/m", "b1"), ("alice/m", "a2"), ("alice/x", "a3"),
+                          ("carol/m", "c1"), ("carol/m", "c2"), ("carol/m", "c3")):
         t.restore(scope, [(prompt, f"answer to {prompt}")], vectors(1), [float("inf")])
     t.trim_tenants()
-    assert prompts(t) == ["b1", "a2", "a3"] and t.stats.evictions == 1
+    assert prompts(t) == ["b1", "a2", "a3", "c2", "c3"] and t.stats.evictions == 2  # one each
     entry = t.exact("alice/x", "a3", now=0.0)
     assert entry is not None and (entry.scope, entry.response) == ("alice/x", "answer to a3")
     assert t.scope_id("alice/x") is not None
