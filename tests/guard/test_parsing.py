@@ -84,3 +84,31 @@ def test_what_a_memo_hands_out_cannot_be_changed_by_its_caller():
             change()
     assert _counts(("reset", "password", "reset"))[0] == {"reset": 2, "password": 1}
     assert type(every - counted).__name__ == "Counter"  # arithmetic gives a new, ordinary one
+
+
+@pytest.mark.parametrize("contracted, written_out", [
+    ("I can't log in to the portal", "I can not log in to the portal"),
+    ("the printer won't start", "the printer will not start"),
+    ("we shan't renew the lease", "we shall not renew the lease"),
+    ("the build doesn't finish", "the build does not finish"),
+    ("this isn't my invoice", "this is not my invoice"),
+])
+def test_a_negative_contraction_reads_as_its_written_out_form(contracted, written_out):
+    from gpucache.guard.parsing import parse
+
+    assert parse(contracted).tokens == parse(written_out).tokens
+    assert parse(contracted).negations == parse(written_out).negations == 1
+
+
+@pytest.mark.parametrize("tail", ["s", "re", "ve", "ll", "d", "m"])
+def test_a_tail_that_only_marks_a_verb_or_an_owner_is_read_away(tail):
+    from gpucache.guard.parsing import parse
+
+    assert parse(f"they{chr(39)}{tail} ready for the audit").tokens == parse("they ready for the audit").tokens
+
+
+def test_any_other_tail_is_kept_as_a_word_of_its_own():
+    from gpucache.guard.parsing import parse
+
+    assert "clock" in parse("set an o'clock alarm").tokens
+    assert parse("set an o'clock alarm").tokens != parse("set an o alarm").tokens
