@@ -54,7 +54,7 @@ def similarity_milli(similarity: float) -> int:
     ``PLACES`` decimals, then down to thousandths (a pair is served at a threshold it reaches,
     as in the cache), in integers. 0.87499997 and 0.87500003, one pair on two machines, are both
     875. At most 1000: a prompt's similarity with itself may come out a hair above one."""
-    units = round(similarity * 10**PLACES)  # the product and the rounding are exact IEEE steps
+    units = round(similarity * 10**PLACES)  # correctly rounded IEEE steps: alike on every machine
     return min(1000, units // 10 ** (PLACES - 3))
 
 
