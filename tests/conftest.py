@@ -27,6 +27,7 @@ from collections.abc import Sequence  # noqa: E402
 import pytest  # noqa: E402
 
 from gpucache import TransformerEmbedder  # noqa: E402
+from gpucache.guard.lexical import clear_caches  # noqa: E402
 
 # The exams (data/exam/) are read by their report alone (bench/guard_exam.py) and by the exam's
 # own checks (tests/guard/test_exam.py, which sets ``exam_reads_allowed``): any other open of a
@@ -45,6 +46,15 @@ def _refuse_exam_reads(event: str, args: tuple) -> None:  # type: ignore[type-ar
 
 
 sys.addaudithook(_refuse_exam_reads)
+
+@pytest.fixture(autouse=True)
+def _guard_reads_afresh() -> None:
+    """Each test reads its prompts afresh: the guard memoises every prompt and word it has read,
+    and a verdict served from an earlier test's memo never runs the rules this test names (a
+    mutation run, which forks each mutant's tests from a process that has read them all,
+    otherwise counts a broken parser as tested)."""
+    clear_caches()
+
 
 _DEVICES = [pytest.param("cpu", id="cpu")]
 if torch.cuda.is_available():

@@ -446,3 +446,7 @@ def differing_segments(a: str, b: str, norm) -> tuple[str, str] | None:  # type:
     if not rest_a or not rest_b:
         return None
     return " ".join(rest_a), " ".join(rest_b)
+
+
+# This module's memos, which ``lexical.clear_caches`` empties.
+MEMOS = (segments, signed_numbers, capitalised, _counts, _typo_pair, _word_set)

@@ -58,19 +58,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from gpucache.guard import differences, shapes
-from gpucache.guard.parsing import (
-    EXPOSITION,
-    FRAMING_READ,
-    Parsed,
-    exchanged,
-    numbers_of,
-    parse,
-    parse_memo,
-    token_memo,
-)
+from gpucache.guard import differences, parsing, payload, request, shapes
+from gpucache.guard.parsing import EXPOSITION, FRAMING_READ, Parsed, exchanged, numbers_of, parse
 from gpucache.guard.payload import grouping, operators, split
-from gpucache.guard.request import dictionary, request_memo, request_text
+from gpucache.guard.request import dictionary, request_text
 from gpucache.guard.verifier import Verdict
 from gpucache.guard.words import CONFUSABLE, QUESTION_WORDS
 
@@ -97,11 +88,15 @@ RULES = ("symbols", "payload", "numbers", "negation", "polarity", "antonym", "co
          "constraint", "reordered", "substitution", "added")
 
 
+# Every memo of a prompt, a word or a part of one the verdict is computed through.
+MEMOS = parsing.MEMOS + request.MEMOS + payload.MEMOS + differences.MEMOS
+
+
 def clear_caches() -> None:
-    """Forget parsed prompts and tokens (for benchmarks that time a cold verifier)."""
-    parse_memo.cache_clear()
-    token_memo.cache_clear()
-    request_memo.cache_clear()
+    """Forget every prompt, word and part the verifier has read: a benchmark that times a cold
+    verifier starts from nothing, and a test's verdict never rests on what an earlier test read."""
+    for memo in MEMOS:
+        memo.cache_clear()
 
 
 class LexicalNearMissVerifier:
@@ -167,13 +162,13 @@ class LexicalNearMissVerifier:
             cached_prompt, new_prompt = split_a.instruction, split_b.instruction
         text_a, text_b = differences.reconcile(request_text(cached_prompt), request_text(new_prompt))
         a, b = parse(text_a, self.table), parse(text_b, self.table)
-        if a.norm == b.norm:
+        if a.tokens == b.tokens:
             signs_a, signs_b = differences.signed_numbers(text_a), differences.signed_numbers(text_b)
             if signs_a != signs_b and "numbers" not in self.skip:
                 return Verdict(True, "numbers", f"signs differ: {' '.join(signs_a) or '-'} vs "
                                f"{' '.join(signs_b) or '-'}", signs_a + signs_b)
             return Verdict(False, "identical")
-        norm = lambda t: parse(t, self.table).norm  # noqa: E731
+        norm = lambda t: parse(t, self.table).tokens  # noqa: E731
         extra = differences.extra_segments(text_a, text_b, norm)
         if extra is not None:
             return self._extra(extra[0], extra[1])
@@ -227,7 +222,7 @@ class LexicalNearMissVerifier:
                 True, "numbers", f"numbers differ: {' '.join(diff_a) or '-'} vs "
                 f"{' '.join(diff_b) or '-'}", tuple(diff_a + diff_b)
             )
-        if (a.negations > 0) != (b.negations > 0) and "negation" not in skip:
+        if a.negated != b.negated and "negation" not in skip:
             return Verdict(True, "negation", "a negation on one side only", ("not",))
         if (
             a.core == b.core and a.polarity != b.polarity and "polarity" not in skip

@@ -38,6 +38,7 @@ _SUPERSCRIPTS = str.maketrans({"²": " ^2", "³": " ^3"})
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
 _GROUPED = re.compile(r"(?<=\d)[,_ ](?=\d{3}\b)")
+_ORDINAL_NAMES = {number[1:]: word for word, number in ORDINAL_WORDS.items()}  # "1" -> "first"
 _QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'", "´": "'"})
 
 
@@ -51,7 +52,7 @@ def parse_table(text: str) -> dict[tuple[str, ...], str]:
     table: dict[tuple[str, ...], str] = {}
     where: dict[tuple[str, ...], int] = {}
     for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        line = line.partition("#")[0].strip()
         if not line:
             continue
         entries = [e.strip().casefold() for e in line.split(",")]
@@ -80,6 +81,11 @@ EXPOSITION = frozenset(
     TABLE.get((stem(w),), stem(w)) for w in "explain tell summarize define".split()
 )
 stem_memo = lru_cache(maxsize=65536)(stem)
+MEMO_MAX_TOKEN = 64  # longer tokens are read in full each time, never kept in a memo
+
+
+def _stem(tok: str) -> str:
+    return stem_memo(tok) if len(tok) <= MEMO_MAX_TOKEN else stem(tok)
 
 
 def _read_through_table(tokens: list[str]) -> list[str]:
@@ -88,11 +94,11 @@ def _read_through_table(tokens: list[str]) -> list[str]:
     i, n = 0, len(tokens)
     while i < n:
         tok = tokens[i]
-        stem = stem_memo(tok) if len(tok) <= 64 else tok
-        width, canonical = 1, TABLE.get((stem,), tok)
-        if stem in PHRASE_STARTS:
+        stemmed = _stem(tok)
+        width, canonical = 1, TABLE.get((stemmed,), tok)
+        if stemmed in PHRASE_STARTS:
             for wide in range(min(MAX_PHRASE_WORDS, n - i), 1, -1):
-                phrase = TABLE.get(tuple(stem_memo(t) for t in tokens[i : i + wide]))
+                phrase = TABLE.get(tuple(map(_stem, tokens[i : i + wide])))
                 if phrase is not None:
                     width, canonical = wide, phrase
                     break
@@ -104,9 +110,8 @@ def _read_through_table(tokens: list[str]) -> list[str]:
 class Parsed(NamedTuple):
     """A prompt reduced to what the rules compare."""
 
-    norm: str
-    tokens: tuple[str, ...]  # every token, stemmed, negations folded to "not"
-    surface: frozenset[str]  # every token as written and stemmed, for the antonym lists
+    tokens: tuple[str, ...]  # every token, stemmed, negations folded to "not" (equal: identical)
+    surface: frozenset[str]  # every token as the table reads it, and as written stemmed (antonyms)
     content: tuple[str, ...]  # tokens that are not stopwords, negations or directional words
     core: tuple[str, ...]  # content less the polarity words, sorted
     bag: tuple[str, ...]  # content, sorted (a multiset compared in one tuple comparison)
@@ -114,7 +119,7 @@ class Parsed(NamedTuple):
     skeleton: tuple[str, ...]  # content and directional words, in order
     numbers: tuple[str, ...]  # sorted normalised numbers (hard)
     soft_numbers: tuple[str, ...]  # numbers from words that are also pronouns ("one")
-    negations: int
+    negated: bool  # a negation anywhere
     polarity: tuple[tuple[int, int], ...]  # sorted (pair, pole)
     attachments: tuple[tuple[str, str], ...]  # sorted (directional word, its object)
 
@@ -128,6 +133,9 @@ def _canonical(tok: str) -> str:
     scaled = _SCALED.fullmatch(tok)
     if scaled:  # "10k" is the number 10000 wherever it is compared
         return _scaled(scaled.group(1), SCALES[_SUFFIXES[scaled.group(2)]])
+    ordinal = _ORDINAL.match(tok)
+    if ordinal:  # "1st" is the word "first" to every rule, as both are #1 to the numbers rule
+        return _ORDINAL_NAMES.get(_number(ordinal.group(1)), tok)
     if tok in SPECIAL or tok in STOPWORDS:
         return tok
     return stem(tok)
@@ -207,16 +215,12 @@ def parse(prompt: str, table: bool = True) -> Parsed:
     return parse_memo(prompt, table)
 
 
-def _parse_uncached(prompt: str, table: bool = True) -> Parsed:
+def _parse_uncached(prompt: str, table: bool) -> Parsed:
     if prompt.isascii():
         norm = prompt.casefold()
     else:
         norm = unicodedata.normalize("NFKC", prompt.translate(_SUPERSCRIPTS))
-    norm = norm.translate(_QUOTES).casefold()
-    if "," in norm or "_" in norm or " " in norm:
-        norm = _GROUPED.sub("", norm)
-    if "^" in norm or "**" in norm:
-        norm = _POWER.sub(r" ^\1", norm)
+    norm = _POWER.sub(r" ^\1", _GROUPED.sub("", norm.translate(_QUOTES).casefold()))
     raw = _TOKEN.findall(norm)
     if "'" in norm:
         raw = _split_contractions(raw)
@@ -225,24 +229,28 @@ def _parse_uncached(prompt: str, table: bool = True) -> Parsed:
 
 parse_memo = lru_cache(maxsize=4096)(_parse_uncached)
 token_memo = lru_cache(maxsize=65536)(_token_uncached)
+MEMOS = (parse_memo, token_memo, stem_memo)  # which ``lexical.clear_caches`` empties
+
+
+# What follows an apostrophe and only marks a verb or an owner ("it's", "we're", "I'd", "Anna's"):
+# read away, as the written-out forms' "is", "are", "would" are stopwords.
+_VERB_OR_OWNER = frozenset({"s", "re", "ve", "ll", "d", "m"})
 
 
 def _split_contractions(raw: list[str]) -> list[str]:
+    """The tokens with a contraction read as its written-out words: "can't" is "can not"; a
+    tail that marks a verb or an owner goes, and any other part stays a word of its own."""
     tokens: list[str] = []
     for tok in raw:
-        if tok.endswith("n't") or tok == "n't":
+        if tok.endswith("n't"):
             base = {"ca": "can", "wo": "will", "sha": "shall"}.get(tok[:-3], tok[:-3])
             if base:
                 tokens.append(base)
             tokens.append("not")
             continue
-        if "'" in tok:
-            head, _, tail = tok.partition("'")
-            tokens.append(head)
-            if tail not in ("s", "re", "ve", "ll", "d", "m", "t"):
-                tokens.append(tail)
-            continue
-        tokens.append(tok)
+        head, *tails = tok.split("'")  # "rock'n'roll" is three words; "they'd've", one
+        tokens.append(head)
+        tokens.extend(tail for tail in tails if tail not in _VERB_OR_OWNER)
     return tokens
 
 
@@ -257,25 +265,23 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
     attachments: list[tuple[str, str]] = []
     polarity: list[tuple[int, int]] = []
     pending: list[str] = []  # directional words waiting for their object
-    negations = 0
-    after_number = False  # the token before was a plain number ("ten" of "ten thousand")
+    negated = False
+    after_number = False  # the token before was a number and nothing else ("ten" of "ten thousand")
     for tok in tokens:
         canonical, hard, is_soft, kind, polar = (
-            token_memo(tok) if len(tok) <= 64 else _token_uncached(tok)
+            token_memo(tok) if len(tok) <= MEMO_MAX_TOKEN else _token_uncached(tok)
         )
-        if tok in SCALES and after_number and numbers:
-            # "ten thousand" is 10000, as "10,000" and "10k" are; "a thousand" stays 1000. The
-            # number before is rewritten in place: one number, one word, to every rule
-            old, numbers[-1] = numbers[-1], _scaled(numbers[-1], SCALES[tok])
-            for words in (stemmed, content, skeleton):
-                if words and words[-1] == old:
-                    words[-1] = numbers[-1]
-            after_number = False
+        if after_number and tok in SCALES:
+            # "ten thousand" is 10000, as "10,000" and "10k" are, and "two hundred thousand" is
+            # 200000; "a thousand" stays 1000. The number before is rewritten in place: one
+            # number, one word, to every rule; it is still a number a scale can follow
+            numbers[-1] = stemmed[-1] = content[-1] = skeleton[-1] = _scaled(numbers[-1], SCALES[tok])
             continue
         stemmed.append(canonical)
         if hard:
             (soft if is_soft else numbers).extend(hard)
-        after_number = bool(hard) and not is_soft and len(hard) == 1 and _PLAIN.fullmatch(hard[0]) is not None
+        after_number = (hard == (canonical,) and not is_soft and kind == _CONTENT
+                        and _PLAIN.fullmatch(canonical) is not None)
         if polar:
             polarity += polar
         if kind == _CONTENT:
@@ -288,12 +294,14 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
             pending.append(canonical)
             skeleton.append(canonical)
         elif kind == _NEGATION:
-            negations += 1
+            negated = True
     bag = sorted(content)
     return Parsed(
-        norm=" ".join(stemmed),
         tokens=tuple(stemmed),
-        surface=frozenset(tokens).union(stemmed, written, map(stem_memo, written)),
+        # a word the table reads as another is still its own antonym ("decrease" is read as
+        # "reduce"; "increase" / "decrease" are opposites); a word as written stemmed finds its
+        # pair in any form ("starts" / "stop")
+        surface=frozenset(tokens).union(map(_stem, written)),
         content=tuple(content),
         core=tuple(t for t in bag if t not in POLAR),
         bag=tuple(bag),
@@ -301,7 +309,7 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
         skeleton=tuple(skeleton),
         numbers=tuple(sorted(numbers)),
         soft_numbers=tuple(sorted(soft)),
-        negations=negations,
+        negated=negated,
         polarity=tuple(sorted(polarity)),
         attachments=tuple(sorted(attachments)),
     )

@@ -99,3 +99,7 @@ def grouping(prompt: str) -> tuple[str, ...]:
     """The brackets of a prompt, in order: beside operators they group ("2 + 3 * 4" /
     "(2 + 3) * 4") or slice ("y = x" / "y = x[:]"), so the symbols rule compares them too."""
     return tuple(_BRACKETS.findall(prompt))
+
+
+# This module's memos, which ``lexical.clear_caches`` empties.
+MEMOS = (split, operators, grouping)

@@ -31,6 +31,11 @@ _SEGMENT_END = re.compile(r"[.!?;:]+(?=\s|$)|,(?=\s)|\s+-\s+|\s*—\s*|\n+")
 _SPACES = re.compile(r"\s+")
 _WORD = re.compile(r"(?<![\w'])[a-z]+(?![\w'])")
 _MEND_MIN = 6  # shorter words are too often other words one edit away ("dicts"/"dicks")
+# Longer words are left as written: no dictionary word is within one edit of them (the longest
+# is 45 letters), and the candidates one edit from a word of n letters are 54n strings of n
+# letters each (a 20,000-letter word would be gigabytes), so neither they nor their mending are
+# ever computed or kept in the memo.
+MEND_MAX_LETTERS = 64
 MAX_MEND_CHARS = 20_000  # longer prompts are embedded as written: mending is per word
 
 
@@ -144,8 +149,8 @@ def mended(word: str) -> str:
     """The word, or where it is in no dictionary the dictionary word one edit away, the
     likeliest slip first and then the most frequent word (ties by the word itself, so the
     choice is the same everywhere)."""
-    if (len(word) < _MEND_MIN or not word.isalpha() or word in dictionary() or word in CONFUSABLES
-            or (stem(word),) in TABLE):  # a spelling the interchangeable table knows
+    if (not _MEND_MIN <= len(word) <= MEND_MAX_LETTERS or not word.isalpha() or word in dictionary()
+            or word in CONFUSABLES or (stem(word),) in TABLE):  # a spelling the interchangeable table knows
         return word
     freq = dictionary()
     found = [(kind, -freq[w], w) for kind, w in one_edit(word) if w in freq and w not in CONFUSABLES]
@@ -156,7 +161,7 @@ def mend_spelling(text: str) -> str:
     """Lowercase words in no dictionary replaced by the word one edit away ("recieve")."""
     if len(text) > MAX_MEND_CHARS:
         return text
-    return _WORD.sub(lambda m: mended(m.group(0)), text)
+    return _WORD.sub(lambda m: m[0] if len(m[0]) > MEND_MAX_LETTERS else mended(m[0]), text)
 
 
 MEMO_MAX_CHARS = 4096  # longer prompts are read in full each time, never kept in the memo
@@ -184,3 +189,8 @@ def _request_text(prompt: str) -> str:
 
 
 request_memo = lru_cache(maxsize=4096)(_request_text)
+
+
+# This module's memos, which ``lexical.clear_caches`` empties (the dictionary, loaded once per
+# process, is not one of them).
+MEMOS = (request_memo, mended)

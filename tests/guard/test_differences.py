@@ -95,9 +95,24 @@ def test_words_a_letter_apart_that_are_both_words_are_never_mended():
     assert V.request("how to merge two dicts") == "how to merge two dicts"  # short words stay
 
 
+def test_a_word_longer_than_any_in_the_dictionary_is_never_mended(monkeypatch):
+    """No dictionary word is one edit from it, and the strings one edit away from a word of n
+    letters are 54n of n letters each: a hostile 20,000-letter word would be gigabytes."""
+    from gpucache.guard import request
+
+    assert max(map(len, request.dictionary())) + 1 < request.MEND_MAX_LETTERS
+    monkeypatch.setattr(request, "one_edit", lambda word: pytest.fail(f"mending a {len(word)}-letter word"))
+    long_word = "pneumonoultramicroscopicsilicovolcanoconiosiss" * 400
+    assert V.request("define it please") == "define it"
+    words_kept = request.mended.cache_info().currsize
+    assert V.request(f"define {long_word} please") == f"define {long_word}"
+    assert request.mended.cache_info().currsize == words_kept
+    assert request.mended("x" * (request.MEND_MAX_LETTERS + 1)) == "x" * (request.MEND_MAX_LETTERS + 1)
+
+
 def test_misspellings_are_matched_to_the_other_side_when_no_dictionary_knows_either():
     a, b = differences.reconcile("deploy with kubernetes", "deploy with kubernets")
-    assert parse(a).norm == parse(b).norm
+    assert parse(a).tokens == parse(b).tokens
     # both are words: a difference, left as written
     assert differences.reconcile("pack a desert", "pack a dessert") == ("pack a desert", "pack a dessert")
 

@@ -480,6 +480,28 @@ def test_the_verifier_and_the_policies_import_no_torch(module):
     assert out.strip() == "[]"
 
 
+def test_clearing_the_caches_forgets_everything_the_guard_has_read():
+    """Every memo in the guard's modules (any ``lru_cache`` but the dictionary, loaded once per
+    process) is emptied by ``clear_caches``: a cold benchmark starts cold, and each test runs
+    the rules it names rather than an earlier test's memo."""
+    import functools
+    import importlib
+    import pkgutil
+
+    import gpucache.guard
+    from gpucache.guard.lexical import MEMOS, clear_caches
+
+    found = {id(value): f"{info.name}.{name}"
+             for info in pkgutil.iter_modules(gpucache.guard.__path__, "gpucache.guard.")
+             for name, value in vars(importlib.import_module(info.name)).items()
+             if isinstance(value, functools._lru_cache_wrapper) and value.cache_parameters()["maxsize"] != 1}
+    assert sorted(found[i] for i in set(found) - {id(m) for m in MEMOS}) == []
+    LexicalNearMissVerifier().explain("How do I reset my password, 10k times?", "how do i resett my pasword")
+    assert any(m.cache_info().currsize for m in MEMOS)
+    clear_caches()
+    assert [m.cache_info().currsize for m in MEMOS] == [0] * len(MEMOS)
+
+
 def test_same_verdicts_in_processes_with_different_hash_seeds():
     pairs = [(a, b) for a, b, _ in MUST_REJECT] + MUST_ACCEPT
     code = (
