@@ -20,8 +20,8 @@ from importlib import resources
 from typing import NoReturn
 
 from gpucache.guard.parsing import EXPOSITION, FRAMING_READ, TABLE, Parsed
-from gpucache.guard.request import dictionary
-from gpucache.guard.words import CONFUSABLE, ORDINAL_WORDS, stem
+from gpucache.guard.request import typo_pair
+from gpucache.guard.words import ORDINAL_WORDS, stem
 
 CATEGORY_FILE = "categories.txt"
 # The kinds of words that name what a request is for, in the order they are reported.
@@ -140,38 +140,6 @@ def _in_order(content: tuple[str, ...], left: Counter[str]) -> list[str]:
     return out[::-1]
 
 
-_TYPO_MIN = 5
-
-
-@lru_cache(maxsize=65536)
-def _typo_pair(x: str, y: str) -> bool:
-    """Whether ``x`` and ``y`` are one word typed two ways: one edit apart (a letter added,
-    dropped, changed, or two transposed), five letters or more, at least one of them in no
-    dictionary, and not a known confusable pair."""
-    if min(len(x), len(y)) < _TYPO_MIN or not (x.isalpha() and y.isalpha()):
-        return False
-    if y in CONFUSABLE.get(x, ()):
-        return False
-    words = dictionary()
-    if x in words and y in words:
-        return False
-    return _one_edit_apart(x, y)
-
-
-def _one_edit_apart(x: str, y: str) -> bool:
-    if abs(len(x) - len(y)) > 1:
-        return False
-    if len(x) == len(y):
-        diff = [i for i in range(len(x)) if x[i] != y[i]]
-        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
-                                  and x[diff[0]] == y[diff[1]] and x[diff[1]] == y[diff[0]])
-    short, long_ = (x, y) if len(x) < len(y) else (y, x)
-    i = 0
-    while i < len(short) and short[i] == long_[i]:
-        i += 1
-    return short[i:] == long_[i + 1:]
-
-
 _WORDS = re.compile(r"[^\W\d_]+")
 
 
@@ -191,7 +159,7 @@ def reconcile(a: str, b: str) -> tuple[str, str]:
     mapping = {}
     for x in only_b:
         for y in only_a:
-            if _typo_pair(x, y):
+            if typo_pair(x, y):
                 mapping[x] = y
                 break
     if not mapping:
@@ -449,4 +417,4 @@ def differing_segments(a: str, b: str, norm) -> tuple[str, str] | None:  # type:
 
 
 # This module's memos, which ``lexical.clear_caches`` empties.
-MEMOS = (segments, signed_numbers, capitalised, _counts, _typo_pair, _word_set)
+MEMOS = (segments, signed_numbers, capitalised, _counts, _word_set)

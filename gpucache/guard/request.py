@@ -13,8 +13,9 @@ a sentence mark or a comma followed by a space), never text in the middle, so a 
 is left as it is; a prompt that is all framing is kept whole. Misspellings are mended only
 where a lowercase word of six letters or more is in no dictionary and one edit away from a
 word that is (pyspellchecker's English word list, shipped data): "pasword" -> "password";
-"desert" and "dessert" are both words and stay apart. Everything is a pure function of the text
-and shipped data: no floating point, no ``hash()``.
+"desert" and "dessert" are both words and stay apart. ``typo_pair`` tells the guard where two
+words neither dictionary knows are one word typed two ways ("kubernets" / "kubernetes").
+Everything is a pure function of the text and shipped data: no floating point, no ``hash()``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from functools import lru_cache
 from importlib import resources
 
 from gpucache.guard.parsing import TABLE
-from gpucache.guard.words import CONFUSABLES, stem
+from gpucache.guard.words import CONFUSABLE, CONFUSABLES, stem
 
 _SEGMENT_END = re.compile(r"[.!?;:]+(?=\s|$)|,(?=\s)|\s+-\s+|\s*—\s*|\n+")
 _SPACES = re.compile(r"\s+")
@@ -157,6 +158,38 @@ def mended(word: str) -> str:
     return min(found)[2] if found else word
 
 
+_TYPO_MIN = 5
+
+
+@lru_cache(maxsize=65536)
+def typo_pair(x: str, y: str) -> bool:
+    """Whether ``x`` and ``y`` are one word typed two ways: one edit apart (a letter added,
+    dropped, changed, or two transposed), five letters or more, at least one of them in no
+    dictionary, and not a known confusable pair."""
+    if min(len(x), len(y)) < _TYPO_MIN or not (x.isalpha() and y.isalpha()):
+        return False
+    if y in CONFUSABLE.get(x, ()):
+        return False
+    words = dictionary()
+    if x in words and y in words:
+        return False
+    return one_edit_apart(x, y)
+
+
+def one_edit_apart(x: str, y: str) -> bool:
+    if abs(len(x) - len(y)) > 1:
+        return False
+    if len(x) == len(y):
+        diff = [i for i in range(len(x)) if x[i] != y[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and x[diff[0]] == y[diff[1]] and x[diff[1]] == y[diff[0]])
+    short, long_ = (x, y) if len(x) < len(y) else (y, x)
+    i = 0
+    while i < len(short) and short[i] == long_[i]:
+        i += 1
+    return short[i:] == long_[i + 1:]
+
+
 def mend_spelling(text: str) -> str:
     """Lowercase words in no dictionary replaced by the word one edit away ("recieve")."""
     if len(text) > MAX_MEND_CHARS:
@@ -193,4 +226,4 @@ request_memo = lru_cache(maxsize=4096)(_request_text)
 
 # This module's memos, which ``lexical.clear_caches`` empties (the dictionary, loaded once per
 # process, is not one of them).
-MEMOS = (request_memo, mended)
+MEMOS = (request_memo, mended, typo_pair)
