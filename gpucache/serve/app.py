@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 from gpucache.extras import missing
 
 try:
+    import httpx
     from fastapi import FastAPI, Request
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.responses import JSONResponse, Response
@@ -46,12 +47,15 @@ from gpucache.serve.upstream import Upstream
 log = logging.getLogger("gpucache.serve")
 
 
-def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache] | None = None) -> FastAPI:
+def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache] | None = None, *,
+               upstream_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """The proxy's app. ``cache_factory`` builds the cache at start (the default: from the
     settings' embedder, cache and replication sections); a snapshot at ``config.snapshot`` is
     restored into it when present (lifecycle.py). A factory brings its own embedder, settings
     and replication, so a config that names a Redis beside one is refused: the Redis would be
-    silently unused."""
+    silently unused. ``upstream_transport`` carries the requests to the upstream in place of the
+    network (``httpx.MockTransport`` in the proxy's unit tests; the upstream's URL still names
+    it)."""
     config = config.resolved()  # the secrets and files the settings name, read once, here
     if cache_factory is not None and config.replication.redis is not None:
         raise ConfigError("a cache_factory brings its own replication: build its cache with "
@@ -61,7 +65,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cache = await asyncio.to_thread(build_cache, config, cache_factory)
-        upstream = Upstream(config.upstream, config.upstream_timeout)
+        upstream = Upstream(config.upstream, config.upstream_timeout, upstream_transport)
         metrics.watch(cache)
         proxy = Proxy(config, cache, upstream, metrics)
         credentials = proxy.intake.credentials

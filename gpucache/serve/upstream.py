@@ -60,11 +60,15 @@ def returned(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 class Upstream:
-    def __init__(self, base_url: str, timeout: float, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, base_url: str, timeout: float,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        """``transport``, where given, carries every request in place of the network (the proxy's
+        unit tests answer with ``httpx.MockTransport``)."""
         self.base_url = base_url.rstrip("/")
-        self.client = client or httpx.AsyncClient(
+        self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+            transport=transport,
         )
 
     def url(self, path: str, query: str = "") -> str:
