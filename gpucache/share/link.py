@@ -164,18 +164,19 @@ class Link:
     ) -> tuple[list[SharedEntry], list[Refusal]]:
         """``decoded``, with the refusals (each already counted and logged)."""
         guard = self.guard
-        judge = None if guard is None else lambda record: self._judge(guard, record, announced)
+        judge = None if guard is None else lambda record: self._judge(guard, self.keys, record, announced)
         entries, refusals = decode_entries(records, model, dim, self.signer, judge)
         for refusal in refusals:
             self.refused(refusal, "record")
         return entries, refusals
 
     @staticmethod
-    def _judge(guard: ReplayGuard, record: dict[Any, Any], announced: Version | None) -> Refusal | None:
+    def _judge(guard: ReplayGuard, keys: Keys, record: dict[Any, Any],
+               announced: Version | None) -> Refusal | None:
         """A signed record against what this replica has applied. The record a put event names
         is applied as it comes in the stream's order; any other is refused where it is older
-        than a delete or a clear applied here, or than the event that names its key; a newer
-        one is passed over (its own event follows)."""
+        than a delete or a clear applied here, than the latest put of its key read here, or
+        than the event that names its key; a newer one is passed over (its own event follows)."""
         which = record.get(b"prompt", b"?")[:40]
         try:
             version = version_of(record, record=True)
@@ -184,7 +185,8 @@ class Link:
             return Refusal("malformed", which, repr(exc))
         if announced is not None and (version.origin, version.seq) == (announced.origin, announced.seq):
             return None
-        older = guard.older_than_a_tombstone(scope, prompt, version)
+        older = (guard.older_than_a_tombstone(scope, prompt, version)
+                 or guard.overwritten(keys.record(scope, prompt), version))
         if older is not None:
             return Refusal("replayed", which, older)
         if announced is not None:

@@ -29,6 +29,13 @@ the entry was invalidated, or ``XADD`` a captured ``clear`` again. Three things 
    where this replica began reading (see below), so only records older than that are left
    to the unknown case; and a record put after the delete was signed after it, give or take
    the clocks' skew.
+4. **Versions against overwrites.** Each put a replica reads is the high-water mark of its
+   record's key: a writer writes the record and adds its put in one transaction, so the record
+   Redis holds is always the one the key's latest put names, or a newer one whose put is still
+   to be read. A record of that key at another version, whose writer this replica has read
+   past that version, is one an overwrite replaced, put back: refused. Where this replica has
+   heard nothing of its writer, it is refused when signed more than ``window`` before the
+   latest put (as for a tombstone).
 
 A replica that joins (or bootstraps again) first reads the stream's last ``3 * window``
 seconds before its join event into the guard, applying nothing (``LEARN_WINDOWS``): a replay of
@@ -98,12 +105,16 @@ class ReplayGuard:
     """The writers' sequences and the tombstones one replica has seen (see the module's
     docstring). Thread-safe: the tail feeds it, lookups ask it about fetched records."""
 
-    def __init__(self, window: float, max_writers: int = 4096, max_tombstones: int = 65536) -> None:
+    def __init__(self, window: float, max_writers: int = 4096, max_tombstones: int = 65536,
+                 max_puts: int = 65536) -> None:
         if not (math.isfinite(window) and window > 0):
             raise ValueError(f"replay_window must be a positive number of seconds, got {window!r}")
-        if max_writers < 1 or max_tombstones < 1:
-            raise ValueError("max_writers and max_tombstones must be >= 1")
+        if max_writers < 1 or max_tombstones < 1 or max_puts < 1:
+            raise ValueError("max_writers, max_tombstones and max_puts must be >= 1")
         self.window, self.max_writers, self.max_tombstones = window, max_writers, max_tombstones
+        self.max_puts = max_puts
+        self._puts: OrderedDict[str, Version] = OrderedDict()  # record key -> its latest put read
+        self._forgot_puts = False
         self._lock = threading.Lock()
         self._writers: OrderedDict[str, _Writer] = OrderedDict()  # least recently heard first
         self._floor = -math.inf  # see the module's docstring: forgotten writers
@@ -215,6 +226,41 @@ class ReplayGuard:
                 elif version.seq <= seq:
                     return (f"sequence {version.seq} of writer {version.origin}, which was at "
                             f"{seq} when a {_what(key)} was applied")
+        return None
+
+
+    # ----------------------------------------------------------------------------- overwrites
+
+    def put(self, record_key: str, version: Version) -> None:
+        """A put of the record at ``record_key``, signed as ``version``, was admitted: the
+        key's high-water mark (the least recently put key is forgotten past ``max_puts``)."""
+        with self._lock:
+            self._puts[record_key] = version
+            self._puts.move_to_end(record_key)
+            while len(self._puts) > self.max_puts:
+                self._puts.popitem(last=False)
+                if not self._forgot_puts:
+                    self._forgot_puts = True
+                    log.warning("gpucache: more than %d keys' latest puts remembered; the oldest are "
+                                "forgotten (a record overwritten before them could be put back)",
+                                self.max_puts)
+
+    def overwritten(self, record_key: str, version: Version) -> str | None:
+        """Why a record at ``record_key`` signed as ``version`` is older than the latest put of
+        that key read here; None where it is that put, or newer (its own put still to come)."""
+        with self._lock:
+            latest = self._puts.get(record_key)
+            if latest is None or (latest.origin, latest.seq) == (version.origin, version.seq):
+                return None
+            writer = self._writers.get(version.origin)
+            if writer is None:
+                if version.at < latest.at - self.window:
+                    return (f"signed at {version.at:.3f}, more than {self.window:g} s before the "
+                            f"latest put of its key, signed at {latest.at:.3f}")
+                return None
+            if version.seq <= writer.seq:
+                return (f"sequence {version.seq} of writer {version.origin}, read here before the "
+                        f"latest put of its key (sequence {latest.seq} of writer {latest.origin})")
         return None
 
 

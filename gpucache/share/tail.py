@@ -140,7 +140,9 @@ class Tail:
         why = guard.admit(version, int(event_id.decode().split("-")[0]))
         if why is not None:
             raise Replayed(why)
-        if op == "del":
+        if op == "put":
+            guard.put(text(f["record"]), version)
+        elif op == "del":
             guard.deleted(text(f["scope"]), text(f["prompt"]), version.at)
         elif op == "clear":
             guard.cleared(None if f.get("all") == b"1" else text(f["scope"]), version.at)

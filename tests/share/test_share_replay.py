@@ -137,24 +137,50 @@ def test_the_record_a_put_event_names_is_applied_an_older_one_refused_a_newer_on
     import numpy as np
 
     from gpucache.share.link import Link
-    from gpucache.share.records import as_bytes, entry_fields
+    from gpucache.share.records import Keys, as_bytes, entry_fields
 
     def record(origin, seq):
         fields = entry_fields("s", "p", "r", 1e12, "m", 4, np.zeros(4, "<f4").tobytes(), origin,
                               repr(NOW), seq)
         return {k.encode(): as_bytes(x) for k, x in Signer(SECRET).signed(fields).items()}
 
-    guard = ReplayGuard(window=60)
-    assert Link._judge(guard, record("a", 5), v("a", 5)) is None
-    assert Link._judge(guard, record("a", 4), v("a", 5)).kind == "replayed"
-    assert Link._judge(guard, record("a", 6), v("a", 5)).kind == "superseded"
-    assert Link._judge(guard, record("b", 1), v("a", 5)).kind == "superseded"
-    assert Link._judge(guard, record("a", 4), None) is None  # a fetch: no tombstone, no event
+    guard, keys = ReplayGuard(window=60), Keys("t")
+    assert Link._judge(guard, keys, record("a", 5), v("a", 5)) is None
+    assert Link._judge(guard, keys, record("a", 4), v("a", 5)).kind == "replayed"
+    assert Link._judge(guard, keys, record("a", 6), v("a", 5)).kind == "superseded"
+    assert Link._judge(guard, keys, record("b", 1), v("a", 5)).kind == "superseded"
+    assert Link._judge(guard, keys, record("a", 4), None) is None  # a fetch: no tombstone, no event
     guard.admit(v("a", 5), NOW_MS)
     guard.admit(v("b", 1), NOW_MS)
     guard.deleted("s", "p", NOW)
-    assert Link._judge(guard, record("a", 4), None).kind == "replayed"
-    assert Link._judge(guard, record("b", 1), v("a", 9)).kind == "replayed"  # older than the delete
+    assert Link._judge(guard, keys, record("a", 4), None).kind == "replayed"
+    assert Link._judge(guard, keys, record("b", 1), v("a", 9)).kind == "replayed"  # older than the delete
+
+
+def test_a_record_an_overwrite_replaced_is_refused_and_the_latest_or_a_newer_one_is_not():
+    """Each put read is its key's high-water mark: a record of that key at a version this
+    replica read before it is one the overwrite replaced, put back."""
+    guard = ReplayGuard(window=60)
+    for version in (v("a", 5), v("b", 9)):  # a's put of the key, then b's overwrite of it
+        guard.admit(version, NOW_MS)
+        guard.put("t:e:key", version)
+    assert "read here before the latest put" in guard.overwritten("t:e:key", v("a", 5))
+    assert guard.overwritten("t:e:key", v("b", 9)) is None  # the latest itself
+    assert guard.overwritten("t:e:key", v("a", 6)) is None  # newer: its put is still to be read
+    assert guard.overwritten("t:e:other", v("a", 5)) is None  # another key
+    # a writer never heard of: judged by when it signed, as against a tombstone
+    assert guard.overwritten("t:e:key", v("c", 1, at=NOW - 61)) is not None
+    assert guard.overwritten("t:e:key", v("c", 1, at=NOW - 59)) is None
+
+
+def test_latest_puts_past_the_bound_forget_the_least_recently_put_key():
+    guard = ReplayGuard(window=60, max_puts=2)
+    for seq, key in enumerate(("k1", "k2", "k1", "k3"), 1):
+        guard.admit(v("a", seq), NOW_MS)
+        guard.put(key, v("a", seq))
+    assert guard.overwritten("k1", v("a", 1)) is not None  # k1 put again: kept
+    assert guard.overwritten("k2", v("a", 1)) is None  # forgotten: nothing to judge against
+    assert guard.overwritten("k3", v("a", 1)) is not None
 
 
 @pytest.mark.parametrize("window", [0, -1, float("nan"), float("inf")])
@@ -217,6 +243,30 @@ def test_a_deleted_record_put_back_with_its_event_is_refused_and_counted(server,
     assert late.get("What is the door code?", scope="tenant") is None
     assert late.get("What are the opening hours?", scope="tenant").response == "9 to 5"
     assert late.shared.stats.replayed == 2 and len(late) == 1
+
+
+def test_an_overwritten_record_put_back_is_refused_by_a_replica_reading_it_and_counted(server, replicas):
+    """The attack as found on a real server: an older signed version of an overwritten record
+    put back in Redis was served by a restarted replica and counted nowhere. A replica that
+    joins after the overwrite serves the new answer and counts nothing; one that joins after
+    the put-back refuses the old record at its bootstrap."""
+    a, b = signed(replicas), signed(replicas)
+    raw = redis.Redis.from_url(server.url)
+    a.put("What is the wifi password?", "hunter2 (changed since)", scope="tenant")
+    assert b.shared.wait_applied(1, timeout=10)
+    key = a.shared.keys.record("tenant", "What is the wifi password?")
+    old = raw.hgetall(key)
+    b.put("What is the wifi password?", "correct horse battery staple", scope="tenant")  # the other writer
+    assert a.shared.wait_applied(1, timeout=10)
+    joined = signed(replicas)
+    assert joined.shared.wait_applied(1, timeout=10), joined.shared.stats
+    assert joined.get("What is the wifi password?", scope="tenant").response == "correct horse battery staple"
+    raw.delete(key)
+    raw.hset(key, mapping=old)  # the old version, put back
+    late = signed(replicas)
+    assert late.shared.wait_for(lambda s: s.replayed == 1, timeout=10), late.shared.stats
+    assert late.get("What is the wifi password?", scope="tenant") is None and len(late) == 0
+    assert [c.shared.stats.replayed for c in (a, b, joined)] == [0, 0, 0]
 
 
 def test_a_clear_added_again_with_a_plain_xadd_is_refused_and_changes_nothing(server, replicas):
