@@ -791,6 +791,46 @@ def main() -> None:
                 f"refused ({replayed} counted as replayed); entries {before_n} before, {after_n} after",
             )
         )
+        # an overwritten record's older signed version put back, then the replica restarted
+        question = "An overwritten question"
+        ask(rep, rk, question)
+
+        def record_of(text: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+            for key in client.scan_iter(match="gpucache:e:*"):
+                fields = client.hgetall(key)
+                if text.encode() in fields.get(b"prompt", b""):
+                    return key, fields
+            return None
+
+        for _ in range(100):
+            found = record_of(question)
+            if found is not None:
+                break
+            time.sleep(0.1)  # bench pacing: the writer thread writes the record
+        assert found is not None, "the record was never written"
+        key, old = found
+        ask(rep, rk, question, cache_control="no-cache")  # a refresh: the record written again
+        for _ in range(100):
+            now = record_of(question)
+            if now is not None and now[1].get(b"seq") != old.get(b"seq"):
+                break
+            time.sleep(0.1)  # bench pacing: the writer thread overwrites the record
+        stop(replica)
+        client.delete(key)
+        client.hset(key, mapping=old)  # the older signed version put back
+        replica = start(rep_cmd, f"{rep}/health")
+        for _ in range(100):
+            replayed_after = httpx.get(f"{rep}/admin/stats", headers=admin).json()["replication"]["replayed"]
+            if replayed_after:
+                break
+            time.sleep(0.1)  # bench pacing: the bootstrap reads the records
+        rows.append(
+            (
+                "replicas",
+                "an overwritten record's older signed version put back before a restart",
+                f"refused at the bootstrap ({replayed_after} counted as replayed)",
+            )
+        )
         httpx.post(f"{rep}/admin/snapshot", headers=admin)
         shutil.copy(snap, snap + ".old")
         ask(rep, rk, "A question after the first snapshot")
