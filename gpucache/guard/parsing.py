@@ -185,20 +185,15 @@ def _token_uncached(tok: str) -> _TokenInfo:
     polar = tuple(POLAR.get(canonical, ()))
     if tok.startswith("^"):  # a power: "^2" is "squared", never the number 2
         return canonical, (tok,), False, kind, polar
-    ordinal = _ORDINAL.match(tok)
-    if ordinal:
-        return canonical, (f"#{_number(ordinal.group(1))}",), False, kind, polar
-    if tok in ORDINAL_WORDS:
-        return canonical, (ORDINAL_WORDS[tok],), False, kind, polar
+    if canonical in ORDINAL_WORDS:  # "first", and "1st" read as it; "11th" is the number 11
+        return canonical, (ORDINAL_WORDS[canonical],), False, kind, polar
     if tok in SOFT_NUMBERS:
         return canonical, (NUMBER_WORDS[tok],), True, kind, polar
     if tok in NUMBER_WORDS:
         return canonical, (NUMBER_WORDS[tok],), False, kind, polar
     if not tok.isalpha():
-        scaled = _SCALED.fullmatch(tok)
-        if scaled:  # "10k", "2.5m": the suffix scales the number
-            value = _scaled(scaled.group(1), SCALES[_SUFFIXES[scaled.group(2)]])
-            return canonical, (value,), False, kind, polar
+        if _SCALED.fullmatch(tok):  # "10k", "2bn": read (``_canonical``) as the number it scales to
+            return canonical, (canonical,), False, kind, polar
         return canonical, tuple(_number(d) for d in _DIGITS.findall(tok)), False, kind, polar
     return canonical, (), False, kind, polar
 

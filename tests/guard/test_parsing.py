@@ -137,7 +137,7 @@ def test_a_number_reads_the_same_however_it_is_written(written):
                                   ("a fund of 2bn", "a fund of 2,000,000,000"),
                                   ("a salary of 10k", "a salary of ten thousand")])
 def test_a_suffix_scales_the_number_as_a_word_does(a, b):
-    assert parse(a).tokens == parse(b).tokens
+    assert parse(a).tokens == parse(b).tokens and parse(a).numbers == parse(b).numbers
     assert V.explain(a, b).rule == "identical"
 
 
@@ -148,6 +148,7 @@ def test_a_scale_multiplies_only_the_number_just_before_it():
     assert (p.numbers, p.soft_numbers) == (("1000", "3"), ("1",))
     assert parse("firmware v10 thousand").numbers == ("10", "1000")  # a word carrying a number
     assert parse("a thousand ways").numbers == ("1000",)
+    assert parse("thousand island dressing").numbers == ("1000",)  # a scale with no number before
 
 
 def test_every_number_is_a_content_word():
