@@ -153,13 +153,12 @@ class CacheCore:
 
     def clear_under(self, prefix: str) -> int:
         """Remove every entry whose scope is ``prefix`` or under it, here and on every replica
-        (one clear per scope found here: replicas hold the entries this one does); how many
-        were removed here."""
+        (one clear of the prefix: another replica may hold scopes under it this one never saw,
+        and Redis their records); how many were removed here."""
         with self.lock:
             found = self.table.under(prefix)
-            for scope in sorted({e.scope for e in found}):
-                self.fence.cleared(scope)
-                self.shared.cleared(scope)
+            self.fence.cleared(prefix, under=True)
+            self.shared.cleared(prefix, under=True)
             self.table.drop(found)
         return len(found)
 
@@ -352,10 +351,13 @@ class CacheCore:
             self.fence.removed(scope, prompt)
             self.table.remove(scope, prompt)
 
-    def apply_replicated_clear(self, scope: str | None) -> None:
+    def apply_replicated_clear(self, scope: str | None, under: bool = False) -> None:
         with self.lock:
-            self.fence.cleared(scope)
-            self.table.clear(scope)
+            self.fence.cleared(scope, under)
+            if under and scope is not None:
+                self.table.drop(self.table.under(scope))
+            else:
+                self.table.clear(scope)
 
     def fetched(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
         """Exact repeats read from the shared store (one round trip, outside the lock) and

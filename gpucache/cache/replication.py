@@ -48,7 +48,7 @@ class Replica(Protocol):
 
     def apply_replicated_removal(self, scope: str, prompt: str) -> None: ...
 
-    def apply_replicated_clear(self, scope: str | None) -> None: ...
+    def apply_replicated_clear(self, scope: str | None, under: bool = False) -> None: ...
 
 
 class Replication(Protocol):
@@ -66,7 +66,9 @@ class Replication(Protocol):
 
     def removed(self, scope: str, prompt: str) -> None: ...
 
-    def cleared(self, scope: str | None) -> None: ...
+    def cleared(self, scope: str | None, under: bool = False) -> None:
+        """A clear of ``scope`` (with ``under``, of every scope below it too: ``scope/...``;
+        of everything, with None)."""
 
     def fetch(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
         """Entries stored elsewhere under exactly these (scope, prompt) pairs, now."""
@@ -101,7 +103,7 @@ class LocalOnly:
     def removed(self, scope: str, prompt: str) -> None:
         pass
 
-    def cleared(self, scope: str | None) -> None:
+    def cleared(self, scope: str | None, under: bool = False) -> None:
         pass
 
     def fetch(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
@@ -123,10 +125,22 @@ class LocalOnly:
         pass
 
 
-def covers(gone_scope: str | None, gone_prompt: str | None, scope: str, prompt: str) -> bool:
+def covers(gone_scope: str | None, gone_prompt: str | None, scope: str, prompt: str,
+           under: bool = False) -> bool:
     """Whether a removal covers the entry (scope, prompt): a delete names both, a clear of a
-    scope has no prompt, a clear of everything neither."""
-    return gone_scope is None or (gone_scope == scope and gone_prompt in (None, prompt))
+    scope has no prompt (and with ``under`` covers the scopes below it), a clear of everything
+    neither."""
+    if gone_scope is None:
+        return True
+    if under:
+        return within(scope, gone_scope)
+    return gone_scope == scope and gone_prompt in (None, prompt)
+
+
+def within(scope: str, prefix: str) -> bool:
+    """Whether ``scope`` is ``prefix`` or lies under it (``prefix/...``): a tenant's scopes
+    start with the tenant, as a server's do."""
+    return scope == prefix or scope.startswith(prefix + "/")
 
 
 class RemovalFence:
@@ -144,16 +158,17 @@ class RemovalFence:
 
     def __init__(self) -> None:
         self.number = 0  # removals so far
-        self._recent: deque[tuple[int, str | None, str | None]] = deque(maxlen=self.KEPT)
+        self._recent: deque[tuple[int, str | None, str | None, bool]] = deque(maxlen=self.KEPT)
 
     def removed(self, scope: str, prompt: str) -> None:
         self.number += 1
-        self._recent.append((self.number, scope, prompt))
+        self._recent.append((self.number, scope, prompt, False))
 
-    def cleared(self, scope: str | None) -> None:
-        """A clear of ``scope`` (of every scope, with None)."""
+    def cleared(self, scope: str | None, under: bool = False) -> None:
+        """A clear of ``scope`` (and of the scopes under it, with ``under``; of every scope,
+        with None)."""
         self.number += 1
-        self._recent.append((self.number, scope, None))
+        self._recent.append((self.number, scope, None, under))
 
     def mark(self) -> int:
         return self.number
@@ -162,9 +177,9 @@ class RemovalFence:
         """Whether a removal after ``since`` covers the entry (scope, prompt)."""
         if self.number - since > len(self._recent):
             return True  # removals since then no longer kept: any may cover it
-        for number, gone_scope, gone_prompt in reversed(self._recent):
+        for number, gone_scope, gone_prompt, under in reversed(self._recent):
             if number <= since:
                 return False
-            if covers(gone_scope, gone_prompt, scope, prompt):
+            if covers(gone_scope, gone_prompt, scope, prompt, under):
                 return True
         return False

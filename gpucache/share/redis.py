@@ -290,8 +290,9 @@ class RedisShare:
     def removed(self, scope: str, prompt: str) -> None:
         self.writer.enqueue({"op": "del", "scope": scope, "prompt": prompt})
 
-    def cleared(self, scope: str | None) -> None:
-        self.writer.enqueue({"op": "clear", "scope": "" if scope is None else scope, "all": scope is None})
+    def cleared(self, scope: str | None, under: bool = False) -> None:
+        self.writer.enqueue({"op": "clear", "scope": "" if scope is None else scope, "all": scope is None,
+                             "under": under and scope is not None})
 
     # ----------------------------------------------------------------------------- reads
 
@@ -307,7 +308,7 @@ class RedisShare:
         # (CacheCore.fetched)
         removing = self.writer.removals()
         if removing:
-            pairs = [(s, p) for s, p in pairs if not any(covers(gs, gp, s, p) for gs, gp in removing)]
+            pairs = [(s, p) for s, p in pairs if not any(covers(gs, gp, s, p, u) for gs, gp, u in removing)]
             if not pairs:
                 return []
         try:

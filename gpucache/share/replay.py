@@ -191,9 +191,10 @@ class ReplayGuard:
         """A delete of (scope, prompt), signed at ``at``, was applied (after ``admit``)."""
         self._tombstone(("k", prompt_key(scope, prompt)), at)
 
-    def cleared(self, scope: str | None, at: float) -> None:
-        """A clear of ``scope`` (None: of everything), signed at ``at``, was applied."""
-        self._tombstone(("*",) if scope is None else ("s", _scope_key(scope)), at)
+    def cleared(self, scope: str | None, at: float, under: bool = False) -> None:
+        """A clear of ``scope`` (and of those below it, with ``under``; None: of everything),
+        signed at ``at``, was applied."""
+        self._tombstone(("*",) if scope is None else ("u" if under else "s", _scope_key(scope)), at)
 
     def _tombstone(self, key: tuple[object, ...], at: float) -> None:
         with self._lock:
@@ -213,7 +214,11 @@ class ReplayGuard:
         applied here; None where it is not."""
         with self._lock:
             writer = self._writers.get(version.origin)
-            for key in (("k", prompt_key(scope, prompt)), ("s", _scope_key(scope)), ("*",)):
+            # the scope's own tombstones, and those of every scope it lies under ("a/b/c":
+            # "a/b/c", "a/b", "a")
+            parts = scope.split("/")
+            above = [("u", _scope_key("/".join(parts[:n]))) for n in range(len(parts), 0, -1)]
+            for key in (("k", prompt_key(scope, prompt)), ("s", _scope_key(scope)), *above, ("*",)):
                 found = self._tombstones.get(key)
                 if found is None:
                     continue
@@ -271,4 +276,5 @@ def _scope_key(scope: str) -> bytes:
 
 
 def _what(key: tuple[object, ...]) -> str:
-    return {"k": "delete", "s": "clear of its scope", "*": "clear of everything"}[str(key[0])]
+    return {"k": "delete", "s": "clear of its scope", "u": "clear of a scope it lies under",
+            "*": "clear of everything"}[str(key[0])]

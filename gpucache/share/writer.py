@@ -17,8 +17,9 @@ import time
 from collections import deque
 from typing import Any
 
+from gpucache.cache.replication import within
 from gpucache.share.link import Link
-from gpucache.share.records import entry_fields, utf8
+from gpucache.share.records import entry_fields, text, utf8
 
 log = logging.getLogger("gpucache.share")
 
@@ -62,15 +63,16 @@ class Writer:
             self.link.gauge(pending=len(self.pending))
             self.wake.notify()
 
-    def removals(self) -> list[tuple[str | None, str | None]]:
-        """The deletes and clears queued and not yet written, as (scope, prompt): prompt None
-        for a clear, scope None for a clear of everything. Until one is written, Redis still
-        holds what it removes (``RedisShare.fetch`` must not bring it back)."""
+    def removals(self) -> list[tuple[str | None, str | None, bool]]:
+        """The deletes and clears queued and not yet written, as (scope, prompt, under): prompt
+        None for a clear, scope None for a clear of everything, under True for a clear of a scope
+        and those below it. Until one is written, Redis still holds what it removes
+        (``RedisShare.fetch`` must not bring it back)."""
         with self.wake:
             if not self._removing:  # the common case: no walk of a queue of puts
                 return []
-            return [(None if e.get("all") else e["scope"], e.get("prompt") if e["op"] == "del" else None)
-                    for e in self.pending if e["op"] in REMOVALS]
+            return [(None if e.get("all") else e["scope"], e.get("prompt") if e["op"] == "del" else None,
+                     bool(e.get("under"))) for e in self.pending if e["op"] in REMOVALS]
 
     def drain(self, timeout: float, running: bool) -> None:
         """Wait (up to ``timeout``) until the queue is written, while Redis answers."""
@@ -167,15 +169,19 @@ class Writer:
                 pipe.delete(keys.record(event["scope"], event["prompt"]))
                 fields["prompt"] = utf8(event["prompt"])
             else:
-                for key in self._records_of(None if event["all"] else event["scope"]):
+                scope = None if event["all"] else event["scope"]
+                for key in self._records_of(scope, event.get("under", False)):
                     pipe.delete(key)
                 fields["all"] = "1" if event["all"] else "0"
+                if event.get("under"):  # and the scopes below it (a revoked credential's)
+                    fields["under"] = "1"
             pipe.xadd(keys.key("log"), link.signer.signed(fields), maxlen=link.maxlen, approximate=True)
         pipe.execute()
         link.breaker.succeeded()
 
-    def _records_of(self, scope: str | None) -> list[bytes]:
-        """The record keys of ``scope`` (of every scope, with None)."""
+    def _records_of(self, scope: str | None, under: bool = False) -> list[bytes]:
+        """The record keys of ``scope`` (and of those below it, with ``under``; of every scope,
+        with None)."""
         redis = self.link.redis
         keys = list(redis.scan_iter(match=self.link.keys.key("e:*"), count=1000))
         if scope is None or not keys:
@@ -184,4 +190,6 @@ class Writer:
         for key in keys:
             pipe.hget(key, "scope")
         scopes = pipe.execute()
+        if under:
+            return [k for k, s in zip(keys, scopes) if s is not None and within(text(s), scope)]
         return [k for k, s in zip(keys, scopes) if s is not None and s == utf8(scope)]

@@ -31,8 +31,8 @@ class Recording(LocalOnly):
     def removed(self, scope, prompt):
         self.calls.append(("removed", scope, prompt))
 
-    def cleared(self, scope):
-        self.calls.append(("cleared", scope))
+    def cleared(self, scope, under=False):
+        self.calls.append(("cleared_under" if under else "cleared", scope))
 
     def fetch(self, pairs):
         return [e for e in self.elsewhere if (e.scope, e.prompt) in pairs]
@@ -104,6 +104,18 @@ def test_a_removal_of_something_else_leaves_a_read_from_the_shared_store_alone(f
     assert hit is not None and hit.exact and hit.response == "their answer"
 
 
+def test_a_clear_under_a_prefix_is_announced_once_whatever_this_cache_holds(fake_embedder):
+    """Another replica may hold scopes under the prefix that this one never saw: the clear is of
+    the prefix, not of the scopes found here."""
+    shared = Recording()
+    cache = make(fake_embedder, shared)
+    cache.put("one of theirs", "x", scope="key:ab/ns:one")
+    cache.put("one of theirs too", "y", scope="key:ab/ns:two")
+    assert cache.clear_under("key:ab") == 2
+    assert cache.clear_under("key:cd") == 0
+    assert [c for c in shared.calls if c[0] != "stored"] == [("cleared_under", "key:ab"), ("cleared_under", "key:cd")]
+
+
 def test_the_fence_covers_what_each_removal_since_the_mark_removed():
     fence = RemovalFence()
     fence.removed("s", "before")
@@ -114,6 +126,9 @@ def test_the_fence_covers_what_each_removal_since_the_mark_removed():
     assert not fence.stale("t", "a", since)
     fence.cleared("t")
     assert fence.stale("t", "anything", since) and not fence.stale("u", "x", since)
+    assert not fence.stale("t/ns:x", "a", since)  # a clear of one scope only
+    fence.cleared("t", under=True)
+    assert fence.stale("t/ns:x", "a", since) and not fence.stale("tx", "a", since)
     fence.cleared(None)
     assert fence.stale("u", "x", since)
 

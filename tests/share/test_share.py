@@ -97,6 +97,34 @@ def test_invalidate_and_clear_propagate(replicas):
     assert a.get("second question", scope="s") is None and len(a) == 0
 
 
+def test_a_clear_under_a_prefix_reaches_the_scopes_below_it_that_this_replica_never_held(server, replicas):
+    """``clear_under`` (a revoked credential's every namespace) is one clear of the prefix, on
+    every replica and in Redis: the replica that receives it may hold none of the scopes below
+    it (they were stored elsewhere, evicted here) and still every replica drops them, Redis
+    deletes their records, and a replica that joins later bootstraps none of them back."""
+    b = replicas()
+    a = SemanticCache(FakeEmbedder(), device="cpu", verifier=ThresholdOnly(), threshold=0.9,
+                      cache_policy=StoreEverything(), capacity=2,
+                      shared=RedisShare(server.url, prefix="t", deadline=0.5))
+    try:
+        assert a.shared.wait_for(lambda s: s.bootstraps >= 1, timeout=10)
+        for i in range(5):
+            b.put(f"revoked question {i}", f"answer {i}", scope="key:ab/ns:two")
+        b.put("kept question", "kept", scope="key:abc")  # a prefix of its own, not under key:ab
+        b.put("another kept question", "kept too", scope="key:other/ns:ab")
+        assert a.shared.wait_applied(7, timeout=10) and len(a) == 2  # the two last; the rest evicted
+        assert a.clear_under("key:ab") == 0
+        assert b.shared.wait_applied(1, timeout=10)
+        assert len(b) == 2 and b.get("revoked question 3", scope="key:ab/ns:two") is None
+        scopes = {redis.Redis.from_url(server.url).hget(k, "scope") for k in
+                  redis.Redis.from_url(server.url).scan_iter(match="t:e:*")}
+        assert scopes == {b"key:abc", b"key:other/ns:ab"}
+        late = replicas()
+        assert late.shared.wait_applied(2, timeout=10) and len(late) == 2
+    finally:
+        a.close()
+
+
 def test_a_late_replica_bootstraps_from_the_records(replicas):
     a = replicas()
     for i in range(20):
@@ -542,9 +570,9 @@ def test_the_queue_knows_the_removals_it_holds_through_writes_and_drops(server):
     cache.shared.close()  # nothing is written meanwhile
     cache.invalidate("gone", scope="one")
     cache.clear("two")
-    assert cache.shared.writer.removals() == [("one", "gone"), ("two", None)]
+    assert cache.shared.writer.removals() == [("one", "gone", False), ("two", None, False)]
     cache.put("a question", "an answer")  # the oldest, the delete, is dropped
-    assert cache.shared.writer.removals() == [("two", None)]
+    assert cache.shared.writer.removals() == [("two", None, False)]
     cache.put("another question", "another answer")
     assert cache.shared.writer.removals() == []
 

@@ -83,6 +83,16 @@ def test_a_clear_refuses_the_older_records_of_its_scope_or_of_all():
     assert guard.older_than_a_tombstone("t", "any prompt", v("a", 5)) is None
 
 
+def test_a_clear_under_a_prefix_refuses_the_older_records_of_every_scope_below_it():
+    guard = ReplayGuard(window=60)
+    guard.admit(v("a", 5), NOW_MS)
+    guard.cleared("key:ab", NOW, under=True)
+    for scope in ("key:ab", "key:ab/ns:two", "key:ab/ns:two/q:x"):
+        assert "clear of a scope it lies under" in guard.older_than_a_tombstone(scope, "p", v("a", 5))
+    assert guard.older_than_a_tombstone("key:abc", "p", v("a", 5)) is None  # not below it
+    assert guard.older_than_a_tombstone("key:ab/ns:two", "p", v("a", 6)) is None  # put since
+
+
 def test_a_writer_unheard_of_at_the_delete_is_judged_by_the_time_it_signed():
     guard = ReplayGuard(window=60)
     guard.deleted("s", "p", NOW)  # nothing heard of writer c before the delete
