@@ -33,7 +33,7 @@ from gpucache.cache.entries import EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight
 from gpucache.cache.lookup import Findings, Lookup, LookupRequest
 from gpucache.cache.onloop import LoopLookups
-from gpucache.cache.replication import LocalOnly, RemovalFence, Replication, SharedEntry
+from gpucache.cache.replication import ClearedPrefixes, LocalOnly, RemovalFence, Replication, SharedEntry
 from gpucache.cache.served import Keep, LoaderAnswer
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.stats import CacheStats, StatsCounter
@@ -100,6 +100,7 @@ class CacheCore:
         )
         self.lock = threading.RLock()
         self.fence = RemovalFence()  # removals, for the reads from the shared store (fetched)
+        self.cleared_prefixes = ClearedPrefixes()  # clear_under's, here and elsewhere (revokes)
         self.counters = StatsCounter()
         # the most entries kept: the capacity, or fewer where the device budget says so
         limit = min(s.capacity, self.store.max_rows or s.capacity)
@@ -158,6 +159,7 @@ class CacheCore:
         with self.lock:
             found = self.table.under(prefix)
             self.fence.cleared(prefix, under=True)
+            self.cleared_prefixes.cleared(prefix)
             self.shared.cleared(prefix, under=True)
             self.table.drop(found)
         return len(found)
@@ -355,6 +357,7 @@ class CacheCore:
         with self.lock:
             self.fence.cleared(scope, under)
             if under and scope is not None:
+                self.cleared_prefixes.cleared(scope)
                 self.table.drop(self.table.under(scope))
             else:
                 self.table.clear(scope)

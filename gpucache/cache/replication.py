@@ -143,6 +143,35 @@ def within(scope: str, prefix: str) -> bool:
     return scope == prefix or scope.startswith(prefix + "/")
 
 
+class ClearedPrefixes:
+    """The prefixes cleared with every scope under them (``clear_under``: a revoked
+    credential's), here or on another replica, each with the number of its latest clear.
+
+    A server keeps each credential's verdict a while; a revoke applied on another replica must
+    end it here too, so the server reads ``since`` before it trusts a kept verdict. Written
+    under the cache's lock, read from the event loop without it: one read of a plain dict. The
+    last ``KEPT`` prefixes are kept; past that, a prefix may have been cleared at any number up
+    to the oldest one forgotten (``floor``), so a verdict older than that is asked again."""
+
+    KEPT = 65536
+
+    def __init__(self) -> None:
+        self.number = 0  # clears so far
+        self.floor = 0
+        self._last: dict[str, int] = {}
+
+    def cleared(self, prefix: str) -> None:
+        self.number += 1
+        self._last.pop(prefix, None)  # re-inserted last: the oldest are forgotten first
+        self._last[prefix] = self.number
+        while len(self._last) > self.KEPT:
+            self.floor = self._last.pop(next(iter(self._last)))
+
+    def since(self, prefix: str) -> int:
+        """The number of the latest clear of ``prefix`` (0: none, or none since the floor)."""
+        return max(self._last.get(prefix, 0), self.floor)
+
+
 class RemovalFence:
     """The removals this cache has applied, numbered, so that an entry read from the shared
     store before a removal and applied after it stays out.

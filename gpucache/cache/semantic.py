@@ -26,7 +26,7 @@ from gpucache.cache.core import CacheCore
 from gpucache.cache.flight import LoadAbandoned
 from gpucache.cache.loading import GetOrLoad
 from gpucache.cache.lookup import LookupRequest
-from gpucache.cache.replication import Replication
+from gpucache.cache.replication import ClearedPrefixes, Replication
 from gpucache.cache.saving import capture, restore
 from gpucache.cache.served import Found, Hit, Joined, Keep, Loaded, Served, ServeOnly, Stream
 from gpucache.cache.settings import CacheSettings, read_settings_file
@@ -163,6 +163,12 @@ class SemanticCache(GetOrLoad):
     def replay_chunks(self, answer: str) -> Iterator[str]:
         """A stored answer in ``replay_chunk_chars`` pieces, for a caller that streams it."""
         return self._core.replay(answer)
+
+    @property
+    def cleared_prefixes(self) -> ClearedPrefixes:
+        """The prefixes cleared with every scope under them (``clear_under``), here or on any
+        replica, numbered: a server re-checks a revoked credential's kept verdict by them."""
+        return self._core.cleared_prefixes
 
     @property
     def shared(self) -> Replication:

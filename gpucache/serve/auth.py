@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpucache.cache.replication import ClearedPrefixes
 from gpucache.serve import wire
 from gpucache.serve.keyfile import KeyFile
 from gpucache.serve.upstream import Upstream, UpstreamUnavailable
@@ -84,6 +85,7 @@ class Kept:
     verdict: Allowed | Denied
     until: float
     confirmed: float
+    cleared: int = 0  # the credential's clears (ClearedPrefixes) before it was asked: a later one ends it
 
 
 class CredentialCheck:
@@ -98,8 +100,11 @@ class CredentialCheck:
 
     def __init__(self, upstream: Upstream, ttl: float, clock: Callable[[], float] = time.monotonic,
                  max_verdicts: int = MAX_VERDICTS, timeout: float = 5.0, grace: float = 300.0,
-                 max_checks: int = 64) -> None:
+                 max_checks: int = 64, cleared: ClearedPrefixes | None = None) -> None:
         self.upstream, self.ttl, self.clock, self.max_verdicts = upstream, ttl, clock, max_verdicts
+        # the cache's clears under a credential (a revoke, here or on another replica): a verdict
+        # kept from before one is asked again
+        self.cleared = cleared or ClearedPrefixes()
         self.timeout, self.grace, self.max_checks = timeout, grace, max_checks
         self.verdicts: dict[str, Kept] = {}
         # checks the upstream could not answer, each remembered for ``timeout`` seconds: a burst of
@@ -156,6 +161,9 @@ class CredentialCheck:
         if self.authority is False:
             return Unverified(503, NOT_AN_AUTHORITY)
         kept = self.verdicts.get(credential)
+        if kept is not None and self.cleared.since(credential) > kept.cleared:
+            del self.verdicts[credential]  # revoked since, here or on another replica: asked again,
+            kept = None  # and never extended while the upstream cannot answer
         if kept is not None and kept.until > self.clock():
             return kept.verdict
         pending = self.asking.get(credential)
@@ -183,6 +191,7 @@ class CredentialCheck:
     async def _ask(self, credential: str, headers: Mapping[str, str], query: str,
                    before: Kept | None) -> Verdict:
         self.asked += 1
+        cleared = self.cleared.number  # before the answer: a revoke while it is awaited ends it
         try:
             response = await self.upstream.send("GET", "models", headers, b"", params=query,
                                                 timeout=self.timeout)
@@ -190,19 +199,22 @@ class CredentialCheck:
             return self._unanswered(credential, before, down.status,
                                     f"the credential could not be checked: {down}")
         if 200 <= response.status_code < 300:
-            return self._keep(credential, Allowed())
+            return self._keep(credential, Allowed(), cleared)
         if response.status_code in (401, 403):
-            return self._keep(credential, Denied(response.status_code, response.headers, response.content))
+            denied = Denied(response.status_code, response.headers, response.content)
+            return self._keep(credential, denied, cleared)
         return self._unanswered(credential, before, 503, "the credential could not be checked: the upstream "
                                 f"answered {response.status_code}")
 
-    def _keep(self, credential: str, verdict: Allowed | Denied) -> Allowed | Denied:
+    def _keep(self, credential: str, verdict: Allowed | Denied,
+              cleared: int | None = None) -> Allowed | Denied:
         self.unanswered.pop(credential, None)
         if len(self.verdicts) >= self.max_verdicts:
             self.verdicts.pop(next(iter(self.verdicts)))
         self.verdicts.pop(credential, None)  # re-inserted last: the oldest go first
         now = self.clock()
-        self.verdicts[credential] = Kept(verdict, now + self.ttl, now)
+        self.verdicts[credential] = Kept(verdict, now + self.ttl, now,
+                                         self.cleared.number if cleared is None else cleared)
         return verdict
 
     def _unanswered(self, credential: str, before: Kept | None, status: int, message: str) -> Verdict:
@@ -215,7 +227,8 @@ class CredentialCheck:
                 self.unanswered.pop(next(iter(self.unanswered)))
             self.unanswered[credential] = (Unverified(status, message), now + self.timeout)
             return self.unanswered[credential][0]
-        self.verdicts[credential] = Kept(before.verdict, min(now + self.ttl, last), before.confirmed)
+        self.verdicts[credential] = Kept(before.verdict, min(now + self.ttl, last), before.confirmed,
+                                         before.cleared)
         return before.verdict
 
 

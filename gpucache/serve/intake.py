@@ -23,6 +23,7 @@ try:
 except ImportError as exc:  # the serve extra
     raise missing("serve", __name__, exc) from exc
 
+from gpucache.cache.replication import ClearedPrefixes
 from gpucache.serve.auth import CredentialCheck, Denied, Unverified, keys_verdict
 from gpucache.serve.exchange import (
     CacheControl,
@@ -98,12 +99,16 @@ def leaves_body_unread(request: Request) -> bool:
 class Intake:
     """The front of the caching path: ``config``'s tenancy and its ``auth`` mode's checker."""
 
-    def __init__(self, config: ServeSettings, upstream: Upstream) -> None:
+    def __init__(self, config: ServeSettings, upstream: Upstream,
+                 cleared: ClearedPrefixes | None = None) -> None:
+        """``cleared``: the cache's clears under a prefix (a revoke, here or on any replica),
+        which end a credential's kept verdict."""
         self.config = config
         self.credentials: CredentialCheck | KeyFile | None = None
         if config.auth == "upstream":
             self.credentials = CredentialCheck(upstream, config.auth_ttl, timeout=config.auth_timeout,
-                                               grace=config.auth_grace, max_checks=config.max_concurrency)
+                                               grace=config.auth_grace, max_checks=config.max_concurrency,
+                                               cleared=cleared)
         elif config.auth == "keys":
             assert config.keys_file is not None
             self.credentials = KeyFile(config.keys_file)

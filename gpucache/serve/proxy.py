@@ -121,7 +121,7 @@ class Proxy:
         self.busy = 0  # requests past the exact tier now (admit)
         self.holding: dict[str, int] = {}  # of those, each credential's (its share, admit)
         self.streams = Streams(metrics, self.store)
-        self.intake = Intake(config, upstream)
+        self.intake = Intake(config, upstream, cache.cleared_prefixes)
 
     async def completion(self, kind: str, request: Request) -> Response:
         started = time.perf_counter()

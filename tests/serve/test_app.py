@@ -32,6 +32,7 @@ class ModelServer:
 
     def __init__(self) -> None:
         self.completions: list[str] = []  # the prompts asked
+        self.checks = 0  # credential checks (GET /v1/models with a key it issued)
         self.then: list[int | str | Exception] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -39,6 +40,7 @@ class ModelServer:
             return httpx.Response(401, json={"error": {"message": "invalid key", "type": "invalid_request_error",
                                                        "code": "invalid_api_key"}})
         if request.url.path == "/v1/models":
+            self.checks += 1
             return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
         body = json.loads(request.content)
         prompt = body["messages"][-1]["content"]
@@ -152,3 +154,20 @@ def test_a_streamed_miss_is_relayed_as_sent_and_its_repeat_answered_from_the_cac
     assert whole.headers["x-gpucache"] == "exact"
     assert whole.json()["choices"][0]["message"]["content"] == "answer to Spell the word cat"
     assert upstream.completions == ["Spell the word cat"]
+
+
+def test_a_revoke_applied_from_another_replica_ends_the_credentials_kept_verdict(proxy, upstream):
+    """A replica applies another's revoke as a clear under the credential (the share's tail
+    calls ``apply_replicated_clear``); the proxy then checks the credential again before it
+    serves it anything, rather than trusting the verdict it kept."""
+    assert ask(proxy, "What is the launch code?").status_code == 200
+    assert ask(proxy, "What is the launch code?").headers["x-gpucache"] == "exact"
+    checks = upstream.checks
+    state = proxy.app.state
+    holder = state.config.tenancy.identify({"authorization": GOOD}).holder
+    state.proxy.cache._core.apply_replicated_clear(holder, under=True)
+    again = ask(proxy, "What is the launch code?")
+    assert again.headers["x-gpucache"] == "miss"  # its entries went with the clear
+    assert upstream.checks == checks + 1  # and the credential was checked again
+    assert ask(proxy, "What is the launch code?").headers["x-gpucache"] == "exact"
+    assert upstream.checks == checks + 1  # a fresh verdict is kept again

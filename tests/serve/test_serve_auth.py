@@ -149,6 +149,35 @@ def test_an_upstream_that_cannot_answer_keeps_a_verdict_seen_before_and_refuses_
     assert isinstance(never, Unverified) and never.status == 502
 
 
+def test_a_clear_under_a_credential_ends_its_kept_verdict_and_nothing_extends_it():
+    """A revoke, here or on another replica, clears everything under the credential
+    (``ClearedPrefixes``): the verdict kept from before is asked again, and while the upstream
+    cannot answer it is not extended either; another credential's verdict stands."""
+    from gpucache.cache.replication import ClearedPrefixes
+
+    async def main():
+        up = FakeUpstream([200, 200, 200, None])
+        up.release.set()
+        cleared = ClearedPrefixes()
+        check = CredentialCheck(up, ttl=60, cleared=cleared)
+        await check.check("key:a", {}, "")
+        await check.check("key:b", {}, "")
+        await check.check("key:a", {}, "")
+        kept = up.sent
+        cleared.cleared("key:a")
+        again = await check.check("key:a", {}, "")
+        other = await check.check("key:b", {}, "")
+        after = up.sent
+        cleared.cleared("key:a")
+        down = await check.check("key:a", {}, "")  # revoked again, and the upstream cannot answer
+        return kept, again, other, after, down
+
+    kept, again, other, after, down = asyncio.run(main())
+    assert kept == 2 and after == 3  # key:a asked again after its clear; key:b not
+    assert isinstance(again, Allowed) and isinstance(other, Allowed)
+    assert isinstance(down, Unverified) and down.status == 502
+
+
 def test_a_check_waits_its_own_short_timeout_not_the_completions():
     async def main():
         up = FakeUpstream([200])

@@ -59,3 +59,4 @@ def test_a_replayed_clear_is_refused_and_counted_in_stats_and_metrics(server):
             assert stats["replication"]["replayed"] == 1 and stats["replication"]["unsigned"] == 0
             metrics = httpx.get(f"{proxy.url}/metrics").text
             assert 'gpucache_replication_events_total{kind="replayed"} 1.0' in metrics
+
