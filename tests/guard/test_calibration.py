@@ -18,7 +18,9 @@ from gpucache.guard.calibration import (
     best_point,
     binomial_cdf,
     choose,
+    fold_of,
     interval,
+    most_false_hits,
     near,
     similarity_milli,
     skip_sets,
@@ -240,3 +242,73 @@ def test_the_settings_file_records_the_model_the_threshold_was_chosen_with(tmp_p
     assert read_settings_file(path)[2] == "/models/mine"
     assert resolve(None, {}, str(path)).settings().embedder.model == "/models/mine"  # the server's too
     assert "chosen on 420 pairs; on the 420 held out" in path.read_text()
+
+
+# The statistics' edges, each as the rule states it (the mutation run found them unwritten).
+
+
+def test_a_rate_of_nothing_seen_is_anywhere_and_all_of_n_reaches_one():
+    assert interval(0, 0) == (0.0, 1.0) and upper_bound(0, 0) == 1.0
+    low, high = interval(10, 10)
+    assert high == 1.0 and 0.0 < low < 1.0
+    assert interval(0, 10)[0] == 0.0
+
+
+def test_the_most_false_hits_a_budget_allows_is_the_largest_count_whose_bound_keeps_it():
+    for negatives in (7, 100, 1000):
+        for budget in (0.01, 0.03, 0.05, 0.2, 0.5):
+            allowed = [k for k in range(negatives + 1) if upper_bound(k, negatives) <= budget]
+            assert most_false_hits(negatives, budget) == (max(allowed) if allowed else -1)
+    # none served bounds at 2.95% of 100 and one at 4.66%: a budget between allows none, not one
+    assert most_false_hits(100, 0.04) == 0
+    assert most_false_hits(50, 0.01) == -1  # not even none: 0 of 50 bounds at 5.8%
+    assert most_false_hits(100, upper_bound(0, 100)) == 0  # a bound equal to the budget keeps it
+    # the confidence is the caller's: at 50%, none served of 100 bounds at 0.69%
+    assert most_false_hits(100, 0.01, confidence=0.5) == 0 and most_false_hits(100, 0.01) == -1
+
+
+def test_the_budget_is_a_rate_strictly_between_none_and_all():
+    for budget in (0, 1, 1.5, -0.1):
+        with pytest.raises(ValueError, match=r"budget must be in \(0, 1\)"):
+            choose(pairs(50, 50), budget=budget)
+
+
+def held_out_edge(negatives_each: int) -> list[Scored]:
+    """Label-0 pairs that no threshold serves and label-1 pairs at 0.990, the same in both halves."""
+    out = []
+    for fold in (0, 1):
+        out += [Scored(0, 700, {s: True for s in skip_sets()}, fold) for _ in range(negatives_each)]
+        out += [Scored(1, 990, {s: True for s in skip_sets()}, fold) for _ in range(10)]
+    return out
+
+
+def test_a_choice_whose_held_out_bound_equals_the_budget_is_kept_and_counts_each_label():
+    data = held_out_edge(300)
+    choice = choose(data, budget=upper_bound(0, 300))
+    assert choice is not None and choice.false_hit_bound == upper_bound(0, 300)
+    assert (choice.threshold_milli, choice.hits, choice.positives, choice.negatives) == (990, 10, 10, 300)
+
+
+def test_the_choice_is_made_at_the_callers_confidence():
+    data = held_out_edge(100)  # none served of 100 bounds at 2.95% at 95%, at 0.69% at 50%
+    assert choose(data, budget=0.01) is None
+    choice = choose(data, budget=0.01, confidence=0.5)
+    assert choice is not None and choice.confidence == 0.5
+
+
+def test_every_set_of_soft_rules_may_be_switched_off():
+    sets = skip_sets()
+    assert len(sets) == 2 ** len(SOFT_RULES) == len(set(sets))
+    assert sets[0] == () and sets[-1] == tuple(SOFT_RULES)
+
+
+def test_a_similarity_above_one_counts_as_one():
+    assert similarity_milli(1.002) == similarity_milli(1.5) == 1000
+
+
+def test_the_split_is_the_same_on_every_machine_and_takes_any_text():
+    # SHA-256 of the text: these folds are what every machine, every run, computes
+    folds = [fold_of(a, b) for a, b in (("a", "b"), ("ab", ""), ("How do I boil an egg?", "how do you boil an egg"),
+                                        ("x", "y"), ("capital of Peru", "capital of Chile"), ("1", "2"))]
+    assert folds == [0, 1, 1, 1, 0, 0]
+    assert fold_of("\ud800 lone", "surrogate \udfff") in (0, 1)  # a lone surrogate is text too
