@@ -133,16 +133,14 @@ def _has_card(text: str) -> bool:
 def _has_phone(text: str) -> bool:
     for match in _PHONE.finditer(text):
         digits = re.sub(r"\D", "", match.group(0))
-        if 9 <= len(digits) <= 15 and not _looks_like_date_or_number(match.group(0)):
+        if 9 <= len(digits) <= 15 and not _GROUPED_NUMBER.fullmatch(match.group(0)):
             return True
     return False
 
 
-def _looks_like_date_or_number(text: str) -> bool:
-    # "2024-01-15", "1.000.000" and "10 000 000" are not phone numbers
-    return bool(re.fullmatch(r"\d{4}-\d{2}-\d{2}", text.strip())) or bool(
-        re.fullmatch(r"\d{1,3}(?:[ .,]\d{3})+", text.strip())
-    )
+# "1.000.000.000" and "10 000 000" are numbers written in groups of thousands, not phone
+# numbers (a date has eight digits, too few to be one)
+_GROUPED_NUMBER = re.compile(r"\d{1,3}(?:[ .,]\d{3})+")
 
 
 class ContentPolicy:

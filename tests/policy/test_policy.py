@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gpucache import ContentPolicy, PolicyDecision, StoreEverything
-from gpucache.policy.content import luhn_valid
+from gpucache.policy.content import DEFAULT_ERROR_PATTERNS, luhn_valid
 
-P = ContentPolicy()
+
+def policy(**settings) -> ContentPolicy:
+    """A policy made in the test that uses it: one made when the module is imported would be
+    built before a test could see how (the mutation run found its defaults untested)."""
+    return ContentPolicy(**settings)
 
 
 @pytest.mark.parametrize(
@@ -38,7 +42,7 @@ P = ContentPolicy()
     ],
 )
 def test_refuses_with_a_reason(prompt, response, reason):
-    assert P.decide(prompt, response, "default") == PolicyDecision(False, reason)
+    assert policy().decide(prompt, response, "default") == PolicyDecision(False, reason)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +58,7 @@ def test_refuses_with_a_reason(prompt, response, reason):
     ],
 )
 def test_allows_ordinary_answers(response):
-    assert P.decide("a question", response, "default").allowed, response
+    assert policy().decide("a question", response, "default").allowed, response
 
 
 def test_rules_can_be_configured():
@@ -73,6 +77,65 @@ def test_rules_can_be_configured():
     assert ContentPolicy(max_prompt_chars=10).decide("x" * 11, "fine", "s").reason == "too-large"
     with pytest.raises(ValueError, match="max_prompt_chars"):  # longer than the scan: unscanned text
         ContentPolicy(max_prompt_chars=300, max_scan_chars=200)
+
+
+@pytest.mark.parametrize("text", [
+    "Card 4222222222222 was charged.",  # 13 digits, the fewest a card has
+    "Card 1234567890123456785 was charged.",  # 19, the most
+    "Card 5555555555554444 was charged.",  # a 5 doubled is 1 in the checksum
+    "Call 12 345 6789 now.",  # 9 digits, the fewest a phone number has
+    "Call +123 4567 8901 2345 now.",  # 15 digits, the most, longer than that with its spaces
+])
+def test_personal_data_at_the_edges_of_its_lengths_is_refused(text):
+    assert policy().decide("q", text, "s").reason == "personal-data"
+
+
+@pytest.mark.parametrize("text", [
+    "Call 1234 5678 now.",  # 8 digits: too few for a phone number
+    "Call +1234 5678 9012 3456 now.",  # 16: too many
+    "In 2024 the population was 1 000 000 000.",  # a number in groups of thousands
+    "The budget rose to 1.000.000.000 euros.",
+])
+def test_numbers_that_are_not_personal_data_are_allowed(text):
+    assert policy().decide("q", text, "s").allowed
+
+
+def test_the_defaults_refuse_secrets_and_personal_data_in_any_case_of_error():
+    default = policy()
+    assert default.refuse_secrets is True and default.refuse_personal_data is True
+    assert default.decide("q", "ERROR: upstream down", "s").reason == "error-response"
+    assert default.decide("q", "SERVICE UNAVAILABLE", "s").reason == "error-response"
+    assert default.error_patterns == DEFAULT_ERROR_PATTERNS
+    assert policy(error_patterns=["^nope"]).error_patterns == ("^nope",)
+
+
+def test_the_limits_are_the_longest_text_stored_and_scanned():
+    assert policy().decide("q", "x" * 200_000, "s").allowed  # the default limit, kept
+    assert policy().decide("x" * 200_000, "fine", "s").allowed
+    short = policy(max_response_chars=20, max_prompt_chars=10)
+    assert short.decide("x" * 10, "y" * 20, "s").allowed
+    assert short.decide("x" * 11, "y" * 20, "s").reason == short.decide("x", "y" * 21, "s").reason == "too-large"
+    # a credential past the scan is not read: the scan bounds the cost, and a prompt is never
+    # longer than the scan, so only a response longer than the scan holds text unread
+    key = "AKIAIOSFODNN7EXAMPLE"
+    wide = policy(max_response_chars=300_000)
+    assert wide.decide("q", "x " * 99_990 + key, "s").reason == "secret"  # ends at character 200,000
+    assert wide.decide("q", "x " * 99_990 + " " + key, "s").allowed  # ends one past it
+    narrow = policy(max_scan_chars=50, max_prompt_chars=50)
+    assert narrow.decide("q", "x " * 10 + key, "s").reason == "secret"
+    assert narrow.decide("q", "x " * 30 + key, "s").allowed
+
+
+@pytest.mark.parametrize("name", ["max_response_chars", "max_scan_chars", "max_prompt_chars"])
+@pytest.mark.parametrize("value", [0, -1, True, 10.5, "10", None])
+def test_a_limit_is_a_whole_number_of_at_least_one(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be an int"):
+        ContentPolicy(**{name: value})
+
+
+def test_a_limit_of_one_is_allowed():
+    tiny = ContentPolicy(max_response_chars=1, max_scan_chars=1, max_prompt_chars=1)
+    assert tiny.decide("q", "y", "s").allowed and tiny.decide("qq", "y", "s").reason == "too-large"
 
 
 def test_luhn():
@@ -101,7 +164,8 @@ def test_deciding_costs_in_proportion_to_the_text_on_adversarial_input(unit):
     large = (unit * 100_000)[:100_000] + "!"
     from policy_cost import cost  # bench/policy_cost.py: the same measurement
 
-    growth = cost(P, large, 5) / cost(P, small, 5)
+    default = policy()
+    growth = cost(default, large, 5) / cost(default, small, 5)
     assert growth < 8, f"{unit!r}: {growth:.1f}x the cost for 4x the text"
 
 
@@ -110,7 +174,7 @@ def test_deciding_costs_in_proportion_to_the_text_on_adversarial_input(unit):
     "a." * 1000 + "a@example.com",  # an address at the end of a long run of address characters
 ])
 def test_an_address_anywhere_in_a_run_of_address_characters_is_found(text):
-    assert P.decide(text, "an answer", "default") == PolicyDecision(False, "personal-data")
+    assert policy().decide(text, "an answer", "default") == PolicyDecision(False, "personal-data")
 
 
 @pytest.mark.parametrize("text", [
@@ -119,4 +183,4 @@ def test_an_address_anywhere_in_a_run_of_address_characters_is_found(text):
     "eyJ-" * 500 + " eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
 ])
 def test_a_jwt_after_adversarial_text_is_still_found(text):
-    assert P.decide(text, "an answer", "default") == PolicyDecision(False, "secret")
+    assert policy().decide(text, "an answer", "default") == PolicyDecision(False, "secret")
