@@ -52,8 +52,11 @@ _WHAT_PERCENT = re.compile(r"\bwhat\s+(?:%|percent|per cent|percentage)\b")
 _CAPITAL = re.compile(r"(?<=[^\s.!?:;\"'(\[])\s+([A-Z][\w'+#.-]*)")
 
 
-def _categories() -> dict[str, frozenset[str]]:
-    text = resources.files(__package__).joinpath(CATEGORY_FILE).read_text("utf-8")
+def _categories(text: str | None = None) -> dict[str, frozenset[str]]:
+    """categories.txt (or ``text`` in its form): each kind's words, stemmed and read through
+    the table as a prompt's words are."""
+    if text is None:
+        text = resources.files(__package__).joinpath(CATEGORY_FILE).read_text("utf-8")
     kinds: dict[str, set[str]] = {}
     kind = None
     for line in text.splitlines():

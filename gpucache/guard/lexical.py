@@ -204,7 +204,7 @@ class LexicalNearMissVerifier:
         names = differences.capitalised(text)
         for kind, word in differences.named_kinds(p.content, names):
             if kind in ("entity", "constraint", "audience") and kind not in self.skip:
-                return Verdict(True, kind, f"the context only one prompt gives names a {kind}: {word}",
+                return Verdict(True, kind, f"{kind} named only in the context one prompt gives: {word}",
                                (word,))
         return Verdict(False, "context")
 
@@ -289,7 +289,7 @@ class LexicalNearMissVerifier:
             names = frozenset()
         for kind, word, side in _kinds(diff, names, set(a.content), set(b.content)):
             if kind not in skip:
-                return Verdict(True, kind, f"a {kind} only the {side} prompt names: {word}", (word,))
+                return Verdict(True, kind, f"{kind} named only in the {side} prompt: {word}", (word,))
         if "constraint" not in skip:
             span_a = differences.restricted_span(a, diff.only_a, alone=not diff.only_b)
             span_b = differences.restricted_span(b, diff.only_b, alone=not diff.only_a)

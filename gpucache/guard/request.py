@@ -40,9 +40,11 @@ MEND_MAX_LETTERS = 64
 MAX_MEND_CHARS = 20_000  # longer prompts are embedded as written: mending is per word
 
 
-def _patterns(name: str) -> list[re.Pattern[str]]:
-    """framing.txt's section ``name``: one regular expression a line, matched whole."""
-    text = resources.files(__package__).joinpath("framing.txt").read_text("utf-8")
+def _patterns(name: str, text: str | None = None) -> list[re.Pattern[str]]:
+    """framing.txt's (or ``text``'s) section ``name``: one regular expression a line, matched
+    whole."""
+    if text is None:
+        text = resources.files(__package__).joinpath("framing.txt").read_text("utf-8")
     lines: list[str] = []
     inside = False
     for line in text.splitlines():
@@ -55,9 +57,11 @@ def _patterns(name: str) -> list[re.Pattern[str]]:
     return [re.compile(p) for p in lines]
 
 
-def _shorthand() -> dict[str, str]:
-    """shorthand.txt: "written as, meant as" a line; matched as whole words, case aside."""
-    text = resources.files(__package__).joinpath("shorthand.txt").read_text("utf-8")
+def _shorthand(text: str | None = None) -> dict[str, str]:
+    """shorthand.txt (or ``text`` in its form): "written as, meant as" a line; matched as whole
+    words, case aside."""
+    if text is None:
+        text = resources.files(__package__).joinpath("shorthand.txt").read_text("utf-8")
     pairs: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()

@@ -183,15 +183,9 @@ def reordered(pa: Parsed, pb: Parsed) -> tuple[str, ...]:
         first_b.setdefault(w, i)
     order = sorted(shared, key=first_a.__getitem__)
     positions = [first_b[w] for w in order]
-    tails: list[int] = []  # patience sorting: tails[k] = smallest tail of an increasing run of k+1
-    for x in positions:
-        k = bisect.bisect_left(tails, x)
-        tails[k : k + 1] = [x]
-    if len(tails) == len(positions):
-        return ()
-    if clauses_moved(positions):
-        return ()
     kept = one_increasing_subsequence(positions)
+    if len(kept) == len(positions) or clauses_moved(positions):
+        return ()
     heads_a = heads(pa.attachments)
     heads_b = heads(pb.attachments)
     governed = {w for w in shared if heads_a.get(w) and heads_a.get(w) == heads_b.get(w)}
@@ -283,11 +277,10 @@ def substitutions(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[str, str
         if op == "equal":
             common += i2 - i1
         elif op == "replace" and i2 - i1 <= 2 and j2 - j1 <= 2:
-            if i2 - i1 == j2 - j1 and all(map(variants, a_part, b_part)):
-                common += i2 - i1  # "help"/"helpful": one word in two forms, not a substitution
-                continue
-            if joined(a_part, b_part):
-                common += 1  # "multi year"/"multiyear": one word, written apart or joined
+            # "help"/"helpful": one word in two forms; "multi year"/"multiyear": one word,
+            # written apart or joined. Neither is a substitution (nor a word in common: a
+            # substitution needs one, and a part of its own has an equal part beside it)
+            if i2 - i1 == j2 - j1 and all(map(variants, a_part, b_part)) or joined(a_part, b_part):
                 continue
             subs.append((" ".join(a_part), " ".join(b_part)))
         else:

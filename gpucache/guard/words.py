@@ -202,18 +202,25 @@ SPECIAL = NEGATIONS | DIRECTIONAL
 
 
 def stem(word: str) -> str:
-    """Light suffix normalisation: plural and verb endings, enough to match "resets"/"reset"."""
-    if len(word) <= 3 or not word.isalpha():
+    """Light suffix normalisation: plural and verb endings, enough to match "resets"/"reset".
+
+    Each ending comes off a word of at least the length beside it, so a word of three letters
+    or fewer is kept whole. "es" comes off only after the sounds that take it ("boxes",
+    "wishes", "classes"); "s" never off "glass", "status" or "analysis". A verb's doubled last
+    consonant goes with "ing" or "ed" ("resetting", "stopped"), but not from a root of three
+    letters, whose double is its own ("added", "erred"), nor l, s or z, which English doubles
+    in roots ("calling", "passed", "buzzed")."""
+    if not word.isalpha():
         return word
-    for suffix, repl, min_len in (("ies", "y", 5), ("sses", "ss", 5), ("ing", "", 6),
-                                  ("ed", "", 5), ("es", "", 5), ("s", "", 4)):
+    for suffix, repl, min_len in (("ies", "y", 5), ("ing", "", 6), ("ed", "", 5), ("es", "", 5),
+                                  ("s", "", 4)):
         if word.endswith(suffix) and len(word) >= min_len:
             if suffix == "s" and word.endswith(("ss", "us", "is")):
                 return word
             if suffix == "es" and not word.endswith(("ches", "shes", "xes", "zes", "sses")):
                 continue
             stem = word[: len(word) - len(suffix)] + repl
-            if suffix in ("ing", "ed") and len(stem) > 2 and stem[-1] == stem[-2] and stem[-1] not in "lsz":
+            if suffix in ("ing", "ed") and len(stem) > 3 and stem[-1] == stem[-2] and stem[-1] not in "lsz":
                 stem = stem[:-1]  # "resetting" -> "resett" -> "reset"
             return stem
     return word

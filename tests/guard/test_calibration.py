@@ -132,8 +132,11 @@ def test_the_settings_file_is_read_by_the_library_and_by_the_server(tmp_path, fa
 
 
 def test_only_soft_rules_may_be_switched_off():
-    with pytest.raises(ValueError, match="soft rules"):
+    with pytest.raises(ValueError, match=r"only soft rules may be skipped \(added, substitution, .*\), not \['numbers'\]"):
         GuardSettings(("numbers",))
+    for not_a_list in ("added", ("added", 3)):
+        with pytest.raises(ValueError, match="skip_rules must be a list of rule names"):
+            GuardSettings(not_a_list)  # type: ignore[arg-type]
     assert GuardSettings(("crossed", "added")).skip_rules == ("added", "crossed")  # one order
 
 

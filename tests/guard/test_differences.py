@@ -122,3 +122,32 @@ def test_the_category_lists_load_and_name_their_kinds():
     assert differences.kind_of("haiku", frozenset()) == "deliverable"
     assert differences.kind_of("formally", frozenset()) == "tone"
     assert differences.kind_of("lyon", frozenset({"lyon"})) == "entity"
+
+
+def words_of(text: str) -> str:
+    """A text as the segment rules compare it here: its words, casefolded."""
+    return " ".join(text.casefold().replace(".", " ").split())
+
+
+@pytest.mark.parametrize("a, b, rests", [
+    ("Shared one. Alpha here. Shared two.", "Shared one. Bravo there. Shared two.", ("Alpha here.", "Bravo there.")),
+    ("Shared one. Alpha here.", "Shared one. Bravo there.", ("Alpha here.", "Bravo there.")),  # shared start only
+    ("Alpha here. Shared two.", "Bravo there. Shared two.", ("Alpha here.", "Bravo there.")),  # shared end only
+    ("S1. S2. Alpha. S3.", "S1. S2. Bravo. Charlie. S3.", ("Alpha.", "Bravo. Charlie.")),
+    ("S1. Alpha. Bravo.", "S1. Charlie. Bravo.", ("Alpha.", "Charlie.")),
+    ("Alpha here.", "Bravo there.", None),  # nothing shared
+    ("Shared one. Alpha here.", "Shared one.", None),  # one side has nothing left: extra_segments' case
+    ("Shared one. Shared two.", "Shared one. Shared two.", None),
+])
+def test_the_sentences_that_differ_between_shared_ones(a, b, rests):
+    assert differences.differing_segments(a, b, words_of) == rests
+
+
+@pytest.mark.parametrize("a, b, extra", [
+    ("Context first. The request.", "The request.", ("lead", ("Context first.",))),
+    ("The request.", "The request. More asked.", ("tail", ("More asked.",))),
+    ("The request.", "The request.", None),
+    ("The request.", "Other thing. Another thing.", None),
+])
+def test_the_whole_sentences_one_text_has_more(a, b, extra):
+    assert differences.extra_segments(a, b, words_of) == extra

@@ -694,3 +694,110 @@ def test_a_sign_is_part_of_the_number_it_is_written_on():
 def test_brackets_change_what_an_expression_computes():
     verdict = V.explain("What is 2 + 3 * 4?", "What is (2 + 3) * 4?")
     assert verdict.rejected and verdict.rule == "symbols"
+
+
+def test_a_verdict_reads_as_its_outcome_its_rule_and_what_it_found():
+    assert str(Verdict(False, "identical")) == "accept (identical)"
+    assert str(Verdict(True, "numbers", "10 -> 12")) == "reject (numbers): 10 -> 12"
+    assert str(Verdict(False, "rewording", "tone")) == "accept (rewording): tone"
+
+
+# What explain says, in full, for one pair of each rule and each path: the rule that decided,
+# the words it names and its reason as a reader sees it (the mutation run found every reason
+# and every list of words unread by a test).
+EXPLAINED = [
+    ("convert 10 miles to km", "convert 10 km to miles",
+     "reject (direction): reordered around a directional word: km mi", ("km", "mi")),
+    ("reset my password", "reset my username",
+     "reject (substitution): words substituted: password -> username", ("password", "username")),
+    ("What is 5 + 5?", "What is 50 + 5?", "reject (numbers): numbers differ: 5 vs 50", ("5", "50")),
+    ("Is -5 less than 3?", "Is 5 less than 3?", "reject (numbers): signs differ: -5 vs -", ("-5",)),
+    ("Is 5 bigger than 3?", "Is -5 bigger than 3?", "reject (numbers): signs differ: - vs -5", ("-5",)),
+    ("flights to London", "flights from London", "reject (polarity): polarity swapped: to vs from",
+     ("to", "from")),
+    ("Can I get a virtual card?", "Can I get a non virtual card?",
+     "reject (negation): a negation on one side only", ("not",)),
+    ("How do I enable two factor authentication?", "How can I disable two factor authentication?",
+     "reject (antonym): opposites: enable vs disable", ("enable", "disable")),
+    ("Alice sent Bob the report", "Bob sent Alice the report",
+     "reject (swapped): words traded places: alice / bob", ("alice", "bob")),
+    ("Who wrote Pride and Prejudice?", "When was Pride and Prejudice published?",
+     "reject (question-word): asks who vs when", ("who", "when")),
+    ("Is there a dessert near Tucson worth trying?", "Is there a desert near Tucson worth visiting?",
+     "reject (confusable): different words a letter apart: dessert vs desert", ("dessert", "desert")),
+    ("Did the Romans conquer the Gauls?", "Were the Romans conquered by the Gauls?",
+     "reject (voice): who does what to whom: roman / gaul exchanged across the voice of the verb",
+     ("roman", "gaul")),
+    ("Which phones launched last spring?", "Which phones launched this spring?",
+     "reject (time): time named only in the cached prompt: last", ("last",)),
+    ("List 12 percent of 80 as a decimal", "List what percent of 80 is 12 as a decimal",
+     "reject (relation): a percentage given on one side, asked on the other", ("percent",)),
+    ("Python and Java tutorials", "Python or Java tutorials", "reject (relation): 'and' against 'or'",
+     ("and", "or")),
+    ("the tall engineer met the young pilot and the old doctor at the station near the harbour",
+     "the young engineer met the old pilot and the tall doctor at the station near the harbour",
+     "reject (reordered): shared words moved: tall young pilot", ("tall", "young", "pilot")),
+    ("How much is 100 EUR in USD?", "Convert 100 USD to EUR",
+     "reject (crossed): eur and usd swap sides of a role word", ("eur", "usd")),
+    ("In 2018 the Utah House of Representatives passed a bill to legalize the right to grow and try "
+     "medical marijuana plants", "In 2018 the House of Representatives of Utah passed a bill to grow the "
+     "right to try and marijuana plants",
+     "reject (roles): grow hangs from right to in the cached prompt and from bill to in the new one", ("grow",)),
+    ("What is the capital of France?", "What is the capital of Germany?",
+     "reject (entity): entity named only in the cached prompt: france", ("france",)),
+    ("Translate 'good morning' into Spanish", "Translate 'good night' into Spanish",
+     "reject (payload): the quoted or code payloads differ", ()),
+    ("Is y > 10 here?", "Is y < 10 here?", "reject (symbols): symbols differ: > vs <", (">", "<")),
+    ("Summarize this text: 'a b c'. Use bullet points.", "Summarize this text: 'a b c'. Keep it short.",
+     "reject (deliverable): deliverable named only in the cached prompt: bullet", ("bullet",)),
+    ("How do I bake bread?", "How do I bake bread in a cast iron pot?",
+     "reject (constraint): only the new prompt restricts the request: cast iron pot", ("cast", "iron", "pot")),
+    ("Tips for a job interview", "Give me advice and tips for preparing for my job interview",
+     "reject (added): only the new prompt asks for \"prepar\"", ("prepar",)),
+    # a sentence only one prompt has: before the request it is context, after it a request more
+    ("I'm vegan. How do I bake bread?", "How do I bake bread?",
+     "reject (constraint): constraint named only in the context one prompt gives: vegan", ("vegan",)),
+    ("I use Linux. How do I write a regex for emails?", "How do I write a regular expression for emails?",
+     "reject (entity): entity named only in the context one prompt gives: linux", ("linux",)),
+    ("My grandmother is visiting. Write a poem about the sea.", "Write a poem about the sea.",
+     "reject (audience): audience named only in the context one prompt gives: grandmother", ("grandmother",)),
+    ("It rained 3 days ago. How do I plan a budget?", "How do I plan a budget?", "accept (context)", ()),
+    ("The deadline is not today. How do I plan a budget?", "How do I plan a budget?", "accept (context)", ()),
+    ("How do I plan a budget? Include a spreadsheet template.", "How do I plan a budget?",
+     "reject (added): only one prompt goes on to ask: \"Include a spreadsheet template.\"",
+     ("include", "spreadsheet", "template")),
+    # the same sentences but one each: judged alone, and each asks its own
+    ("Here is my table: users with id and name. Explain the indexing options.",
+     "Here is my table: users with id and name. Suggest a schema change.",
+     "reject (added): each prompt asks its own: \"Explain the indexing options.\" / \"Suggest a schema change.\"",
+     ("change", "index", "option", "schema")),
+    ("Python or Java?", "Java or Python?", "accept (rewording)", ()),
+    ("What is 2 + 2?", "What is two plus two (roughly)?", "accept (rewording)", ()),
+    ("Here is my data: 1 2 3. Write a regex for it.", "Here is my data: 1 2 3. Write a regular expression for it.",
+     "accept (identical)", ()),
+]
+
+
+@pytest.mark.parametrize("cached, new, said, words", EXPLAINED)
+def test_explain_says_which_rule_decided_and_what_it_found(cached, new, said, words):
+    verdict = LexicalNearMissVerifier().explain(cached, new)
+    assert (str(verdict), verdict.words) == (said, words)
+
+
+@pytest.mark.parametrize("cached, new", [
+    ("Here is my data: 1 2 3. Write a regex for it.", "Here is my data: 1 2 3. Write a regular expression for it."),
+    ("How do I write a regex for emails?", "How do I write a regular expression for emails?"),
+])
+def test_without_the_table_a_word_and_its_written_out_form_are_a_substitution(cached, new):
+    verdict = LexicalNearMissVerifier(table=False).explain(cached, new)
+    assert str(verdict) == "reject (substitution): words substituted: regex -> regular expression"
+
+
+def test_a_verifier_names_what_it_leaves_out():
+    assert repr(LexicalNearMissVerifier(skip=("added",))) == "LexicalNearMissVerifier(skip=('added',))"
+    assert repr(LexicalNearMissVerifier(skip=("added", "swapped"), table=False)) == (
+        "LexicalNearMissVerifier(skip=('swapped', 'added'), table=False)")
+    with pytest.raises(TypeError, match="skip takes a collection of rule names, not one string"):
+        LexicalNearMissVerifier(skip="added")
+    with pytest.raises(ValueError, match=r"unknown rules \['colour'\]; the rules are symbols, payload, numbers, "):
+        LexicalNearMissVerifier(skip=("colour",))
