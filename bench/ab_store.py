@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import run_label
+
 # As an application would, before anything loads numpy: quiet numpy's BLAS thread pool
 # (gpucache/index/blas_pool.py), so both stores run the paths the command runs
 import gpucache
@@ -84,6 +86,7 @@ def main() -> None:
         store = cls(384, device="cpu", quantization=mode, initial_rows=args.n)
         store.add(data, 0, [math.inf] * args.n)
         built[name] = store
+    print(run_label())
     print(f"{args.mode}, N = {args.n}, k = {args.k}: median ms per batch (recall@k vs exact)")
     for q in (int(x) for x in args.q.split(",")):
         queries = torch.nn.functional.normalize(

@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import shlex
 import sys
 import time
 from pathlib import Path
+
+from provenance import run_label  # noqa: E402
 
 # As an application would, before anything loads numpy: quiet numpy's BLAS thread pool
 import gpucache
@@ -96,7 +97,7 @@ def main() -> None:
         "Reproduce: `" + (f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} "
                           if os.environ.get("ONEDNN_MAX_CPU_ISA") else "")
         + f"python3 bench/cpu_paths.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`", "",
-        f"Commit {gpucache_commit()}; Python {platform.python_version()}, torch {torch.__version__}; "
+        f"{run_label()}; "
         f"CPU {cpu_vendor() or 'unknown'} with {' '.join(cpu_features()) or 'no AVX2'}, "
         f"{torch.get_num_threads()} threads; D = {DIM}, k = 4, best of {args.rounds} runs, ms per search."
         + (f" oneDNN capped at ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}."
@@ -117,16 +118,6 @@ def main() -> None:
         )
     Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
-
-
-def gpucache_commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -13,14 +13,11 @@ demo-model``.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import torch
+from provenance import run_label  # noqa: E402
 
 from gpucache import SemanticCache
 from gpucache.demo.local_model import LocalModel
@@ -45,15 +42,12 @@ def main() -> None:
     for offset in range(0, len(prompts), args.batch_size):
         bare(prompts[offset : offset + args.batch_size])
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     hits = report.exact_hits + report.semantic_hits
     lines = [
         "# The demo in front of SmolLM2-135M-Instruct",
         "",
-        f"Command: `python3 bench/demo_model.py --limit {args.limit} --out {args.out}` (commit {commit}, "
-        f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} torch threads). The model: {model.name}, loaded in {loaded:.0f} s, "
+        f"Command: `python3 bench/demo_model.py --limit {args.limit} --out {args.out}` ({run_label()}). "
+        f"The model: {model.name}, loaded in {loaded:.0f} s, "
         f"greedy, at most {args.max_new_tokens} new tokens an answer, one batched `generate` call for the "
         f"misses of each batch of {args.batch_size} prompts. The cache: the defaults "
         f"(threshold {cache.threshold}, verifier {cache.verifier.name}), on {cache.device}.",

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from provenance import run_label  # noqa: E402
 
 FAMILIES = {
     "address characters, no @": "a.",
@@ -103,15 +103,12 @@ def main() -> None:
             growth = f"{old[-1] / old[-2]:.1f}x" if len(old) > 1 else "-"
             lines.append(f"| &nbsp;&nbsp;before ({args.before}) | {text} | {growth} |")
         print(lines[-1] if before is None else "\n".join(lines[-2:]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     command = "python3 bench/policy_cost.py" + (f" --before {args.before}" if args.before else "") \
         + (f" --out {args.out}" if args.out else "")
     report = [
         "# ContentPolicy.decide on adversarial text",
         "",
-        f"Command: `{command}` (commit {commit}, {platform.machine()}, {os.cpu_count()} CPU threads, "
-        f"Python {platform.python_version()}; one run). Each cell: the best of {args.repeats} calls "
+        f"Command: `{command}` ({run_label()}; one run). Each cell: the best of {args.repeats} calls "
         "(1 for the policy before) of `decide(text, answer)` and `decide(question, text)` together, "
         "the text a unit repeated, then `!`, to the size. Growth: the cost at the largest size over "
         "the cost at a quarter of it (linear: 4x; quadratic: 16x). `re` holds the GIL through a "

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -46,6 +45,7 @@ from pathlib import Path
 import httpx
 import serve_compare
 import serve_peer
+from provenance import run_label  # noqa: E402
 
 # the stand-in model server, test support (an OpenAI-compatible upstream that answers at once)
 STANDIN = Path(__file__).resolve().parents[1] / "tests" / "standin_upstream.py"
@@ -362,9 +362,6 @@ def main() -> None:
     finally:
         stop(upstream)
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     info = subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True, text=True).stdout
     info = info.split("\nserve ")[0].strip()  # the machine; the server settings are the defaults
     command = (f"python3 bench/serve.py --out {args.out} --token-delay {args.token_delay} "
@@ -372,8 +369,8 @@ def main() -> None:
     lines = [
         "# Serving: proxy overhead, exact repeats, overload and batched lookups",
         "",
-        f"Command: `{command}` (commit {commit}, {platform.machine()}, {os.cpu_count()} CPU threads,",
-        f"Python {platform.python_version()}). The upstream answers after {args.token_delay} s per word",
+        f"Command: `{command}` ({run_label()}).",
+        f"The upstream answers after {args.token_delay} s per word",
         "(7 words an answer); proxy (`gpucache serve` with its defaults), upstream and the load",
         "generator, wrk (one thread), share this machine. Every answer counted is checked: the",
         "\"verified\" column counts 200s whose `x-gpucache` header names the tier of the row (a",

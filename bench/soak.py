@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import platform
 import random
 import resource
-import subprocess
 import time
 from pathlib import Path
 
 import torch
+from provenance import run_label  # noqa: E402
 
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly
 
@@ -141,14 +140,11 @@ def main() -> None:
 
     first_full = next((s for s in samples if s["entries"] >= 0.95 * args.capacity), samples[-1])
     growth = samples[-1]["rss_mib"] - first_full["rss_mib"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     lines = [
         "# Soak", "",
         f"`python bench/soak.py --ops {args.ops} --capacity {args.capacity} --out {args.out}`", "",
-        f"Commit {commit}; Python {platform.python_version()}, torch {torch.__version__}, "
-        f"device {cache.device}. Hashing embedder (not the transformer); simulated clock, 1 ms "
-        "per operation, TTL 600 s.", "",
+        f"{run_label()}; device {cache.device}. Hashing embedder (not the transformer); simulated "
+        "clock, 1 ms per operation, TTL 600 s.", "",
         f"RSS once the store was full ({first_full['ops']} ops): {first_full['rss_mib']} MiB; at "
         f"the end ({samples[-1]['ops']} ops): {samples[-1]['rss_mib']} MiB; growth "
         f"{growth:+.1f} MiB.", "",

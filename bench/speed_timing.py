@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+from provenance import cpu_model
 
 from gpucache.devices import cpu_features
 from gpucache.index.blas_pool import blas_pool_quiet
@@ -105,7 +106,7 @@ def versions() -> dict[str, str]:
 
     out = {"python": platform.python_version(), "torch": torch.__version__,
            "transformers": transformers.__version__, "cuda": str(torch.version.cuda),
-           "machine": platform.machine(), "processor": platform.processor() or "unknown",
+           "machine": platform.machine(), "processor": cpu_model(),
            "cpu_threads": str(torch.get_num_threads()),
            "cpu_features": " ".join(cpu_features()) or "no AVX2",
            "blas_pool": "quiet" if blas_pool_quiet() else "spinning",
