@@ -70,6 +70,7 @@ import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpucache.keys import prompt_key
 
@@ -199,15 +200,13 @@ class ReplayGuard:
     def _tombstone(self, key: tuple[object, ...], at: float) -> None:
         with self._lock:
             self._made += 1
-            self._tombstones[key] = (self._made, at)  # a later one supersedes: it refuses more
-            self._tombstones.move_to_end(key)
-            while len(self._tombstones) > self.max_tombstones:
-                self._tombstones.popitem(last=False)
-                if not self._forgot_tombstones:
-                    self._forgot_tombstones = True
-                    log.warning("gpucache: more than %d deletes and clears remembered; the oldest "
-                                "are forgotten (a record deleted before them could be put back)",
-                                self.max_tombstones)
+            # a later one supersedes: it refuses more
+            if _remember(self._tombstones, key, (self._made, at), self.max_tombstones) and (
+                    not self._forgot_tombstones):
+                self._forgot_tombstones = True
+                log.warning("gpucache: more than %d deletes and clears remembered; the oldest "
+                            "are forgotten (a record deleted before them could be put back)",
+                            self.max_tombstones)
 
     def older_than_a_tombstone(self, scope: str, prompt: str, version: Version) -> str | None:
         """Why a record of (scope, prompt) at ``version`` is older than a delete or a clear
@@ -240,15 +239,11 @@ class ReplayGuard:
         """A put of the record at ``record_key``, signed as ``version``, was admitted: the
         key's high-water mark (the least recently put key is forgotten past ``max_puts``)."""
         with self._lock:
-            self._puts[record_key] = version
-            self._puts.move_to_end(record_key)
-            while len(self._puts) > self.max_puts:
-                self._puts.popitem(last=False)
-                if not self._forgot_puts:
-                    self._forgot_puts = True
-                    log.warning("gpucache: more than %d keys' latest puts remembered; the oldest are "
-                                "forgotten (a record overwritten before them could be put back)",
-                                self.max_puts)
+            if _remember(self._puts, record_key, version, self.max_puts) and not self._forgot_puts:
+                self._forgot_puts = True
+                log.warning("gpucache: more than %d keys' latest puts remembered; the oldest are "
+                            "forgotten (a record overwritten before them could be put back)",
+                            self.max_puts)
 
     def overwritten(self, record_key: str, version: Version) -> str | None:
         """Why a record at ``record_key`` signed as ``version`` is older than the latest put of
@@ -267,6 +262,18 @@ class ReplayGuard:
                 return (f"sequence {version.seq} of writer {version.origin}, read here before the "
                         f"latest put of its key (sequence {latest.seq} of writer {latest.origin})")
         return None
+
+
+def _remember(table: OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> bool:
+    """``key`` set to ``value`` and made the newest in ``table``, the oldest forgotten past
+    ``limit``: whether any was."""
+    table[key] = value
+    table.move_to_end(key)
+    forgot = False
+    while len(table) > limit:
+        table.popitem(last=False)
+        forgot = True
+    return forgot
 
 
 def _scope_key(scope: str) -> bytes:

@@ -111,7 +111,7 @@ def test_forgetting_writers_never_lets_one_of_their_replays_in():
     assert guard.admit(v("d", 1, NOW + 1), NOW_MS + 1000) is None  # a new writer, signed after
 
 
-def test_tombstones_past_the_bound_forget_the_oldest_and_keep_a_bounded_history():
+def test_tombstones_past_the_bound_forget_the_oldest_and_keep_a_bounded_history(caplog):
     guard = ReplayGuard(window=60, max_tombstones=3)
     for i in range(10):
         guard.admit(v("a", i + 1), NOW_MS)
@@ -122,6 +122,10 @@ def test_tombstones_past_the_bound_forget_the_oldest_and_keep_a_bounded_history(
     assert guard.older_than_a_tombstone("s", "prompt 7", v("a", 8)) is not None
     assert guard.older_than_a_tombstone("s", "prompt 7", v("a", 9)) is None
     assert len(guard._writers["a"].points) <= 2 * 3 + 2
+    # said once, the first time one is forgotten
+    assert [r.message for r in caplog.records].count(
+        "gpucache: more than 3 deletes and clears remembered; the oldest are forgotten (a record "
+        "deleted before them could be put back)") == 1
 
 
 def test_a_writers_points_stay_bounded_by_the_tombstones_kept():
@@ -183,7 +187,7 @@ def test_a_record_an_overwrite_replaced_is_refused_and_the_latest_or_a_newer_one
     assert guard.overwritten("t:e:key", v("c", 1, at=NOW - 59)) is None
 
 
-def test_latest_puts_past_the_bound_forget_the_least_recently_put_key():
+def test_latest_puts_past_the_bound_forget_the_least_recently_put_key(caplog):
     guard = ReplayGuard(window=60, max_puts=2)
     for seq, key in enumerate(("k1", "k2", "k1", "k3"), 1):
         guard.admit(v("a", seq), NOW_MS)
@@ -191,6 +195,8 @@ def test_latest_puts_past_the_bound_forget_the_least_recently_put_key():
     assert guard.overwritten("k1", v("a", 1)) is not None  # k1 put again: kept
     assert guard.overwritten("k2", v("a", 1)) is None  # forgotten: nothing to judge against
     assert guard.overwritten("k3", v("a", 1)) is not None
+    guard.put("k4", v("a", 5))
+    assert sum("latest puts remembered" in r.message for r in caplog.records) == 1  # said once
 
 
 @pytest.mark.parametrize("window", [0, -1, float("nan"), float("inf")])
