@@ -249,6 +249,35 @@ def _split_contractions(raw: list[str]) -> list[str]:
     return tokens
 
 
+# Number words below a hundred, by value: the words a number written in words is built from
+_BELOW_HUNDRED = {w: int(v) for w, v in NUMBER_WORDS.items() if v.isdigit() and int(v) < 100}
+
+
+def _in_words(run: tuple[int, int] | None, tok: str) -> tuple[int, int] | None:
+    """A number written in words, read one word at a time: ``run`` is (the thousands and more
+    so far, the part below them) and the result the same with ``tok`` read in, or None where
+    ``tok`` does not go on with it (``run`` None: where ``tok`` does not start one). "twenty
+    five" is 25, "two hundred fifty" 250, "two thousand five" 2005, "twenty five hundred" 2500;
+    "twenty twenty", "ten five" and "five twenty" stay two numbers, as they are said."""
+    below, scale = _BELOW_HUNDRED.get(tok), SCALES.get(tok)
+    if run is None:
+        if below is not None:
+            return 0, below
+        return (0, scale) if scale == 100 else (scale, 0) if scale else None
+    total, current = run
+    if below is not None:
+        if below and (total or current) and current % 100 == 0:  # "two hundred fifty", "two thousand five"
+            return total, current + below
+        if 0 < below < 10 and current % 100 >= 20 and current % 10 == 0:  # "twenty five"
+            return total, current + below
+        return None
+    if scale == 100 and 0 < current < 100:
+        return total, current * 100
+    if scale and scale > 100 and current:
+        return total + current * scale, 0
+    return None
+
+
 def _build(tokens: list[str], written: list[str]) -> Parsed:
     """One pass over the tokens (read through the table; ``written`` are the tokens before
     that, kept for the antonym lists): this runs once per new prompt on every candidate check."""
@@ -261,12 +290,38 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
     polarity: list[tuple[int, int]] = []
     pending: list[str] = []  # directional words waiting for their object
     negated = False
-    after_number = False  # the token before was a number and nothing else ("ten" of "ten thousand")
+    after_number = False  # the token before was a number and nothing else ("10" of "10 thousand")
+    run: tuple[int, int] | None = None  # a number being written in words ("two hundred and five")
+    held_and = False  # an "and" inside that number, kept back until the next word says so
+    run_is_soft = False  # that number is so far "one", read as a soft number (also a pronoun)
+
+    def rewrite(value: str) -> None:
+        """The number just read, and the content word it is, made ``value``."""
+        old = content[-1]
+        numbers[-1] = stemmed[-1] = content[-1] = skeleton[-1] = value
+        attachments[:] = [(d, value if o == old else o) for d, o in attachments]
+
     for tok in tokens:
         canonical, hard, is_soft, kind, polar = (
             token_memo(tok) if len(tok) <= MEMO_MAX_TOKEN else _token_uncached(tok)
         )
-        if after_number and tok in SCALES:
+        if tok == "and" and run is not None and run[1] % 100 == 0 and not held_and:
+            held_and = True  # "one hundred and five": one number if a number word follows
+            continue
+        longer = _in_words(run, tok) if run is not None else None
+        if longer is not None and (not held_and or tok in _BELOW_HUNDRED):
+            run, held_and = longer, False
+            if run_is_soft:  # "one hundred": "one" is no pronoun after all
+                soft.pop()
+                numbers.append(content[-1])
+                run_is_soft = False
+            rewrite(str(sum(run)))
+            after_number = True
+            continue
+        if held_and:
+            stemmed.append("and")
+            held_and = False
+        if after_number and run is None and tok in SCALES:
             # "ten thousand" is 10000, as "10,000" and "10k" are, and "two hundred thousand" is
             # 200000; "a thousand" stays 1000. The number before is rewritten in place: one
             # number, one word, to every rule; it is still a number a scale can follow
@@ -277,6 +332,8 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
             (soft if is_soft else numbers).extend(hard)
         after_number = (hard == (canonical,) and not is_soft and kind == _CONTENT
                         and _PLAIN.fullmatch(canonical) is not None)
+        run = _in_words(None, tok) if kind == _CONTENT and hard == (canonical,) else None
+        run_is_soft = run is not None and is_soft
         if polar:
             polarity += polar
         if kind == _CONTENT:
@@ -290,6 +347,8 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
             skeleton.append(canonical)
         elif kind == _NEGATION:
             negated = True
+    if held_and:
+        stemmed.append("and")
     bag = sorted(content)
     return Parsed(
         tokens=tuple(stemmed),

@@ -142,10 +142,10 @@ def test_a_suffix_scales_the_number_as_a_word_does(a, b):
 
 
 def test_a_scale_multiplies_only_the_number_just_before_it():
-    """"one" is also a pronoun: it counts as a number only beside other numbers, and a scale
-    after it is a number of its own, never the 3 before it scaled."""
+    """A scale makes one number of the number just before it, never of the 3 before that;
+    "one thousand" is one number (its "one" is no pronoun)."""
     p = parse("ship 3 crates and one thousand boxes")
-    assert (p.numbers, p.soft_numbers) == (("1000", "3"), ("1",))
+    assert (p.numbers, p.soft_numbers) == (("1000", "3"), ())
     assert parse("firmware v10 thousand").numbers == ("10", "1000")  # a word carrying a number
     assert parse("a thousand ways").numbers == ("1000",)
     assert parse("thousand island dressing").numbers == ("1000",)  # a scale with no number before
@@ -264,3 +264,40 @@ def test_a_prompt_is_memoised_up_to_its_limit_and_read_in_full_beyond():
         before = parse_memo.cache_info().currsize
         assert parse(prompt).tokens[:6] == parse("where to buy a used car").tokens  # the table, either way
         assert parse_memo.cache_info().currsize - before == kept
+
+
+@pytest.mark.parametrize("words, digits", [
+    ("Give me twenty five ideas", "Give me 25 ideas"),
+    ("Give me twenty-five ideas", "Give me 25 ideas"),
+    ("I am thirty one years old", "I am 31 years old"),  # "one" here is no pronoun
+    ("It costs two hundred fifty dollars", "It costs 250 dollars"),
+    ("It costs one hundred and five dollars", "It costs 105 dollars"),
+    ("one hundred and fifty five pages", "155 pages"),
+    ("twenty five thousand steps", "25000 steps"),
+    ("born in two thousand and five", "born in 2005"),
+    ("twenty five hundred metres", "2500 metres"),
+    ("nine hundred ninety nine trillion", "999000000000000"),
+    ("Flights to twenty five cities", "Flights to 25 cities"),  # the number a directional word governs
+])
+def test_a_number_written_in_words_is_one_number(words, digits):
+    a, b = parse(words, True), parse(digits, True)
+    assert (a.tokens, a.numbers, a.soft_numbers, a.attachments) == (b.tokens, b.numbers, b.soft_numbers, b.attachments)
+    assert LexicalNearMissVerifier().explain(words, digits).rule == "identical"
+
+
+@pytest.mark.parametrize("words, numbers", [
+    ("twenty twenty", ("20", "20")),  # as said: two numbers
+    ("five twenty", ("20", "5")),
+    ("ten five", ("10", "5")),  # a teen takes no units
+    ("twenty and five", ("20", "5")),  # "and" joins a number only after a hundred or a thousand
+    ("two dozen", ("12", "2")),
+])
+def test_number_words_that_are_said_apart_stay_apart(words, numbers):
+    assert parse(words, True).numbers == numbers
+
+
+def test_one_is_a_pronoun_until_a_number_word_makes_it_a_number():
+    assert parse("buy a new one", True).soft_numbers == ("1",)
+    assert parse("one hundred", True).numbers == ("100",) and parse("one hundred", True).soft_numbers == ()
+    assert parse("one and two", True).soft_numbers == ("1",)  # "and" joins none here
+    assert parse("a hundred and", True).tokens == ("a", "100", "and")  # an "and" with nothing after it stays
