@@ -21,7 +21,7 @@ from typing import NoReturn
 
 from gpucache.guard.parsing import EXPOSITION, FRAMING_READ, TABLE, Parsed
 from gpucache.guard.request import typo_pair
-from gpucache.guard.words import ORDINAL_WORDS, stem
+from gpucache.guard.words import ORDINAL_WORDS, adverb, stem
 
 CATEGORY_FILE = "categories.txt"
 # The kinds of words that name what a request is for, in the order they are reported.
@@ -167,8 +167,9 @@ def reconcile(a: str, b: str) -> tuple[str, str]:
                 break
     if not mapping:
         return a, b
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True)))
-                         + r")\b", re.IGNORECASE)
+    # whole words only, so no word of the mapping can match inside a longer one, whatever order
+    # they are tried in; as typed, in any case
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, mapping)) + r")\b", re.IGNORECASE)
     return a, pattern.sub(lambda m: mapping[m.group(1).casefold()], b)
 
 
@@ -309,18 +310,20 @@ def voice_roles(a: Parsed, b: Parsed) -> tuple[str, str] | None:
 
 def _passive(p: Parsed) -> tuple[str, str, str] | None:
     """(verb, patient, agent) of "PATIENT be VERBed by AGENT", if the prompt has one: the
-    verb is the content word right before "by" (an adverb may stand between), with a form of
-    "be" at most four words before it."""
+    verb is the content word right before "by" (a word that is no content, or an adverb in
+    -ly, may stand between), with a form of "be" at most four words before it; the patient is
+    the content word before that, an adverb passed over ("was Rome quickly conquered")."""
     toks = p.tokens
     content = set(p.content)
     for j, t in enumerate(toks):
-        if t != "by" or j < 2:
+        if t != "by":
             continue
-        i = j - 1 if toks[j - 1] in content else j - 2
-        if i < 1 or toks[i] not in content or not any(x in BE_FORMS for x in toks[max(0, i - 4):i]):
+        i = j - 1 if toks[j - 1] in content and not adverb(toks[j - 1]) else j - 2
+        # a patient and a form of "be" stand before the verb: two words at least
+        if i < 2 or toks[i] not in content or not any(x in BE_FORMS for x in toks[i - 4 if i > 4 else 0:i]):
             continue
         agent = next((x for x in toks[j + 1:] if x in content), None)
-        patient = next((x for x in reversed(toks[:i]) if x in content), None)
+        patient = next((x for x in reversed(toks[:i]) if x in content and not adverb(x)), None)
         if agent and patient:
             return _verb(toks[i]), patient, agent
     return None

@@ -63,7 +63,7 @@ from gpucache.guard.parsing import EXPOSITION, FRAMING_READ, Parsed, exchanged, 
 from gpucache.guard.payload import grouping, operators, split
 from gpucache.guard.request import dictionary, request_text
 from gpucache.guard.verifier import Verdict
-from gpucache.guard.words import CONFUSABLE, QUESTION_WORDS
+from gpucache.guard.words import CONFUSABLE, QUESTION_WORDS, adverb
 
 # The rules in the order they run: the founding rules the project started from (``SEED_RULES``:
 # numbers; negation and polarity; direction; substitution) and the additions; any of them can be
@@ -257,7 +257,7 @@ class LexicalNearMissVerifier:
             # parser sets aside ("Is Rust faster than Go?": "go" is a stopword, and a name)
             in_tokens = exchanged(a.tokens, b.tokens)
             swap = exchanged(a.skeleton, b.skeleton) or in_tokens
-            if swap and not shapes.coordinated(a.tokens, *swap) and not shapes.adverb(*swap):
+            if swap and not shapes.coordinated(a.tokens, *swap) and not adverb(*swap):
                 return Verdict(True, "swapped", f"words traded places: {swap[0]} / {swap[1]}", swap)
             if in_tokens:
                 # word for word the same prompt but for "A or B" / "B or A"

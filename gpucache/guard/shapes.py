@@ -115,12 +115,6 @@ def coordinated(tokens: tuple[str, ...], x: str, y: str) -> bool:
     return False
 
 
-def adverb(*words: str) -> bool:
-    """Whether one of the words is an adverb in -ly ("automatically"): it modifies the verb
-    wherever it stands and has no role to trade."""
-    return any(len(w) > 4 and w.endswith("ly") for w in words)
-
-
 def crossed(pa: Parsed, pb: Parsed) -> tuple[str, str] | None:
     """Two shared content words on opposite sides of a directional word in each prompt, in
     opposite order, where the rest of the prompts differ ("how much is 100 EUR in USD" /

@@ -226,6 +226,12 @@ def stem(word: str) -> str:
     return word
 
 
+def adverb(*words: str) -> bool:
+    """Whether one of the words is an adverb in -ly ("automatically"): it modifies the verb
+    wherever it stands and has no role to trade."""
+    return any(len(w) > 4 and w.endswith("ly") for w in words)
+
+
 INTERCHANGEABLE: dict[str, int] = {
     stem(word): n for n, words in enumerate(INTERCHANGEABLE_CLASSES) for word in words.split()
 }

@@ -151,3 +151,53 @@ def test_the_sentences_that_differ_between_shared_ones(a, b, rests):
 ])
 def test_the_whole_sentences_one_text_has_more(a, b, extra):
     assert differences.extra_segments(a, b, words_of) == extra
+
+
+@pytest.mark.parametrize("a, b", [
+    ("How do I deploy on kubernetes?", "How do I deploy on Kubernets?"),  # as typed, capital and all
+    ("deploy kubernetes with helmchart", "deploy Kubernets with helmchrt"),  # each word its own
+])
+def test_a_misspelling_no_dictionary_knows_is_written_as_the_other_sides_word(a, b):
+    assert differences.reconcile(a, b) == (a, a)
+
+
+def test_words_that_are_no_misspelling_of_each_other_are_left_as_typed():
+    assert differences.reconcile("deploy on kubernetes", "deploy on nomad") == (
+        "deploy on kubernetes", "deploy on nomad")
+
+
+def parsed(text: str):
+    return parse(text, True)
+
+
+@pytest.mark.parametrize("text, only, alone, span", [
+    ("How do I bake bread without eggs", ("egg",), False, ("egg",)),  # opened by a restricting word
+    ("How do I bake egg bread", ("egg",), False, ()),  # standing elsewhere
+    ("cake without eggs for my kids", ("egg", "kid"), False, ("egg", "kid")),
+    ("cake without eggs, bread for kids", ("egg", "kid"), False, ("egg",)),  # a shared word closes it
+    ("bread without eggs or milk", ("egg", "milk"), False, ("egg", "milk")),
+    ("How do I bake bread in a cast iron pot", ("cast", "iron", "pot"), True, ("cast", "iron", "pot")),
+    ("How do I bake bread in a cast iron pot", ("cast", "iron", "pot"), False, ()),  # closing: only alone
+    ("bread", (), True, ()),
+])
+def test_the_qualifier_one_prompt_adds(text, only, alone, span):
+    assert differences.restricted_span(parsed(text), only, alone=alone) == span
+
+
+@pytest.mark.parametrize("text, passive", [
+    ("Were the Romans conquered by the Gauls?", ("conquer", "roman", "gaul")),
+    ("Was Rome conquered quickly by the Gauls?", ("conquer", "rome", "gaul")),  # an adverb between
+    ("Was the city quickly invaded by the army?", ("invad", "city", "army")),  # an adverb before it
+    ("Did the Romans conquer the Gauls?", None),
+    ("The Romans conquered by the Gauls", None),  # no form of "be"
+    ("by the way, who won", None),
+    ("Rome by the Gauls", None),
+])
+def test_a_passive_is_its_verb_patient_and_agent(text, passive):
+    assert differences._passive(parsed(text)) == passive
+
+
+def test_an_active_clause_is_the_words_either_side_of_its_verb():
+    assert differences._active(parsed("Did the Romans conquer the Gauls?"), "conquer") == ("roman", "gaul")
+    assert differences._active(parsed("Did the Romans conquer?"), "conquer") is None  # no object
+    assert differences._active(parsed("Were the Romans conquered by the Gauls?"), "conquer") is None
