@@ -323,9 +323,20 @@ def _passive(p: Parsed) -> tuple[str, str, str] | None:
         if i < 2 or toks[i] not in content or not any(x in BE_FORMS for x in toks[i - 4 if i > 4 else 0:i]):
             continue
         agent = next((x for x in toks[j + 1:] if x in content), None)
-        patient = next((x for x in reversed(toks[:i]) if x in content and not adverb(x)), None)
+        patient = _patient(toks[:i], content)
         if agent and patient:
             return _verb(toks[i]), patient, agent
+    return None
+
+
+def _patient(before: tuple[str, ...], content: set[str]) -> str | None:
+    """The last content word before a passive's verb; a word in -ly is passed over only where
+    a content word stands right before it, the patient it follows ("was the city quickly
+    invaded"): "was Italy conquered", "was the family helped" name the patient in -ly."""
+    for k in range(len(before) - 1, -1, -1):
+        x = before[k]
+        if x in content and not (adverb(x) and k > 0 and before[k - 1] in content):
+            return x
     return None
 
 

@@ -209,9 +209,12 @@ def stem(word: str) -> str:
     "wishes", "classes"); "s" never off "glass", "status" or "analysis". A verb's doubled last
     consonant goes with "ing" or "ed" ("resetting", "stopped"), but not from a root of three
     letters, whose double is its own ("added", "erred"), nor l, s or z, which English doubles
-    in roots ("calling", "passed", "buzzed")."""
+    in roots ("calling", "passed", "buzzed"). A four-letter past of a three-letter root in "e"
+    loses its "d" ("sued", "used", "tied", "owed"), not "feed", "bled" or "shed"."""
     if not word.isalpha():
         return word
+    if len(word) == 4 and word.endswith("ed") and (word[0] in "aeiou" or word[1] in "aiouy"):
+        return word[:3]  # "sued", "used", "tied", "owed": a root of three letters ending in "e"
     for suffix, repl, min_len in (("ies", "y", 5), ("ing", "", 6), ("ed", "", 5), ("es", "", 5),
                                   ("s", "", 4)):
         if word.endswith(suffix) and len(word) >= min_len:

@@ -18,6 +18,7 @@ NAMED = [
     ("Dose of vitamin B12 in mcg for adults", "Dose of vitamin B12 in mg for adults", "confusable"),
     ("Which wines go with a chocolate dessert?", "Which wines go with a chocolate desert?", "confusable"),
     ("Did the Normans invade the Saxons?", "Were the Normans invaded by the Saxons?", "voice"),
+    ("Did the family sue the city?", "Was the family sued by the city?", "voice"),  # a patient in -ly
     ("Did the Normans invade the Saxons?", "Were the Saxons invaded by the Normans?", None),
     ("What is 30 percent of 90?", "What percentage of 90 is 30?", "relation"),
     ("select users where admin and active", "select users where admin or active", "relation"),
@@ -188,6 +189,9 @@ def test_the_qualifier_one_prompt_adds(text, only, alone, span):
     ("Were the Romans conquered by the Gauls?", ("conquer", "roman", "gaul")),
     ("Was Rome conquered quickly by the Gauls?", ("conquer", "rome", "gaul")),  # an adverb between
     ("Was the city quickly invaded by the army?", ("invad", "city", "army")),  # an adverb before it
+    ("Was Italy conquered by Rome?", ("conquer", "italy", "rome")),  # a name in -ly
+    ("Was the family helped by the state?", ("help", "family", "state")),
+    ("Was the family quickly helped by the state?", ("help", "family", "state")),
     ("Did the Romans conquer the Gauls?", None),
     ("The Romans conquered by the Gauls", None),  # no form of "be"
     ("by the way, who won", None),
@@ -201,3 +205,76 @@ def test_an_active_clause_is_the_words_either_side_of_its_verb():
     assert differences._active(parsed("Did the Romans conquer the Gauls?"), "conquer") == ("roman", "gaul")
     assert differences._active(parsed("Did the Romans conquer?"), "conquer") is None  # no object
     assert differences._active(parsed("Were the Romans conquered by the Gauls?"), "conquer") is None
+
+
+def test_a_named_kind_read_through_its_adverb_only_past_five_letters():
+    assert differences.kind_of("highly", frozenset()) == differences.KIND_OF["high"]
+    assert differences.kind_of("lowly", frozenset()) is None  # five letters: a word of its own
+    assert differences.kind_of("lyonly", frozenset({"lyon"})) is None  # names are read as written
+    assert differences.kind_of("zzzz", frozenset()) is None
+
+
+def test_the_words_left_over_are_the_last_occurrences_in_prompt_order():
+    from collections import Counter
+
+    assert differences._in_order(("a", "b", "a", "c", "b"), Counter({"a": 1, "b": 1})) == ["a", "b"]
+    assert differences._in_order(("a", "b", "a"), Counter({"a": 2})) == ["a", "a"]
+    assert differences._in_order(("a", "b"), Counter()) == []
+
+
+@pytest.mark.parametrize("a, b, changed", [
+    ("20 percent of 50", "what percentage of 50 is 20", True),
+    ("what percentage of 50 is 20", "20 percent of 50", True),  # either way round
+    ("20% of 50", "what percent of 50 is 20", True),
+    ("20 percent of 50", "30 percent of 50", False),  # given in both
+    ("what percent of 50 is 20", "What percentage of 50 is 20", False),  # asked in both
+])
+def test_a_percentage_asked_in_one_prompt_and_given_in_the_other(a, b, changed):
+    assert differences.percent_relation(a, b) is changed
+
+
+@pytest.mark.parametrize("a, b, changed", [
+    ("rows where x and y", "rows where x or y", True),
+    ("on PS5 or PC", "on PS5 and PC", True),
+    ("cats and dogs", "cats and dogs", False),
+    ("cats or dogs", "dogs and cats", False),  # other words joined
+    ("and x", "or x", False),  # nothing before the joining word
+    ("x and", "x or", False),  # nothing after it
+])
+def test_the_same_two_words_joined_by_and_in_one_and_or_in_the_other(a, b, changed):
+    assert differences.coordination_changed(parsed(a), parsed(b)) is changed
+
+
+@pytest.mark.parametrize("text, attached", [
+    ("born in Paris and moved to London", {"paris": {("born", "in")}, "london": {("mov", "to")}}),
+    ("flights to Paris from London", {"paris": {("flight", "to")}}),  # a chain says nothing of roles
+    ("explain in detail the war", {}),  # an instruction's word is no head
+    ("write about dogs in Paris", {"paris": {("dog", "in")}}),
+    ("in Paris", {}),
+])
+def test_a_word_hangs_from_the_head_before_its_directional_word(text, attached):
+    assert differences._attached(parsed(text)) == attached
+
+
+@pytest.mark.parametrize("a, b, changed", [
+    ("born in Paris and moved to London", "born in London and moved to Paris", ("london", "mov to", "born in")),
+    ("born in Paris and moved to London", "born in Paris and moved to London", None),
+    ("a bed for a dog with a sensitive stomach", "for a dog with a sensitive stomach, a bed", None),  # moved whole
+    ("flights to Paris from London", "flights to London from Paris", None),  # a chain: no roles
+    ("born in Paris", "Paris, where I was born", None),  # no head on one side
+])
+def test_a_shared_word_that_hangs_from_another_shared_head(a, b, changed):
+    assert differences.roles_changed(parsed(a), parsed(b)) == changed
+
+
+@pytest.mark.parametrize("text, only, span", [
+    ("bake bread in a cast iron pot", ("cast", "iron", "pot"), ("cast", "iron", "pot")),
+    ("bake bread that runs linux", ("run", "linux"), ("run", "linux")),
+    ("bake bread in a cast iron pot", ("pot",), ()),  # not every word after the last shared one is added
+    ("bake bread in a pot today", ("pot",), ()),  # a shared word after it
+    ("bake in a pot bread", ("pot",), ()),
+    ("bake bread pot in a", ("pot",), ()),  # the restricting word after the added word
+    ("bake bread bread in a bread pot", ("bread", "pot"), ()),  # one "bread" is shared, and the last
+])
+def test_the_qualifier_that_closes_a_prompt(text, only, span):
+    assert differences._trailing_span(parsed(text), only) == span

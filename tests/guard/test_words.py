@@ -15,6 +15,8 @@ from gpucache.guard.words import stem
     ("ties", "tie"),  # a shorter one loses its "s" only
     ("resetting", "reset"), ("getting", "get"), ("stopped", "stop"), ("planned", "plan"),
     ("added", "add"), ("adding", "add"), ("erred", "err"),  # a three-letter root keeps its double
+    ("sued", "sue"), ("used", "use"), ("tied", "tie"), ("dyed", "dye"), ("owed", "owe"),  # root in "e"
+    ("feed", "feed"), ("need", "need"), ("bled", "bled"), ("shed", "shed"),  # "fee", "ble": no root
     ("calling", "call"), ("passed", "pass"), ("buzzed", "buzz"),  # l, s and z double in roots
     ("sing", "sing"), ("bring", "bring"),  # "ing" from six letters
     ("boxes", "box"), ("wishes", "wish"), ("churches", "church"), ("buzzes", "buzz"),
@@ -31,7 +33,8 @@ def test_a_word_loses_the_ending_its_rule_names(word, stemmed):
 
 def test_an_inflected_verb_and_its_root_stem_alike():
     for forms in (("add", "adds", "added", "adding"), ("reset", "resets", "resetting"),
-                  ("stop", "stops", "stopped", "stopping"), ("call", "calls", "called", "calling")):
+                  ("stop", "stops", "stopped", "stopping"), ("call", "calls", "called", "calling"),
+                  ("sue", "sues", "sued"), ("use", "uses", "used")):
         assert {stem(f) for f in forms} == {forms[0]}, forms
 
 
