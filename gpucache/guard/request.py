@@ -110,6 +110,8 @@ def strip_framing(text: str) -> str:
     if lo == hi:
         return text.strip()
     kept = text[segments[lo][0]:segments[hi - 1][1]].strip()
+    if hi < len(segments):  # a closing segment cut: the mark that divided it from the request goes
+        kept = kept.rstrip(" ,;:-—")
     for _ in range(3):  # "hey can you please tell me how ..." opens with several
         before = kept
         for pattern in LEADS:

@@ -28,6 +28,10 @@ def test_a_country_code_in_capitals_reads_as_one_form(prompt, text):
     ("Hi! Can you tell me how to reset my password? Thanks in advance!", "how to reset my password?"),
     ("Please, how do I boil an egg", "how do I boil an egg"),
     ("how do I boil an egg thanks so much", "how do I boil an egg"),
+    ("Could you please explain how to boil an egg, thanks", "how to boil an egg"),  # its comma goes too
+    ("how to boil an egg - thanks!", "how to boil an egg"),
+    ("how to boil an egg; thank you", "how to boil an egg"),
+    ("how to boil an egg?! thanks", "how to boil an egg?!"),  # a question's own marks stay
     ("can you tell me", "tell me"),  # a lead is cut only where something follows it
     ("thanks in advance", "thanks in advance"),  # all framing: the text as it is
 ])
