@@ -5,7 +5,7 @@ keyed, a large one off the event loop. A client the cache will not serve is answ
 byte of its body is parsed.
 
     Intake.accept(kind, request) -> (Exchange, None)       read and keyed: the proxy runs it
-                                 -> (None | Refused, Outcome) ended here (400, 401, 413, 499;
+                                 -> (None | Refused, Outcome) ended here (400, 401, 408, 413, 499;
                                                            the upstream's 401/403; 502-504)
 """
 
@@ -50,22 +50,52 @@ class TooLarge(ValueError):
     pass
 
 
+class TooSlow(TimeoutError):
+    """The body did not arrive within ``body_timeout`` of the request's headers."""
+
+
 def keyed(kind: str, raw: bytes, scope: str) -> tuple[Any, RequestKey]:
     """A body parsed and keyed under ``scope`` (``BadRequest`` where it cannot be)."""
     body = parse_json(raw)
     return body, request_key(kind, body, scope)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, deadline: float) -> bytes:
+    """The whole body, at most ``limit`` bytes, arrived within ``deadline`` seconds: a client
+    that sends headers and then trickles or withholds its body would otherwise hold a
+    connection and its buffered bytes for as long as it likes (``TooSlow``; the connection is
+    then closed after the answer, the rest of the body never read)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"the request body is larger than {limit} bytes")
+    try:
+        return await asyncio.wait_for(_collect(request, limit), deadline)
+    except asyncio.TimeoutError:
+        request.state.body_late = True
+        raise TooSlow(f"the request body did not arrive within {deadline:g} seconds") from None
+
+
+async def _collect(request: Request, limit: int) -> bytes:
     body = bytearray()
     async for part in request.stream():
         body += part
         if len(body) > limit:
             raise TooLarge(f"the request body is larger than {limit} bytes")
     return bytes(body)
+
+
+async def bounded_body(request: Request, config: ServeSettings) -> bytes | Refused:
+    """``read_body`` under ``config``'s limits, or why the body is refused: 413 past the size,
+    408 past the deadline (the client may send it again on a new connection), 499 where the
+    client hung up."""
+    try:
+        return await read_body(request, config.max_body_bytes, config.body_timeout)
+    except TooLarge as exc:
+        return Refused(413, str(exc), "request_too_large")
+    except TooSlow as exc:
+        return Refused(408, str(exc), "request_timeout", kind="body_timeout")
+    except ClientDisconnect:
+        return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
 
 
 def unforwardable(headers: Any) -> Refused | None:
@@ -89,6 +119,8 @@ def leaves_body_unread(request: Request) -> bool:
     """Whether a request answered now leaves a large body unread: then the connection is closed
     after the answer (``connection: close``) rather than kept, which would read and discard
     every byte a client refused before its body was read keeps sending."""
+    if getattr(request.state, "body_late", False):
+        return True
     if getattr(request.state, "body_read", False):
         return False
     declared = request.headers.get("content-length", "")
@@ -152,17 +184,15 @@ class Intake:
     async def receive(self, kind: str, request: Request, identity: Identity,
                       control: CacheControl) -> Exchange | Refused:
         """The body read and keyed, or why it is refused."""
+        raw = await bounded_body(request, self.config)
+        if isinstance(raw, Refused):
+            return raw
+        request.state.body_read = True
         try:
-            raw = await read_body(request, self.config.max_body_bytes)
-            request.state.body_read = True
             if len(raw) > PARSE_ON_LOOP_BYTES:  # parsing megabytes would stall every other request
                 body, key = await asyncio.to_thread(keyed, kind, raw, identity.scope)
             else:
                 body, key = keyed(kind, raw, identity.scope)
-        except TooLarge as exc:
-            return Refused(413, str(exc), "request_too_large")
-        except ClientDisconnect:
-            return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
         except BadRequest as exc:
             return Refused(400, str(exc), "invalid_request", exc.param)
         return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control,

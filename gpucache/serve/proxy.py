@@ -41,7 +41,7 @@ from gpucache.extras import missing
 
 try:
     import httpx
-    from starlette.requests import ClientDisconnect, Request
+    from starlette.requests import Request
     from starlette.responses import Response
 except ImportError as exc:  # the serve extra
     raise missing("serve", __name__, exc) from exc
@@ -69,7 +69,7 @@ from gpucache.serve.exchange import (
     may_store,
     upstream_lifetime,
 )
-from gpucache.serve.intake import Intake, TooLarge, disconnected, leaves_body_unread, read_body, unforwardable
+from gpucache.serve.intake import Intake, bounded_body, disconnected, leaves_body_unread, unforwardable
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
@@ -431,18 +431,15 @@ class Proxy:
         ``label`` names it in metrics (the rule, never a client's own path). Its body is bounded
         as a cached endpoint's is, and a header that cannot be forwarded is a 400."""
         outcome: Outcome
-        refused = unforwardable(request.headers)
-        try:
-            body = b"" if refused else await read_body(request, self.config.max_body_bytes)
-        except TooLarge as exc:
-            refused = Refused(413, str(exc), "request_too_large")
-        except ClientDisconnect:
-            refused = Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
-        if refused is not None:
-            outcome = refused
+        body = unforwardable(request.headers) or await bounded_body(request, self.config)
+        if isinstance(body, Refused):
+            outcome = body
         else:
             forwarded = await self.forward(path, request.method, request.headers, request.url.query, body,
                                            False)
             outcome = forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)
         self.record(label, outcome)
-        return self.respond(None, outcome)
+        response = self.respond(None, outcome)
+        if isinstance(body, Refused) and leaves_body_unread(request):
+            response.headers["connection"] = "close"
+        return response

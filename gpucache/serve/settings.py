@@ -152,6 +152,11 @@ class ServeSettings:
     grace: float = _option(30.0, "seconds in-flight requests get to finish at shutdown")
     log_level: str = _option("info", "uvicorn's log level")
     max_body_bytes: int = _option(8 * 2**20, "a larger request body is refused with 413")
+    body_timeout: float = _option(
+        30.0, "seconds a request's body has to arrive once its headers are in; a slower one is "
+        "answered 408 and its connection closed (a client trickling a body holds a connection "
+        "and its buffered bytes for nothing)"
+    )
     namespace_header: str = _option(
         NAMESPACE_HEADER, "the header that narrows a request's tenant to one of its namespaces"
     )
@@ -256,6 +261,8 @@ class ServeSettings:
             raise ConfigError("max_tenant_concurrency must be >= 1 or none")
         if self.max_concurrency < 1 or self.retry_after < 0:
             raise ConfigError("max_concurrency must be >= 1 and retry_after >= 0")
+        if not self.body_timeout > 0:
+            raise ConfigError(f"body_timeout must be > 0, got {self.body_timeout!r}")
         if not self.header_timeout > 0:
             raise ConfigError(f"header_timeout must be > 0, got {self.header_timeout!r}")
         if not self.grace >= 0:

@@ -152,3 +152,48 @@ def test_a_connection_that_trickles_or_withholds_its_headers_is_closed_and_other
             asker.join(60)
             assert held["r"].headers["x-gpucache"] == "miss"  # the slow answer was not cut
             assert ask(proxy.url, "A prompt question after all that").headers["x-gpucache"] == "miss"
+
+
+def read_to_close(sock) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+def test_a_body_that_does_not_arrive_in_time_is_answered_408_and_its_connection_closed(real_embedder, path):
+    """A client that sends its headers and then trickles or withholds its body holds a
+    connection and its buffered bytes only ``body_timeout`` seconds: it is answered 408
+    (``request_timeout``), counted, the connection closed, and nothing reaches the upstream,
+    on a cached endpoint and on a passthrough path alike."""
+    import socket
+
+    with Served(make_upstream()) as upstream:
+        config = ServeSettings(upstream=f"{upstream.url}/v1", body_timeout=0.5)
+        app = create_app(config, cache_factory=lambda: SemanticCache(
+            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        with Served(app) as proxy:
+            sock = socket.create_connection(("127.0.0.1", proxy.port))
+            sock.settimeout(30)
+            sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\n"
+                         "content-type: application/json\r\ncontent-length: 100\r\n\r\n".encode()
+                         + b'{"model": "smol", ')  # and the rest never comes
+            answer = read_to_close(sock)  # the server closes it
+            sock.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 "), answer[:200]
+            assert b"connection: close" in head.lower()
+            assert b"request_timeout" in body
+            assert upstream.app.state.calls == []
+            metrics = httpx.get(f"{proxy.url}/metrics").text
+            assert 'gpucache_errors_total{kind="body_timeout"} 1.0' in metrics
+            assert ask(proxy.url, "A question sent whole afterwards").headers["x-gpucache"] == "miss"
+
+
+def test_the_body_deadline_must_be_positive():
+    from gpucache.serve.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="body_timeout"):
+        ServeSettings(upstream="http://127.0.0.1:1/v1", body_timeout=0)
