@@ -150,27 +150,33 @@ class Intake:
         In the order that bounds what an untrusted client costs: whose it is, from the headers
         alone (tenancy.py); whether its credential may be served (auth.py); only then the body
         read and parsed (a large one off the event loop)."""
-        unsendable = unforwardable(request.headers)
-        if unsendable is not None:
-            return unsendable, unsendable
-        if not self.from_gateway(request.headers):
-            refused = Refused(401, f"this proxy serves its gateway only: a valid {GATEWAY_TOKEN_HEADER} is "
-                              "required", "invalid_gateway_token", kind="unauthorized")
-            return refused, refused
-        identity = self.config.tenancy.identify(request.headers, request.url.query)
+        identity = await self.vetted(request)
+        if not isinstance(identity, Identity):
+            return (identity if isinstance(identity, Refused) else None), identity
         control = (CacheControl() if self.config.ignore_client_cache_control
                    else CacheControl.parse(request.headers.get("cache-control")))
-        for refusal in (identity, control):
-            if isinstance(refusal, Refusal):
-                kind_ = "unauthorized" if refusal.status == 401 else "bad_request"
-                refused = Refused(refusal.status, refusal.message, refusal.code, kind=kind_)
-                return refused, refused
-        assert isinstance(identity, Identity) and isinstance(control, CacheControl)
-        denied = await self.authenticated(identity, request)
-        if denied is not None:
-            return None, denied
+        if isinstance(control, Refusal):
+            refused = Refused(control.status, control.message, control.code)
+            return refused, refused
         exchange = await self.receive(kind, request, identity, control)
         return exchange, exchange if isinstance(exchange, Refused) else None
+
+    async def vetted(self, request: Request) -> Identity | Outcome:
+        """Whose the request is and whether its credential may pass, from its headers and query
+        alone, before a byte of its body is read: on every path, cached or passed through, so a
+        client without a credential the proxy would serve never has its body buffered."""
+        unsendable = unforwardable(request.headers)
+        if unsendable is not None:
+            return unsendable
+        if not self.from_gateway(request.headers):
+            return Refused(401, f"this proxy serves its gateway only: a valid {GATEWAY_TOKEN_HEADER} is "
+                           "required", "invalid_gateway_token", kind="unauthorized")
+        identity = self.config.tenancy.identify(request.headers, request.url.query)
+        if isinstance(identity, Refusal):
+            kind_ = "unauthorized" if identity.status == 401 else "bad_request"
+            return Refused(identity.status, identity.message, identity.code, kind=kind_)
+        denied = await self.authenticated(identity, request)
+        return identity if denied is None else denied
 
     def from_gateway(self, headers: Any) -> bool:
         """Whether the request comes through the trusted front, where one is configured (the

@@ -69,11 +69,12 @@ from gpucache.serve.exchange import (
     may_store,
     upstream_lifetime,
 )
-from gpucache.serve.intake import Intake, bounded_body, disconnected, leaves_body_unread, unforwardable
+from gpucache.serve.intake import Intake, bounded_body, disconnected, leaves_body_unread
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
 from gpucache.serve.streams import Relay, Streams, UpstreamPieces
+from gpucache.serve.tenancy import Identity
 from gpucache.serve.upstream import Upstream, UpstreamUnavailable
 
 log = logging.getLogger("gpucache.serve")
@@ -428,11 +429,13 @@ class Proxy:
 
     async def passthrough(self, path: str, label: str, request: Request) -> Response:
         """An allow-listed path (passthrough.py), forwarded unchanged and never cached;
-        ``label`` names it in metrics (the rule, never a client's own path). Its body is bounded
-        as a cached endpoint's is, and a header that cannot be forwarded is a 400."""
+        ``label`` names it in metrics (the rule, never a client's own path). Its credential is
+        checked and its body bounded as a cached endpoint's are, the credential first; a header
+        that cannot be forwarded is a 400."""
         outcome: Outcome
-        body = unforwardable(request.headers) or await bounded_body(request, self.config)
-        if isinstance(body, Refused):
+        vetted = await self.intake.vetted(request)
+        body = await bounded_body(request, self.config) if isinstance(vetted, Identity) else vetted
+        if not isinstance(body, bytes):
             outcome = body
         else:
             forwarded = await self.forward(path, request.method, request.headers, request.url.query, body,
@@ -440,6 +443,6 @@ class Proxy:
             outcome = forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)
         self.record(label, outcome)
         response = self.respond(None, outcome)
-        if isinstance(body, Refused) and leaves_body_unread(request):
+        if not isinstance(body, bytes) and leaves_body_unread(request):
             response.headers["connection"] = "close"
         return response

@@ -316,9 +316,14 @@ def test_gpucache_serve_refuses_to_start_with_auth_upstream_before_an_upstream_t
 # ----------------------------------------------------------------------------- keyless clients
 
 
-def test_a_request_without_credentials_is_refused_by_default_before_its_body_is_read(real_embedder):
+# every path a body can come on: a cached endpoint and one passed through uncached
+BODY_PATHS = ["chat/completions", "embeddings"]
+
+
+@pytest.mark.parametrize("path", BODY_PATHS)
+def test_a_request_without_credentials_is_refused_by_default_before_its_body_is_read(real_embedder, path):
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
-        keyless = httpx.post(f"{proxy.url}/v1/chat/completions", content=b"{not json")
+        keyless = httpx.post(f"{proxy.url}/v1/{path}", content=b"{not json")
         # 401, not the 400 a malformed body would get: the body was never parsed
         assert keyless.status_code == 401 and keyless.json()["error"]["code"] == "missing_credentials"
         assert upstream.app.state.calls == [] and upstream.app.state.checks == []
@@ -337,11 +342,12 @@ def test_keyless_clients_let_in_are_checked_like_any_credential(real_embedder):
         assert refused.status_code == 401 and refused.headers["x-gpucache"] == "refused"
 
 
-def test_a_refused_credential_is_answered_before_a_large_body_is_parsed(real_embedder):
+@pytest.mark.parametrize("path", BODY_PATHS)
+def test_a_refused_credential_is_answered_before_a_large_body_is_parsed(real_embedder, path):
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
         upstream.app.state.revoked.add("sk-gone")
         big = b'{"model": "smol", "messages": [' + b'{"role": "user", "content": "x"},' * 100_000 + b"}"
-        r = httpx.post(f"{proxy.url}/v1/chat/completions", content=big,
+        r = httpx.post(f"{proxy.url}/v1/{path}", content=big,
                        headers={"authorization": "Bearer sk-gone", "content-type": "application/json"})
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert upstream.app.state.calls == []
@@ -471,15 +477,16 @@ def test_health_says_ready_and_nothing_more_without_the_admin_token(real_embedde
         assert full["status"] == "ok" and full["upstream"] == "reachable" and "entries" in full
 
 
-def test_a_refused_request_with_a_large_unread_body_has_its_connection_closed(real_embedder):
+@pytest.mark.parametrize("path", BODY_PATHS)
+def test_a_refused_request_with_a_large_unread_body_has_its_connection_closed(real_embedder, path):
     """Answered before its body was read, a request declaring megabytes is not kept alive: the
     proxy would otherwise read and discard every byte the refused client keeps sending."""
     import socket
 
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"content-length: 8000000\r\n\r\n" + b'{"model": "smol", "messages": [')
+            sock.sendall(f"POST /v1/{path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n".encode()
+                         + b"content-length: 8000000\r\n\r\n" + b'{"model": "smol", "messages": [')
             reply = b""
             while part := sock.recv(65536):  # until the proxy closes the connection
                 reply += part
