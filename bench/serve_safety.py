@@ -45,11 +45,12 @@ GATE = "a-gateway-token-for-the-safety-matrix"  # what the trusted front sends
 BIG = 7_600_000  # bytes of the large bodies: under the 8 MiB body limit
 
 
-def raw_status(url: str, method: str, target: str) -> str:
+def raw_status(url: str, method: str, target: str, key: str | None = None) -> str:
     host, port = url.removeprefix("http://").split(":")
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(
-            f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n"
+            f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Length: 0\r\n"
             "Connection: close\r\n\r\n".encode()
         )
         reply = b""
@@ -527,7 +528,10 @@ def main() -> None:
             ("GET", "/v1/tokenize"),
             ("POST", "/v1/files"),
         ]:
-            rows.append(("passthrough", f"`{method} {target}`", raw_status(proxy, method, target)))
+            rows.append(("passthrough", f"`{method} {target}` (no credentials)",
+                         raw_status(proxy, method, target)))
+        rows.append(("passthrough", "`GET /v1/models` with a key",
+                     raw_status(proxy, "GET", "/v1/models", "sk-carol")))
         weather = [
             {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
         ]
