@@ -44,6 +44,9 @@ from gpucache.conversation.value import MARK, Conversation, Prompt, Turn
 TRANSPORT_FIELDS = frozenset({"stream", "stream_options", "user"})
 MIN_TEXT_CHARS = 2  # below this a text has no meaning to compare: "" or "?" embed to noise
 MAX_JSON_DEPTH = 64
+# OpenAI's own bound on a chat request's messages: a longer list is no request its API takes,
+# and each message is walked, compared and hashed while the request is keyed
+MAX_MESSAGES = 2048
 
 
 class BadRequest(ValueError):
@@ -193,6 +196,9 @@ def _chat_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
     messages = rest.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"'messages' holds {len(messages)} messages; at most {MAX_MESSAGES} are accepted",
+                         "messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")

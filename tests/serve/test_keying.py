@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpucache.serve.keying import MAX_JSON_DEPTH, BadRequest, parse_json, request_key
+from gpucache.serve.keying import MAX_JSON_DEPTH, MAX_MESSAGES, BadRequest, parse_json, request_key
 
 
 def test_nesting_past_the_limit_is_a_bad_request_at_any_depth():
@@ -87,6 +87,18 @@ def test_a_body_of_the_wrong_shape_is_a_bad_request_naming_the_field(body, param
     with pytest.raises(BadRequest) as raised:
         request_key("chat", body, "t")
     assert raised.value.param == param
+
+
+def test_a_chat_request_carries_at_most_openais_bound_of_messages():
+    turn = [{"role": "user", "content": "Question"}, {"role": "assistant", "content": "Answer"}]
+    system = {"role": "system", "content": "Be brief"}
+    at_bound = {"model": "m", "messages": [system] + [turn[i % 2] for i in range(MAX_MESSAGES - 1)]}
+    assert len(at_bound["messages"]) == MAX_MESSAGES and at_bound["messages"][-1] == turn[0]
+    assert request_key("chat", at_bound, "t").text == "Question"
+    past = {"model": "m", "messages": [{"role": "user", "content": "Question"}] + at_bound["messages"]}
+    with pytest.raises(BadRequest, match=f"holds {MAX_MESSAGES + 1} messages") as raised:
+        request_key("chat", past, "t")
+    assert raised.value.param == "messages"
 
 
 def _tagged(text: str) -> str:

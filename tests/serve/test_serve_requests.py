@@ -229,3 +229,16 @@ def test_a_completion_asking_for_logprobs_of_any_count_bypasses_the_cache(proxy,
 def test_a_namespace_secret_shorter_than_16_bytes_is_refused_at_start():
     with pytest.raises(ValueError, match="at least 16 bytes"):
         ServeSettings(upstream="http://127.0.0.1:9/v1", namespace_secret=b"short")
+
+
+def test_a_chat_request_past_openais_bound_of_messages_is_a_400_and_reaches_nothing(proxy, upstream):
+    from gpucache.serve.keying import MAX_MESSAGES
+
+    before = len(upstream.app.state.calls)
+    c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-many", max_retries=0)
+    turn = [{"role": "user", "content": "Which port does it use?"}, {"role": "assistant", "content": "8080"}]
+    messages = [turn[i % 2] for i in range(MAX_MESSAGES + 1)]  # ends with a question
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.chat.completions.create(model="smol", messages=messages)
+    assert refused.value.body["param"] == "messages" and "at most 2048" in refused.value.body["message"]
+    assert len(upstream.app.state.calls) == before
