@@ -65,8 +65,9 @@ def respond(ex: Exchange | Refused | None, outcome: Outcome, max_concurrency: in
         code = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable"
         return error(outcome.status, outcome.message, "api_error", code, retry=True)
     if isinstance(outcome, Shed):
-        shed = error(503, f"the cache is at its limit of {max_concurrency} requests in "
-                     "flight; retry later", "api_error", "overloaded", retry=True)
+        limit = (f"its limit of {max_concurrency} requests in flight" if outcome.reason == "concurrency"
+                 else "its limit of request bodies held at once")
+        shed = error(503, f"the cache is at {limit}; retry later", "api_error", "overloaded", retry=True)
         shed.headers["retry-after"] = str(outcome.retry_after)
         return shed
     if isinstance(outcome, (Bypassed, FailedOpen)):
@@ -137,7 +138,7 @@ def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome, ex: Exchange 
         m.requests.labels(endpoint, "refused").inc()
         return
     if isinstance(outcome, Shed):
-        m.errors.labels("shed").inc()
+        m.errors.labels("shed" if outcome.reason == "concurrency" else outcome.reason).inc()
         m.requests.labels(endpoint, "shed").inc()
         return
     if isinstance(outcome, Unavailable):

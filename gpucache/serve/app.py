@@ -68,6 +68,7 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
         upstream = Upstream(config.upstream, config.upstream_timeout, upstream_transport)
         metrics.watch(cache)
         proxy = Proxy(config, cache, upstream, metrics)
+        metrics.body_bytes.set_function(lambda: proxy.intake.budget.held)
         credentials = proxy.intake.credentials
         if isinstance(credentials, CredentialCheck) and await credentials.probe() is False:
             cache.close()

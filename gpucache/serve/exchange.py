@@ -255,11 +255,14 @@ class Refused:
 
 @dataclass(frozen=True)
 class Shed:
-    """Turned away before any work: ``max_concurrency`` requests were already past the exact
-    tier. The client is told when to come back (503, Retry-After); nothing was looked up or
-    sent upstream."""
+    """Turned away before any work, for ``reason``: ``concurrency``, ``max_concurrency``
+    requests (or the credential's share of them) were already past the exact tier;
+    ``body_budget``, the bodies all requests hold at once would pass ``max_buffered_bytes``.
+    The client is told when to come back (503, Retry-After); nothing was looked up or sent
+    upstream."""
 
     retry_after: int
+    reason: str = "concurrency"
 
 
 Outcome = (Hit | Loaded | Joined | PassedThrough | Unauthorized | Bypassed | FailedOpen | Unavailable

@@ -2,7 +2,8 @@
 several apps in one process never share counters).
 
 Counted by the proxy as requests pass: requests by endpoint and outcome, hits by tier, the
-similarity of semantic hits, lookup and upstream latency, bypasses by reason, errors by kind.
+similarity of semantic hits, lookup and upstream latency, bypasses by reason, errors by kind;
+the bytes of request bodies held now (``max_buffered_bytes`` bounds them).
 Read from the cache at each scrape: verifier rejections by rule, entries, stores, evictions,
 the index's device bytes, and where lookup time goes: the embedder's seconds and prompts, the
 scans' seconds and count (a lookup's latency less these is queueing and the proxy's own work).
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 from gpucache.extras import missing
 
 try:
-    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.registry import Collector
 except ImportError as exc:  # the serve extra
@@ -65,8 +66,15 @@ class ProxyMetrics:
             "gpucache_errors",
             "Failures by kind (cache, upstream_unavailable, "
             "upstream_timeout, bad_request, unauthorized, refused_path, client_disconnect, shed, "
-            "store_backlog: an answer not stored because too many stores were waiting)",
+            "body_timeout, body_budget, store_backlog: an answer not stored because too many stores "
+            "were waiting)",
             ["kind"],
+            registry=r,
+        )
+
+        self.body_bytes = Gauge(
+            "gpucache_request_body_bytes",
+            "Bytes of request bodies held now, across all requests (max_buffered_bytes bounds them)",
             registry=r,
         )
 

@@ -9,8 +9,7 @@ outcome (exchange.py), then answered and counted, each in one place.
                                                        outcome becomes HTTP
     record(outcome)                                    answers.record: the only place metrics
                                                        are counted
-
-Streams (relayed, replayed, cut) are streams.py's.
+    streams (relayed, replayed, cut)                   streams.py
 
 The cache is asked through ``SemanticCache.aget_or_load`` / ``aget_or_load_streaming``, so
 concurrent identical misses make one upstream call (within one tenant: the tenant opens every
@@ -69,7 +68,7 @@ from gpucache.serve.exchange import (
     may_store,
     upstream_lifetime,
 )
-from gpucache.serve.intake import Intake, bounded_body, disconnected, leaves_body_unread
+from gpucache.serve.intake import Intake, disconnected, leaves_body_unread
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
@@ -125,6 +124,13 @@ class Proxy:
         self.intake = Intake(config, upstream, cache.cleared_prefixes)
 
     async def completion(self, kind: str, request: Request) -> Response:
+        """The request answered; its body's bytes held (intake.BodyBudget) until it is."""
+        try:
+            return await self.answer(kind, request)
+        finally:
+            self.intake.release(request)
+
+    async def answer(self, kind: str, request: Request) -> Response:
         started = time.perf_counter()
         exchange, ended = await self.intake.accept(kind, request)
         outcome = await self.admit(exchange) if isinstance(exchange, Exchange) else ended
@@ -204,9 +210,7 @@ class Proxy:
         earlier = await self.stored_before(ex)
         if earlier is not None:
             return earlier
-        if ex.key.stream:
-            return await self.run_stream(ex)
-        return await self.run_json(ex)
+        return await (self.run_stream(ex) if ex.key.stream else self.run_json(ex))
 
     async def stored_before(self, ex: Exchange) -> Hit | None:
         """The answer an earlier version stored for exactly this conversation, where it holds
@@ -356,8 +360,7 @@ class Proxy:
     def shorter_lived(self, headers: Any) -> float | None:
         """The upstream's lifetime for its answer (``upstream_lifetime``) where it is shorter
         than the cache's own ``ttl``; None where the cache's applies."""
-        lifetime = upstream_lifetime(headers)
-        ttl = self.cache.ttl
+        lifetime, ttl = upstream_lifetime(headers), self.cache.ttl
         return lifetime if lifetime is not None and (ttl is None or lifetime < ttl) else None
 
     def store_later(self, key: RequestKey, answer: str, ttl: float | None = None) -> None:
@@ -374,9 +377,8 @@ class Proxy:
         log.warning("gpucache: the cache failed (%r); this request goes upstream without it", exc)
         ex.notes.append("cache")
         if isinstance(exc, LookupTimeout):
-            # the cache is slow (a load spike), not broken: the answer is still kept (through
-            # the cache policy), so the cache warms under load instead of staying cold; stored
-            # after the answer is sent, since storing embeds and the embedder is what is slow
+            # the cache is slow (a load spike), not broken: the answer is still kept, so the cache warms
+            # under load; stored after the answer is sent (storing embeds: the embedder is what is slow)
             return await self.refresh(ex, later=True)
         forwarded = await self.forward_exchange(ex)
         return forwarded if isinstance(forwarded, Unavailable) else FailedOpen(exc, forwarded)
@@ -432,15 +434,14 @@ class Proxy:
         ``label`` names it in metrics (the rule, never a client's own path). Its credential is
         checked and its body bounded as a cached endpoint's are, the credential first; a header
         that cannot be forwarded is a 400."""
-        outcome: Outcome
         vetted = await self.intake.vetted(request)
-        body = await bounded_body(request, self.config) if isinstance(vetted, Identity) else vetted
-        if not isinstance(body, bytes):
-            outcome = body
-        else:
-            forwarded = await self.forward(path, request.method, request.headers, request.url.query, body,
-                                           False)
-            outcome = forwarded if isinstance(forwarded, Unavailable) else Bypassed("endpoint", forwarded)
+        try:  # the body's bytes held (intake.BodyBudget) until it is forwarded
+            body = await self.intake.body(request) if isinstance(vetted, Identity) else vetted
+            forwarded = body if not isinstance(body, bytes) else await self.forward(
+                path, request.method, request.headers, request.url.query, body, False)
+        finally:
+            self.intake.release(request)
+        outcome = Bypassed("endpoint", forwarded) if isinstance(forwarded, Forwarded) else forwarded
         self.record(label, outcome)
         response = self.respond(None, outcome)
         if not isinstance(body, bytes) and leaves_body_unread(request):

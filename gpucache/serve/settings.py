@@ -152,6 +152,11 @@ class ServeSettings:
     grace: float = _option(30.0, "seconds in-flight requests get to finish at shutdown")
     log_level: str = _option("info", "uvicorn's log level")
     max_body_bytes: int = _option(8 * 2**20, "a larger request body is refused with 413")
+    max_buffered_bytes: int = _option(
+        128 * 2**20, "bytes of request bodies held at once across all requests; a body that "
+        "would pass it is answered 503 with Retry-After and its connection closed (each body is "
+        "buffered whole, so without it many bodies under max_body_bytes hold any amount of memory)"
+    )
     body_timeout: float = _option(
         30.0, "seconds a request's body has to arrive once its headers are in; a slower one is "
         "answered 408 and its connection closed (a client trickling a body holds a connection "
@@ -269,6 +274,9 @@ class ServeSettings:
             raise ConfigError(f"grace must be >= 0, got {self.grace!r}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes!r}")
+        if self.max_buffered_bytes < self.max_body_bytes:  # else the largest body is never read
+            raise ConfigError(f"max_buffered_bytes must be >= max_body_bytes ({self.max_body_bytes}), "
+                              f"got {self.max_buffered_bytes!r}")
         for rule in self.passthrough:
             method, _, path = rule.partition(" ")
             if method not in ("GET", "POST", "PUT", "DELETE", "PATCH") or not path or ".." in path:

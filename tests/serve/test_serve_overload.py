@@ -197,3 +197,79 @@ def test_the_body_deadline_must_be_positive():
 
     with pytest.raises(ConfigError, match="body_timeout"):
         ServeSettings(upstream="http://127.0.0.1:1/v1", body_timeout=0)
+
+
+def body_bytes_held(url) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("gpucache_request_body_bytes "):
+            return float(line.split()[1])
+    raise AssertionError("no gpucache_request_body_bytes in /metrics")
+
+
+def wait_for_held(url, size) -> None:
+    """Until the proxy reports ``size`` bytes of bodies held (a condition, with a deadline)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while body_bytes_held(url) != size:
+        assert time.monotonic() < deadline, f"the proxy never held {size} body bytes"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+def test_bodies_past_the_budget_all_requests_share_are_shed_and_given_back_when_answered(real_embedder, path):
+    """The bytes of bodies all requests hold at once are bounded (``max_buffered_bytes``), on
+    a cached endpoint and a passthrough path alike: while one client's half-sent body holds
+    most of the budget, a body that would pass it is answered 503 with Retry-After, counted,
+    its connection closed, and nothing reaches the upstream; once the first body is complete
+    and answered its bytes are given back, and the refused request, sent again, is served."""
+    import json
+    import socket
+
+    with Served(make_upstream()) as upstream:
+        config = ServeSettings(upstream=f"{upstream.url}/v1", max_body_bytes=64 * 1024,
+                               max_buffered_bytes=96 * 1024, retry_after=2)
+        app = create_app(config, cache_factory=lambda: SemanticCache(
+            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        with Served(app) as proxy:
+            whole = json.dumps({"model": "smol", "messages": [{"role": "user", "content": "x" * 59_000}],
+                                "input": "a"}).encode()
+            first, rest = whole[:50_000], whole[50_000:]
+            holder = socket.create_connection(("127.0.0.1", proxy.port))
+            holder.settimeout(30)
+            holder.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\n"
+                           f"content-type: application/json\r\ncontent-length: {len(whole)}\r\n\r\n".encode()
+                           + first)
+            wait_for_held(proxy.url, len(first))
+
+            large = "Tell me everything about " + "y" * 50_000
+            client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+
+            def send():
+                if path == "/v1/embeddings":
+                    return client.embeddings.with_raw_response.create(model="smol", input=large)
+                return client.chat.completions.with_raw_response.create(
+                    model="smol", messages=[{"role": "user", "content": large}])
+
+            with pytest.raises(openai.APIStatusError) as shed:
+                send()
+            assert shed.value.status_code == 503
+            assert shed.value.response.headers["retry-after"] == "2"
+            assert shed.value.response.headers["connection"] == "close"
+            assert shed.value.body["code"] == "overloaded"
+            assert upstream.app.state.calls == []
+            assert 'gpucache_errors_total{kind="body_budget"} 1.0' in httpx.get(f"{proxy.url}/metrics").text
+
+            holder.sendall(rest)
+            head = holder.recv(65536)
+            holder.close()
+            assert head.startswith(b"HTTP/1.1 200 "), head[:200]
+            assert body_bytes_held(proxy.url) == 0  # given back when it was answered
+            assert send().http_response.status_code == 200  # the refused request, sent again
+            assert body_bytes_held(proxy.url) == 0
+
+
+def test_the_body_budget_holds_at_least_one_whole_body():
+    from gpucache.serve.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="max_buffered_bytes"):
+        ServeSettings(upstream="http://127.0.0.1:1/v1", max_body_bytes=2**20, max_buffered_bytes=2**20 - 1)
