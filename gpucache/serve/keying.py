@@ -47,6 +47,11 @@ MAX_JSON_DEPTH = 64
 # OpenAI's own bound on a chat request's messages: a longer list is no request its API takes,
 # and each message is walked, compared and hashed while the request is keyed
 MAX_MESSAGES = 2048
+# A message's content parts are walked one by one while keying; past this many (no client
+# sends them: OpenAI's own bound on messages, applied to one message's parts) the request is
+# forwarded uncached rather than walked. Not refused: the upstream may take it. Other arrays
+# (tools, stop) are only hashed, in C, their size bounded by the body's.
+MAX_CONTENT_PARTS = 2048
 
 
 class BadRequest(ValueError):
@@ -205,7 +210,10 @@ def _chat_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
     last = messages[-1]
     if last["role"] != "user":
         return None, "last-message-not-user"
-    text = _text_of(last.get("content"))
+    content = last.get("content")
+    if isinstance(content, list) and len(content) > MAX_CONTENT_PARTS:
+        return None, "many-content-parts"
+    text = _text_of(content)
     if text is None:
         return None, "non-text-content"
     rest["messages"] = [*messages[:-1], {k: v for k, v in last.items() if k != "content"}]
@@ -244,10 +252,11 @@ def _prompt_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
 
 def _text_of(content: Any) -> str | None:
     """A message's text: a string, or the text parts of a content array joined by newlines;
-    None where any part is not text (an image, audio)."""
+    None where any part is not text (an image, audio), or there are more than
+    ``MAX_CONTENT_PARTS``."""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
+    if not isinstance(content, list) or len(content) > MAX_CONTENT_PARTS:
         return None
     parts = []
     for part in content:

@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from gpucache.serve.keying import MAX_JSON_DEPTH, MAX_MESSAGES, BadRequest, parse_json, request_key
+from gpucache.serve.keying import (
+    MAX_CONTENT_PARTS,
+    MAX_JSON_DEPTH,
+    MAX_MESSAGES,
+    BadRequest,
+    parse_json,
+    request_key,
+)
 
 
 def test_nesting_past_the_limit_is_a_bad_request_at_any_depth():
@@ -99,6 +106,27 @@ def test_a_chat_request_carries_at_most_openais_bound_of_messages():
     with pytest.raises(BadRequest, match=f"holds {MAX_MESSAGES + 1} messages") as raised:
         request_key("chat", past, "t")
     assert raised.value.param == "messages"
+
+
+def test_a_message_of_more_content_parts_than_the_bound_is_forwarded_uncached_not_walked():
+    """Its parts would be walked one by one while keying; past ``MAX_CONTENT_PARTS`` the
+    request is forwarded as it is (the upstream may take it), and an earlier message of that
+    many parts is no context: it stays in the scope."""
+    def parts(n):
+        return [{"type": "text", "text": "Say"}] * (n - 1) + [{"type": "text", "text": "hello"}]
+
+    at_bound = {"model": "m", "messages": [{"role": "user", "content": parts(MAX_CONTENT_PARTS)}]}
+    assert request_key("chat", at_bound, "t").text == "Say\n" * (MAX_CONTENT_PARTS - 1) + "hello"
+    past = {"model": "m", "messages": [{"role": "user", "content": parts(MAX_CONTENT_PARTS + 1)}]}
+    key = request_key("chat", past, "t")
+    assert (key.text, key.bypass) == (None, "many-content-parts")
+
+    def earlier(n):
+        return {"model": "m", "messages": [{"role": "user", "content": parts(n)},
+                                           {"role": "assistant", "content": "Hello"},
+                                           {"role": "user", "content": "And again?"}]}
+    assert len(request_key("chat", earlier(MAX_CONTENT_PARTS), "t").context) == 2
+    assert request_key("chat", earlier(MAX_CONTENT_PARTS + 1), "t").context == ()
 
 
 def _tagged(text: str) -> str:

@@ -242,3 +242,14 @@ def test_a_chat_request_past_openais_bound_of_messages_is_a_400_and_reaches_noth
         c.chat.completions.create(model="smol", messages=messages)
     assert refused.value.body["param"] == "messages" and "at most 2048" in refused.value.body["message"]
     assert len(upstream.app.state.calls) == before
+
+
+def test_a_message_of_more_content_parts_than_the_bound_is_forwarded_and_never_stored(proxy, upstream):
+    from gpucache.serve.keying import MAX_CONTENT_PARTS
+
+    c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-parts", max_retries=0)
+    content = [{"type": "text", "text": "Which port does the proxy listen on?"}] * (MAX_CONTENT_PARTS + 1)
+    asked = [c.chat.completions.with_raw_response.create(model="smol", messages=[{"role": "user", "content": content}])
+             for _ in range(2)]
+    assert [r.headers["x-gpucache"] for r in asked] == ["bypass", "bypass"]  # the second not served
+    assert 'gpucache_bypasses_total{reason="many-content-parts"} 2.0' in httpx.get(f"{proxy.url}/metrics").text
