@@ -119,6 +119,7 @@ TIERS: dict[str, str] = {
     "gpucache.serve.keyfile": VALUES,
     "gpucache.serve.keying": VALUES,
     "gpucache.serve.passthrough": VALUES,
+    "gpucache.serve.rates": VALUES,
     "gpucache.serve.settings": VALUES,
     "gpucache.serve.sources": VALUES,
     "gpucache.serve.tenancy": VALUES,

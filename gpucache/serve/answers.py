@@ -64,6 +64,11 @@ def respond(ex: Exchange | Refused | None, outcome: Outcome, max_concurrency: in
     if isinstance(outcome, Unavailable):
         code = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable"
         return error(outcome.status, outcome.message, "api_error", code, retry=True)
+    if isinstance(outcome, Shed) and outcome.reason == "rate_limit":
+        shed = error(429, "this credential is past its rate of requests; retry later", "requests",
+                     "rate_limit_exceeded", retry=True)
+        shed.headers["retry-after"] = str(outcome.retry_after)
+        return shed
     if isinstance(outcome, Shed):
         limit = (f"its limit of {max_concurrency} requests in flight" if outcome.reason == "concurrency"
                  else "its limit of request bodies held at once")

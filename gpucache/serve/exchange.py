@@ -257,9 +257,10 @@ class Refused:
 class Shed:
     """Turned away before any work, for ``reason``: ``concurrency``, ``max_concurrency``
     requests (or the credential's share of them) were already past the exact tier;
-    ``body_budget``, the bodies all requests hold at once would pass ``max_buffered_bytes``.
-    The client is told when to come back (503, Retry-After); nothing was looked up or sent
-    upstream."""
+    ``body_budget``, the bodies all requests hold at once would pass ``max_buffered_bytes``;
+    ``rate_limit``, the credential sent past its ``tenant_rate`` (429, not 503: the client, not
+    the proxy, is over its limit). The client is told when to come back (Retry-After); nothing
+    was looked up or sent upstream."""
 
     retry_after: int
     reason: str = "concurrency"

@@ -6,6 +6,7 @@ byte of its body is parsed.
 
     Intake.accept(kind, request) -> (Exchange, None)       read and keyed: the proxy runs it
                                  -> (None | Refused, Outcome) ended here (400, 401, 408, 413, 499;
+                                                           429 past the credential's rate,
                                                            503 past the body budget;
                                                            the upstream's 401/403; 502-504)
     Intake.release(request)                                its body's bytes back to the budget
@@ -39,6 +40,7 @@ from gpucache.serve.exchange import (
 )
 from gpucache.serve.keyfile import KeyFile
 from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
+from gpucache.serve.rates import RateLimits
 from gpucache.serve.settings import GATEWAY_TOKEN_HEADER, ServeSettings
 from gpucache.serve.tenancy import Identity, Refusal
 from gpucache.serve.upstream import Upstream
@@ -161,6 +163,8 @@ class Intake:
         which end a credential's kept verdict."""
         self.config = config
         self.budget = BodyBudget(config.max_buffered_bytes)
+        self.rates = (None if config.tenant_rate is None
+                      else RateLimits(config.tenant_rate, config.tenant_burst))
         self.credentials: CredentialCheck | KeyFile | None = None
         if config.auth == "upstream":
             self.credentials = CredentialCheck(upstream, config.auth_ttl, timeout=config.auth_timeout,
@@ -224,6 +228,9 @@ class Intake:
         if isinstance(identity, Refusal):
             kind_ = "unauthorized" if identity.status == 401 else "bad_request"
             return Refused(identity.status, identity.message, identity.code, kind=kind_)
+        wait = self.rates.take(identity.holder) if self.rates is not None else None
+        if wait is not None:  # before its credential is checked: a flood costs no upstream check
+            return Shed(wait, reason="rate_limit")
         denied = await self.authenticated(identity, request)
         return identity if denied is None else denied
 

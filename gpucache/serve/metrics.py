@@ -66,8 +66,8 @@ class ProxyMetrics:
             "gpucache_errors",
             "Failures by kind (cache, upstream_unavailable, "
             "upstream_timeout, bad_request, unauthorized, refused_path, client_disconnect, shed, "
-            "body_timeout, body_budget, store_backlog: an answer not stored because too many stores "
-            "were waiting)",
+            "body_timeout, body_budget, rate_limit, store_backlog: an answer not stored because too "
+            "many stores were waiting)",
             ["kind"],
             registry=r,
         )

@@ -143,6 +143,12 @@ class ServeSettings:
         None, "most of those one credential may hold at once (its share; past it its requests are "
         "shed, others' are not); none: no share, one key's burst may take every slot"
     )
+    tenant_rate: float | None = _option(
+        None, "requests a second one credential may send (a token bucket, checked from the headers "
+        "before the body is read); past it a request is answered 429 with Retry-After. Every "
+        "keyless request shares one bucket. None: no limit"
+    )
+    tenant_burst: int = _option(20, "requests one credential may send at once within tenant_rate")
     retry_after: int = _option(1, "seconds a shed request is told to wait (Retry-After)")
     header_timeout: float = _option(
         10.0, "seconds a connection has to send a request's headers, from its opening or the "
@@ -264,6 +270,10 @@ class ServeSettings:
                               f"and {self.auth_grace!r}")
         if self.max_tenant_concurrency is not None and self.max_tenant_concurrency < 1:
             raise ConfigError("max_tenant_concurrency must be >= 1 or none")
+        if self.tenant_rate is not None and not self.tenant_rate > 0:
+            raise ConfigError(f"tenant_rate must be > 0 or none, got {self.tenant_rate!r}")
+        if self.tenant_burst < 1:
+            raise ConfigError(f"tenant_burst must be >= 1, got {self.tenant_burst!r}")
         if self.max_concurrency < 1 or self.retry_after < 0:
             raise ConfigError("max_concurrency must be >= 1 and retry_after >= 0")
         if not self.body_timeout > 0:

@@ -273,3 +273,53 @@ def test_the_body_budget_holds_at_least_one_whole_body():
 
     with pytest.raises(ConfigError, match="max_buffered_bytes"):
         ServeSettings(upstream="http://127.0.0.1:1/v1", max_body_bytes=2**20, max_buffered_bytes=2**20 - 1)
+
+
+def test_a_credential_past_its_rate_is_answered_429_before_its_body_and_others_are_served(real_embedder):
+    """``tenant_rate``: a credential that sends past its bucket is answered 429 with
+    Retry-After (``rate_limit_exceeded``), counted, from its headers alone (a large body is
+    never read: the connection is closed), and nothing reaches the upstream; another key, and
+    the keys' exact repeats, are served as before."""
+    import socket
+
+    with Served(make_upstream()) as upstream:
+        config = ServeSettings(upstream=f"{upstream.url}/v1", tenant_rate=0.001, tenant_burst=2)
+        app = create_app(config, cache_factory=lambda: SemanticCache(
+            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        with Served(app) as proxy:
+            flooding = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-flood", max_retries=0)
+
+            def flood(text):
+                return flooding.chat.completions.with_raw_response.create(
+                    model="smol", messages=[{"role": "user", "content": text}])
+
+            assert flood("What is the tallest mountain in Europe?").headers["x-gpucache"] == "miss"
+            assert flood("How long is the river Danube?").headers["x-gpucache"] == "miss"
+            calls = len(upstream.app.state.calls)
+            with pytest.raises(openai.RateLimitError) as limited:
+                flood("What is the tallest mountain in Europe?")  # a repeat counts too
+            assert limited.value.status_code == 429
+            assert limited.value.body["code"] == "rate_limit_exceeded"
+            assert 990 <= int(limited.value.response.headers["retry-after"]) <= 1000
+
+            sock = socket.create_connection(("127.0.0.1", proxy.port))
+            sock.settimeout(30)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-flood\r\n"
+                         b"content-type: application/json\r\ncontent-length: 5000000\r\n\r\n{")  # no more
+            head, _, _ = read_to_close(sock).partition(b"\r\n\r\n")
+            sock.close()
+            assert head.startswith(b"HTTP/1.1 429 ") and b"connection: close" in head.lower()
+            assert len(upstream.app.state.calls) == calls  # nothing went upstream
+
+            other = ask(proxy.url, "What is the tallest mountain in Europe?")  # another key: "k"
+            assert other.headers["x-gpucache"] == "miss"
+            metrics = httpx.get(f"{proxy.url}/metrics").text
+            assert 'gpucache_errors_total{kind="rate_limit"} 2.0' in metrics
+
+
+@pytest.mark.parametrize("option", [{"tenant_rate": 0.0}, {"tenant_rate": -1.0}, {"tenant_burst": 0}])
+def test_a_rate_limit_needs_a_positive_rate_and_burst_to_start(option):
+    from gpucache.serve.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="tenant_"):
+        ServeSettings(upstream="http://127.0.0.1:1/v1", **option)
