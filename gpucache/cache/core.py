@@ -104,7 +104,8 @@ class CacheCore:
         self.counters = StatsCounter()
         # the most entries kept: the capacity, or fewer where the device budget says so
         limit = min(s.capacity, self.store.max_rows or s.capacity)
-        self.table = EntryTable(self.store, limit, self.counters, s.max_text_bytes, s.tenant_capacity)
+        self.table = EntryTable(self.store, limit, self.counters, s.max_text_bytes, s.tenant_capacity,
+                                fair=s.fair_share)
         self.flights: SingleFlight[bytes, str] = SingleFlight()
         self.lookup = Lookup(
             lock=self.lock, table=self.table, store=self.store, embedder=self.embedder,

@@ -13,8 +13,12 @@ a count alone lets a few large prompts take gigabytes. Past either bound the lea
 used go; an entry larger than the whole text budget is not stored (``refusals["too-large"]``).
 With ``tenant_limit``, one tenant (a scope's part before its first "/": the server's scopes
 begin with the tenant) keeps at most that many entries, its own least recently used going
-first, so one key's junk evicts its own entries and no one else's. A scope's id is dropped with
-its last entry, so the table of scopes holds only scopes with entries.
+first, so one key's junk evicts its own entries and no one else's. With ``fair``, where room
+is needed, a tenant holding more than its share (the bound, entries or text bytes, divided among
+the tenants holding entries) makes it from its own least recently used, and only one within its
+share from everyone's: one tenant alone has the whole cache, and a tenant flooding it takes no
+more than its share from the others. A scope's id is dropped with its last entry, so the table
+of scopes holds only scopes with entries.
 
 Every method is called with the cache's lock held; nothing here computes an embedding.
 """
@@ -62,11 +66,15 @@ class EntryTable:
     most ``text_limit`` bytes (None: no bound)."""
 
     def __init__(self, index: VectorIndex, limit: int, stats: StatsCounter,
-                 text_limit: int | None = None, tenant_limit: int | None = None) -> None:
+                 text_limit: int | None = None, tenant_limit: int | None = None,
+                 fair: bool = False) -> None:
         self.index = index
         self.limit = limit
         self.text_limit = text_limit
         self.tenant_limit = tenant_limit
+        self.fair = fair
+        self._tracking = tenant_limit is not None or fair  # each tenant's entries are kept apart
+        self._tenant_bytes: dict[str, int] = {}  # each tenant's text bytes, where tracking
         self.text_bytes = 0  # the sum of the entries' sizes
         self.stats = stats
         self._entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
@@ -74,7 +82,7 @@ class EntryTable:
         self._scope_ids: dict[str, int] = {}  # scopes with entries, and their ids in the index
         self._scope_sizes: dict[str, int] = {}
         self._next_scope = 0  # ids are never reused: a stale id finds no rows
-        # each tenant's entries in LRU order, where ``tenant_limit`` is set
+        # each tenant's entries in LRU order, where ``tenant_limit`` or ``fair`` is set
         self._tenants: dict[str, OrderedDict[bytes, None]] = {}
 
     def __len__(self) -> int:
@@ -108,7 +116,7 @@ class EntryTable:
 
     def touch(self, entry: Entry) -> None:
         self._entries.move_to_end(entry.key)
-        if self.tenant_limit is not None:
+        if self._tracking:
             self._tenants[tenant_of(entry.scope)].move_to_end(entry.key)
 
     def _scope_id(self, scope: str) -> int:
@@ -158,6 +166,8 @@ class EntryTable:
                 continue
             updated += 1
             self.text_bytes += size - entry.size
+            if self._tracking:
+                self._tenant_bytes[tenant_of(scope)] += size - entry.size
             entry.size = size
             entry.response = response
             entry.stored_at = now
@@ -178,29 +188,44 @@ class EntryTable:
                 self.drop(victims)
                 self.stats.evictions += len(victims)
         if fresh:
-            self._make_room(len(fresh), now)
+            self._make_room(len(fresh), now, tenant_of(scope))
             scope_id = self._scope_id(scope)
             index = torch.tensor(fresh, dtype=torch.int64, device=vectors.device)
             rows = self.index.add(vectors[index], scope_id, [expires_at] * len(fresh))
             for i, row in zip(fresh, rows):
                 prompt, response = items[i]
                 self._insert(Entry(prompt_key(scope, prompt), scope, prompt, response, row, now))
-        self.trim_text()
+        self.trim_text(tenant_of(scope))
         self.stats.stores += updated + len(fresh)
         return updated + len(fresh)
 
-    def trim_text(self) -> None:
-        """Evict the least recently used until the texts fit ``text_limit``."""
+    def trim_text(self, tenant: str | None = None) -> None:
+        """Evict the least recently used until the texts fit ``text_limit``: ``tenant``'s own
+        first while it holds more than its share of it (``fair``), then anyone's."""
         if self.text_limit is None or self.text_bytes <= self.text_limit:
             return
         victims, freed = [], 0
+        own = self._tenants.get(tenant) if self.fair and tenant is not None else None
+        if own and tenant is not None:
+            share, held = self.text_limit // self._sharing(tenant), self._tenant_bytes[tenant]
+            for key in own:
+                if self.text_bytes - freed <= self.text_limit or held - freed <= share:
+                    break
+                victims.append(self._entries[key])
+                freed += victims[-1].size
+        chosen = {id(v) for v in victims}
         for entry in self._entries.values():
             if self.text_bytes - freed <= self.text_limit:
                 break
-            victims.append(entry)
-            freed += entry.size
+            if id(entry) not in chosen:
+                victims.append(entry)
+                freed += entry.size
         self.drop(victims)
         self.stats.evictions += len(victims)
+
+    def _sharing(self, tenant: str) -> int:
+        """How many tenants share the cache once ``tenant`` holds entries in it."""
+        return len(self._tenants) + (tenant not in self._tenants)
 
     def restore(
         self, scope: str, items: Sequence[tuple[str, str]], vectors: torch.Tensor,
@@ -252,6 +277,7 @@ class EntryTable:
             self._scope_ids.clear()
             self._scope_sizes.clear()
             self._tenants.clear()
+            self._tenant_bytes.clear()
             self.index.clear()
         else:
             self.drop([e for e in self._entries.values() if e.scope == scope])
@@ -271,27 +297,41 @@ class EntryTable:
                 self._scope_sizes[entry.scope] = left
             else:  # its last entry: the scope is forgotten, and its id with it
                 del self._scope_sizes[entry.scope], self._scope_ids[entry.scope]
-            if self.tenant_limit is not None:
-                own = self._tenants[tenant_of(entry.scope)]
+            if self._tracking:
+                tenant = tenant_of(entry.scope)
+                own = self._tenants[tenant]
                 del own[entry.key]
+                self._tenant_bytes[tenant] -= entry.size
                 if not own:
-                    del self._tenants[tenant_of(entry.scope)]
+                    del self._tenants[tenant], self._tenant_bytes[tenant]
         self.index.remove([e.row for e in entries])
 
     def _insert(self, entry: Entry) -> None:
         entry.size = text_size(entry.prompt, entry.response)
         self.text_bytes += entry.size
         self._scope_sizes[entry.scope] = self._scope_sizes.get(entry.scope, 0) + 1
-        if self.tenant_limit is not None:
-            self._tenants.setdefault(tenant_of(entry.scope), OrderedDict())[entry.key] = None
+        if self._tracking:
+            tenant = tenant_of(entry.scope)
+            self._tenants.setdefault(tenant, OrderedDict())[entry.key] = None
+            self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + entry.size
         self._entries[entry.key] = entry
         self._by_row[entry.row] = entry
 
-    def _make_room(self, needed: int, now: float) -> None:
+    def _make_room(self, needed: int, now: float, tenant: str) -> None:
+        """Room for ``needed`` more of ``tenant``'s entries within ``limit``: the expired go
+        first, then ``tenant``'s own least recently used while it holds more than its share
+        (``fair``), then anyone's."""
         if len(self._entries) + needed <= self.limit:
             return
         self.purge_expired(now)
         excess = len(self._entries) + needed - self.limit
+        own = self._tenants.get(tenant) if self.fair else None
+        if excess > 0 and own:
+            over = len(own) + needed - self.limit // self._sharing(tenant)
+            victims = [self._entries[key] for _, key in zip(range(min(excess, over)), own)]
+            self.drop(victims)
+            self.stats.evictions += len(victims)
+            excess -= len(victims)
         if excess > 0:
             victims = [entry for _, entry in zip(range(excess), self._entries.values())]
             self.drop(victims)

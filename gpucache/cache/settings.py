@@ -60,6 +60,12 @@ class CacheSettings:
         "scopes begin with the tenant); past it that tenant's least recently used go, no one "
         "else's. `None`: one LRU for all, which keeps what is used most whoever asked it",
     )
+    fair_share: bool = _setting(
+        False, "where room is needed, a tenant holding more than its share of the capacity or the "
+        "text bytes (divided among the tenants holding entries) evicts its own least recently "
+        "used, not others'; a tenant alone has the whole cache. On in `gpucache serve`, where each "
+        "key is a tenant",
+    )
     ttl: float | None = _setting(
         None, "default seconds an entry lives (`None`: until evicted); `put(..., ttl=)` overrides"
     )

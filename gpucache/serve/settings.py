@@ -44,8 +44,9 @@ PASSTHROUGH = ("GET models", "GET models/*", "POST embeddings", "POST moderation
 
 
 # A server's cache: concurrent lookups share batches (any value above 0 turns it on: the number
-# no longer delays a lookup, batching.py), and a slow one fails open after 1 s.
-SERVE_CACHE_DEFAULTS = CacheSettings(lookup_window_seconds=0.002, lookup_timeout_seconds=1.0)
+# no longer delays a lookup, batching.py), a slow one fails open after 1 s, and each tenant (a
+# key) keeps its share of the cache where another floods it (entries.py).
+SERVE_CACHE_DEFAULTS = CacheSettings(lookup_window_seconds=0.002, lookup_timeout_seconds=1.0, fair_share=True)
 
 
 class ConfigError(ValueError):

@@ -14,8 +14,10 @@ from gpucache.index.store import ExactScanStore
 DIM = 8
 
 
-def table(limit: int = 100, text_limit: int | None = None, tenant_limit: int | None = None) -> EntryTable:
-    return EntryTable(ExactScanStore(DIM, device="cpu"), limit, StatsCounter(), text_limit, tenant_limit)
+def table(limit: int = 100, text_limit: int | None = None, tenant_limit: int | None = None,
+          fair: bool = False) -> EntryTable:
+    return EntryTable(ExactScanStore(DIM, device="cpu"), limit, StatsCounter(), text_limit, tenant_limit,
+                      fair=fair)
 
 
 def vectors(n: int) -> torch.Tensor:
@@ -193,6 +195,61 @@ def test_after_a_restore_each_tenant_is_trimmed_to_its_share():
         loose.restore("alice/m", [(f"p{n}", "r")], vectors(1), [float("inf")])
     loose.trim_tenants()
     assert len(loose) == 3
+
+
+def test_a_tenant_alone_has_the_whole_cache_under_a_fair_share():
+    t = table(limit=4, fair=True)
+    put(t, "alice/m", *[(f"a{n}", "r") for n in range(6)])
+    assert prompts(t) == ["a2", "a3", "a4", "a5"]
+
+
+def test_a_tenant_past_its_share_of_entries_evicts_its_own_and_one_within_it_anyones():
+    t = table(limit=4, fair=True)
+    put(t, "bob/m", ("b1", "r"), ("b2", "r"), ("b3", "r"))
+    put(t, "alice/m", ("a1", "r"))
+    put(t, "alice/x", ("a2", "r"))  # alice within her share (2 of 4): bob's oldest goes
+    assert prompts(t) == ["b2", "b3", "a1", "a2"]
+    for n in range(3, 20):  # past it: only her own go, however many she sends
+        put(t, "alice/m", (f"a{n}", "r"))
+    assert prompts(t) == ["b2", "b3", "a18", "a19"]
+    put(t, "carol/m", ("c1", "r"))  # a third tenant: shares are now 1 of 4, carol within hers
+    assert len(t) == 4 and "c1" in prompts(t)
+    assert prompts(t) == ["b3", "a18", "a19", "c1"]  # the oldest of anyone's went
+    put(t, "carol/m", ("c2", "r"))  # carol past her share: her own goes
+    assert prompts(t) == ["b3", "a18", "a19", "c2"]
+
+
+def test_without_a_fair_share_a_flood_evicts_everyone_else():
+    t = table(limit=4)
+    put(t, "bob/m", ("b1", "r"), ("b2", "r"))
+    for n in range(10):
+        put(t, "alice/m", (f"a{n}", "r"))
+    assert prompts(t) == ["a6", "a7", "a8", "a9"]
+
+
+def test_a_tenant_past_its_share_of_the_text_bytes_evicts_its_own():
+    small, large = text_size("b0", "r"), text_size("a0", "x" * 400)
+    t = table(text_limit=4 * small + 2 * large, fair=True)
+    put(t, "bob/m", *[(f"b{n}", "r") for n in range(4)])
+    for n in range(25):  # large answers, past alice's half of the bytes: her own go
+        put(t, "alice/m", (f"a{n}", "x" * 400))
+    assert [p for p in prompts(t) if p.startswith("b")] == ["b0", "b1", "b2", "b3"]
+    assert prompts(t)[-1] == "a24" and t.text_bytes <= t.text_limit
+    unfair = table(text_limit=4 * small + 2 * large)
+    put(unfair, "bob/m", *[(f"b{n}", "r") for n in range(4)])
+    for n in range(25):
+        put(unfair, "alice/m", (f"a{n}", "x" * 400))
+    assert not [p for p in prompts(unfair) if p.startswith("b")]  # a shared LRU: bob's all gone
+
+
+def test_a_tenants_bytes_follow_its_updates_and_removals_under_a_fair_share():
+    t = table(text_limit=10_000, fair=True)
+    put(t, "alice/m", ("a1", "short"), ("a2", "short"))
+    put(t, "alice/m", ("a1", "a much longer answer than before"))
+    t.remove("alice/m", "a2")
+    assert t._tenant_bytes == {"alice": text_size("a1", "a much longer answer than before")}
+    t.remove("alice/m", "a1")
+    assert t._tenant_bytes == {} and t._tenants == {}
 
 
 def test_a_row_with_no_entry_is_a_bug_that_names_the_row():

@@ -20,6 +20,7 @@ NON_DEFAULT = {
     "capacity": 500,
     "max_text_bytes": 2**20,
     "tenant_capacity": 50,
+    "fair_share": True,
     "ttl": 60.0,
     "replay_chunk_chars": 7,
     "quantization": "int8",

@@ -513,3 +513,29 @@ def test_a_key_in_a_header_that_does_not_name_the_tenant_is_refused_before_anyth
                          headers={"authorization": "Bearer key-valid", "x-goog-api-key": "key-revoked"})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "unhashed_credential"
     assert (len(upstream.app.state.calls), len(upstream.app.state.checks)) == before
+
+
+def test_one_key_flooding_the_cache_with_large_prompts_leaves_another_keys_entries(upstream):
+    """The served cache's default (``fair_share``): a key past its share of the text bytes
+    evicts its own entries, not another key's. 25 large prompts from one key, where the budget
+    holds ten of them, leave all 20 of another key's answers served from the cache."""
+    import dataclasses
+
+    from gpucache.serve.settings import SERVE_CACHE_DEFAULTS, EmbedderSettings
+
+    large = 20_000
+    settings = dataclasses.replace(SERVE_CACHE_DEFAULTS, max_text_bytes=10 * 2 * large)
+    config = ServeSettings(upstream=f"{upstream.url}/v1", cache=settings, embedder=EmbedderSettings(device="cpu"))
+    with Served(create_app(config)) as proxy:
+        def client(key):
+            c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0)
+            return lambda text: c.chat.completions.with_raw_response.create(
+                model="smol", messages=[{"role": "user", "content": text}]).headers["x-gpucache"]
+
+        team, flood = client("sk-team"), client("sk-flood")
+        questions = [f"What does error code {n} of the billing service mean?" for n in range(20)]
+        assert [team(q) for q in questions] == ["miss"] * 20
+        for n in range(25):
+            assert flood(f"Summarise document {n}: " + "lorem ipsum " * (large // 12)) == "miss"
+        assert [team(q) for q in questions] == ["exact"] * 20
+        assert proxy.app.state.proxy.cache.stats().evictions > 0  # the flood evicted its own
