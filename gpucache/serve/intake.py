@@ -158,10 +158,13 @@ class Intake:
     """The front of the caching path: ``config``'s tenancy and its ``auth`` mode's checker."""
 
     def __init__(self, config: ServeSettings, upstream: Upstream,
-                 cleared: ClearedPrefixes | None = None) -> None:
+                 cleared: ClearedPrefixes | None = None,
+                 at_share: Callable[[str], bool] | None = None) -> None:
         """``cleared``: the cache's clears under a prefix (a revoke, here or on any replica),
-        which end a credential's kept verdict."""
+        which end a credential's kept verdict. ``at_share(holder)``: whether a credential
+        already holds its share of the proxy's slots (``max_tenant_concurrency``)."""
         self.config = config
+        self.at_share = at_share
         self.budget = BodyBudget(config.max_buffered_bytes)
         self.rates = (None if config.tenant_rate is None
                       else RateLimits(config.tenant_rate, config.tenant_burst))
@@ -204,6 +207,10 @@ class Intake:
         identity = await self.vetted(request)
         if not isinstance(identity, Identity):
             return (identity if isinstance(identity, Refused) else None), identity
+        if self.at_share is not None and self.at_share(identity.holder):
+            # shed from its headers: reading and parsing the body of a request that is then
+            # shed would cost the others what the share is there to spare them
+            return None, Shed(self.config.retry_after)
         control = (CacheControl() if self.config.ignore_client_cache_control
                    else CacheControl.parse(request.headers.get("cache-control")))
         if isinstance(control, Refusal):

@@ -121,7 +121,7 @@ class Proxy:
         self.busy = 0  # requests past the exact tier now (admit)
         self.holding: dict[str, int] = {}  # of those, each credential's (its share, admit)
         self.streams = Streams(metrics, self.store)
-        self.intake = Intake(config, upstream, cache.cleared_prefixes)
+        self.intake = Intake(config, upstream, cache.cleared_prefixes, at_share=self.at_share)
 
     async def completion(self, kind: str, request: Request) -> Response:
         """The request answered; its body's bytes held (intake.BodyBudget) until it is."""
@@ -149,19 +149,17 @@ class Proxy:
 
     async def admit(self, ex: Exchange) -> Outcome:
         """``run``, for at most ``max_concurrency`` requests past the exact tier at a time, and
-        at most ``max_tenant_concurrency`` of one credential's (waiting on a lookup or on the
-        upstream, until the answer's headers); past either bound a request is shed at once
-        (503, Retry-After) rather than queued behind a saturated embedder. An exact repeat is
-        always taken: it is answered on the loop, costs no slot, and never times out. Why shed
-        instead of queueing: a queue longer than the lookup deadline only turns waits into
-        timeouts; a 503 with Retry-After lets the client (the OpenAI clients honour it) or a
-        balancer send the request where there is room. Why a share per credential: without it
-        one key's burst takes every slot and every other tenant is shed."""
+        at most ``max_tenant_concurrency`` of one credential's (on a lookup or the upstream,
+        until the answer's headers); past either a request is shed (503, Retry-After), not
+        queued behind a saturated embedder: a queue longer than the lookup deadline only turns
+        waits into timeouts, and Retry-After sends the client (the OpenAI clients honour it) or
+        a balancer where there is room. An exact repeat is taken past the global bound (answered
+        on the loop, it costs no slot); a credential at its share is shed from its headers
+        (intake.py), repeats and all, so its flood is never read. Why a share: without it one
+        key's burst takes every slot and every other tenant is shed."""
         repeat = ex.key.bypass is None and ex.control.reads and self.cache.may_hold(
             ex.key.prompt, scope=ex.key.scope)
-        share = self.config.max_tenant_concurrency
-        if self.busy >= self.config.max_concurrency or (
-                share is not None and self.holding.get(ex.holder, 0) >= share):
+        if self.busy >= self.config.max_concurrency or self.at_share(ex.holder):
             if not repeat:
                 return Shed(self.config.retry_after)
             return await self.run(ex)  # answered on the loop: it holds no slot
@@ -176,6 +174,11 @@ class Proxy:
             left = self.holding.pop(ex.holder) - 1
             if left:
                 self.holding[ex.holder] = left
+
+    def at_share(self, holder: str) -> bool:
+        """Whether ``holder`` holds its ``max_tenant_concurrency`` slots now."""
+        share = self.config.max_tenant_concurrency
+        return share is not None and self.holding.get(holder, 0) >= share
 
     async def unless_gone(self, ex: Exchange, work: Awaitable[Outcome]) -> Outcome:
         """``work``'s outcome, or, where the client hangs up first, ``work`` cancelled (its
@@ -383,7 +386,7 @@ class Proxy:
         forwarded = await self.forward_exchange(ex)
         return forwarded if isinstance(forwarded, Unavailable) else FailedOpen(exc, forwarded)
 
-    # ------------------------------------------------------------------------- respond
+    # ------------------------------------------------------------------------- respond, store
 
     def respond(self, ex: Exchange | Refused | None, outcome: Outcome) -> Response:
         return answers.respond(ex, outcome, self.config.max_concurrency)
@@ -392,8 +395,6 @@ class Proxy:
         answers.record(self.metrics, endpoint, outcome, ex)
         if ex is not None:
             self.intake.heard(ex.holder, outcome)
-
-    # ------------------------------------------------------------------------- plain
 
     def loaded(self, response: httpx.Response) -> Loaded:
         return Loaded(response.status_code, response.headers, response.content)

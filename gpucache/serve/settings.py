@@ -142,7 +142,8 @@ class ServeSettings:
     )
     max_tenant_concurrency: int | None = _option(
         None, "most of those one credential may hold at once (its share; past it its requests are "
-        "shed, others' are not); none: no share, one key's burst may take every slot"
+        "shed from their headers, exact repeats too, before a body is read; others' are not); "
+        "none: no share, one key's burst may take every slot"
     )
     tenant_rate: float | None = _option(
         None, "requests a second one credential may send (a token bucket, checked from the headers "

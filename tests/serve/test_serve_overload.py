@@ -99,6 +99,8 @@ def test_a_client_that_hangs_up_frees_its_slot_and_cancels_its_upstream_request(
 
 
 def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
+    import socket
+
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", max_concurrency=8, max_tenant_concurrency=1)
         app = create_app(config, cache_factory=lambda: SemanticCache(
@@ -113,6 +115,14 @@ def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
                 greedy.chat.completions.create(model="smol", messages=[
                     {"role": "user", "content": "The greedy key's second question"}])
             assert shed.value.status_code == 503 and shed.value.body["code"] == "overloaded"
+            # shed from its headers: a large body is never read, its connection closed
+            late = socket.create_connection(("127.0.0.1", proxy.port))
+            late.settimeout(30)
+            late.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-greedy\r\n"
+                         b"content-type: application/json\r\ncontent-length: 5000000\r\n\r\n{")  # no more
+            head, _, _ = read_to_close(late).partition(b"\r\n\r\n")
+            late.close()
+            assert head.startswith(b"HTTP/1.1 503 ") and b"connection: close" in head.lower()
             # another key still has room
             assert ask(proxy.url, "Another key's question meanwhile").headers["x-gpucache"] == "miss"
             httpx.post(f"{upstream.url}/control/drip")
