@@ -20,6 +20,11 @@ between batches). ``window`` is therefore a switch: above 0, lookups coalesce as
 ``window=0`` every request is its own batch, sent at once: the path the async API takes when
 coalescing is off, so timeouts and cancellation work the same way either way.
 
+A batch past ``max_batch`` is filled fairly: the gathered lookups are taken one tenant at a
+time in turn (a scope's tenant, entries.py), each tenant's in the order they came, so one
+tenant's flood of misses fills the batches it shares with others only to its turn, and another
+tenant's lookup is in the next batch, not behind every lookup of the flood.
+
 A caller that gives up (its ``timeout`` passes, or its task is cancelled) may leave a lookup
 running in a worker thread, which may have claimed misses for that caller to load. Those
 claims are released as soon as the result arrives, whichever side gets there first (``_Ticket``),
@@ -35,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpucache.cache.claims import Claims
+from gpucache.cache.entries import tenant_of
 from gpucache.cache.lookup import Findings, LookupRequest
 
 Looked = Findings | Claims  # what a lookup returns: its findings, or a get-or-load call's claims
@@ -57,6 +63,24 @@ class _Ticket:
 class _Window:
     tickets: list[_Ticket] = field(default_factory=list)  # gathered behind the running batch
     busy: bool = False  # a batch of this loop's is being looked up
+
+
+def in_turn(tickets: list[_Ticket], size: int) -> tuple[list[_Ticket], list[_Ticket]]:
+    """The next batch of at most ``size`` tickets, taken one tenant at a time in turn (in the
+    order tenants first appear, each tenant's in arrival order), and the rest in arrival order."""
+    if len(tickets) <= size:
+        return tickets, []
+    queues: dict[str, list[_Ticket]] = {}
+    for ticket in tickets:
+        queues.setdefault(tenant_of(ticket.request.scope), []).append(ticket)
+    chosen: set[int] = set()
+    for turn in range(size):
+        for queue in queues.values():
+            if turn < len(queue) and len(chosen) < size:
+                chosen.add(id(queue[turn]))
+        if len(chosen) >= size:
+            break
+    return ([t for t in tickets if id(t) in chosen], [t for t in tickets if id(t) not in chosen])
 
 
 class LookupCoalescer:
@@ -119,7 +143,7 @@ class LookupCoalescer:
         # computed: under overload, embedding lookups nobody waits for is how a queue collapses
         with self._lock:
             waiting = [t for t in window.tickets if not t.abandoned]
-        tickets, window.tickets = waiting[: self.max_batch], waiting[self.max_batch :]
+        tickets, window.tickets = in_turn(waiting, self.max_batch)
         if tickets:
             window.busy = True
             self._send(loop, window, tickets)

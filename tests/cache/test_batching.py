@@ -125,6 +125,34 @@ def test_a_batch_holds_at_most_lookup_batch_and_the_rest_go_next(fake_embedder):
     assert held.batches == [["the batch in the embedder"], prompts[:4], prompts[4:]]
 
 
+def test_a_full_batch_is_filled_one_tenant_at_a_time_in_turn(fake_embedder):
+    """One tenant's flood gathered ahead of another's lookup: the next batch takes each tenant
+    in turn (each in arrival order), so the other's lookup goes in it, not after the flood."""
+    held = HeldEmbedder(fake_embedder)
+    cache = make(held, lookup_window_seconds=1.0, lookup_batch=4)
+    flood = [cache.aget(f"flood {i}", scope=f"key:a/q:{i % 2}") for i in range(6)]
+    lookups = [*flood, cache.aget("the other tenant's question", scope="key:b")]
+    assert run(behind_a_running_batch(cache, held, *lookups)) == [None] * 7
+    assert held.batches == [["the batch in the embedder"],
+                            ["flood 0", "flood 1", "flood 2", "the other tenant's question"],
+                            ["flood 3", "flood 4", "flood 5"]]
+
+
+def test_in_turn_takes_tenants_in_the_order_they_first_came():
+    from gpucache.cache.batching import _Ticket, in_turn
+    from gpucache.cache.lookup import LookupRequest
+
+    def ticket(scope, n):
+        return _Ticket(LookupRequest((f"{scope} {n}",), scope, 0.9, claim=False), future=None)
+
+    tickets = [ticket("a", 0), ticket("a/x", 1), ticket("b", 2), ticket("a", 3), ticket("c/q", 4),
+               ticket("b", 5), ticket("c", 6)]
+    batch, rest = in_turn(tickets, 5)
+    assert [t.request.prompts[0] for t in batch] == ["a 0", "a/x 1", "b 2", "c/q 4", "b 5"]
+    assert [t.request.prompts[0] for t in rest] == ["a 3", "c 6"]
+    assert in_turn(tickets, 7) == (tickets, [])
+
+
 def test_scopes_in_one_batch_never_see_each_others_entries(fake_embedder):
     held = HeldEmbedder(fake_embedder)
     cache = make(held, lookup_window_seconds=0.05)
