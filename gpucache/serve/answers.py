@@ -48,7 +48,7 @@ def error(
 
 
 
-def respond(ex: Exchange | Refused | None, outcome: Outcome, max_concurrency: int) -> Response:
+def respond(ex: Exchange | None, outcome: Outcome, max_concurrency: int) -> Response:
     """The HTTP answer of an outcome: the only place one is built."""
     if isinstance(outcome, Refused):
         if outcome.status == 499:

@@ -4,8 +4,8 @@ what an untrusted client costs: whose it is, from the headers and query string a
 keyed, a large one off the event loop. A client the cache will not serve is answered before a
 byte of its body is parsed.
 
-    Intake.accept(kind, request) -> (Exchange, None)       read and keyed: the proxy runs it
-                                 -> (None | Refused, Outcome) ended here (400, 401, 408, 413, 499;
+    Intake.accept(kind, request) -> Exchange               read and keyed: the proxy runs it
+                                 -> Outcome                ended here (400, 401, 408, 413, 499;
                                                            429 past the credential's rate,
                                                            503 past the body budget;
                                                            the upstream's 401/403; 502-504)
@@ -199,27 +199,23 @@ class Intake:
         request is answered, whatever its outcome."""
         self.budget.release(request)
 
-    async def accept(self, kind: str, request: Request) -> tuple[Exchange | Refused | None, Outcome | None]:
+    async def accept(self, kind: str, request: Request) -> Exchange | Outcome:
         """The request's exchange, or the outcome that ends it before the cache is asked.
         In the order that bounds what an untrusted client costs: whose it is, from the headers
         alone (tenancy.py); whether its credential may be served (auth.py); only then the body
         read and parsed (a large one off the event loop)."""
         identity = await self.vetted(request)
         if not isinstance(identity, Identity):
-            return (identity if isinstance(identity, Refused) else None), identity
+            return identity
         if self.at_share is not None and self.at_share(identity.holder):
             # shed from its headers: reading and parsing the body of a request that is then
             # shed would cost the others what the share is there to spare them
-            return None, Shed(self.config.retry_after)
+            return Shed(self.config.retry_after)
         control = (CacheControl() if self.config.ignore_client_cache_control
                    else CacheControl.parse(request.headers.get("cache-control")))
         if isinstance(control, Refusal):
-            refused = Refused(control.status, control.message, control.code)
-            return refused, refused
-        exchange = await self.receive(kind, request, identity, control)
-        if isinstance(exchange, Shed):
-            return None, exchange
-        return exchange, exchange if isinstance(exchange, Refused) else None
+            return Refused(control.status, control.message, control.code)
+        return await self.receive(kind, request, identity, control)
 
     async def vetted(self, request: Request) -> Identity | Outcome:
         """Whose the request is and whether its credential may pass, from its headers and query

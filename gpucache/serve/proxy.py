@@ -132,15 +132,15 @@ class Proxy:
 
     async def answer(self, kind: str, request: Request) -> Response:
         started = time.perf_counter()
-        exchange, ended = await self.intake.accept(kind, request)
-        outcome = await self.admit(exchange) if isinstance(exchange, Exchange) else ended
-        assert outcome is not None
-        self.record(PATHS[kind], outcome, exchange if isinstance(exchange, Exchange) else None)
+        accepted = await self.intake.accept(kind, request)
+        exchange = accepted if isinstance(accepted, Exchange) else None
+        outcome = await self.admit(accepted) if isinstance(accepted, Exchange) else accepted
+        self.record(PATHS[kind], outcome, exchange)
         response = self.respond(exchange, outcome)
-        if not isinstance(exchange, Exchange) and leaves_body_unread(request):
+        if exchange is None and leaves_body_unread(request):
             response.headers["connection"] = "close"
         # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
-        upstream = exchange.timing["upstream"] if isinstance(exchange, Exchange) else 0.0
+        upstream = exchange.timing["upstream"] if exchange is not None else 0.0
         overhead = max(0.0, time.perf_counter() - started - upstream)
         response.headers["x-gpucache-overhead-ms"] = f"{1000 * overhead:.2f}"
         return response
@@ -388,7 +388,7 @@ class Proxy:
 
     # ------------------------------------------------------------------------- respond, store
 
-    def respond(self, ex: Exchange | Refused | None, outcome: Outcome) -> Response:
+    def respond(self, ex: Exchange | None, outcome: Outcome) -> Response:
         return answers.respond(ex, outcome, self.config.max_concurrency)
 
     def record(self, endpoint: str, outcome: Outcome, ex: Exchange | None = None) -> None:
