@@ -59,6 +59,7 @@ TIERS: dict[str, str] = {
     "gpucache.cache.lookup": ENGINE,
     "gpucache.cache.onloop": ENGINE,
     "gpucache.cache.replication": ENGINE,
+    "gpucache.cache.replicated": ENGINE,
     "gpucache.cache.saving": ENGINE,
     "gpucache.cache.semantic": ENGINE,
     "gpucache.cache.snapshot": ENGINE,

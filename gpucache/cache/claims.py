@@ -4,7 +4,7 @@ After the lookup (lookup.py) has found a call's hits and misses, the call claims
 nobody else is loading (single-flight, flight.py): those it loads, and for the others the
 futures of the loads it waits on. A miss that another call stored while the lookup ran (the scan
 runs without the lock) is read again first and answered, or it would be loaded a second time by
-a new leader. A claim across replicas (``CacheCore.claim_shared``) is held here too.
+a new leader. A claim across replicas (``ReplicaSide.claim_shared``) is held here too.
 
 The cache's core takes the claims under its lock, and releases them once: ``finish`` (the load
 stored and handed to the waiters), ``abort`` (the load failed or was given up) or ``release``

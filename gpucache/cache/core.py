@@ -2,11 +2,12 @@
 
 The facade (``SemanticCache``, semantic.py) checks what callers hand it and runs the
 get-or-load flows (flow.py), whose drivers (drivers.py) run the operations defined here
-(``finish``, ``abort``, ``claim_shared``...). What is here: the collaborators and settings, the
-lock, the entry table over the index, single-flight, the counters and the clock; the lookups
-(``Lookup``, lookup.py: ``find`` for plain lookups, ``find_and_claim`` for get-or-load ones,
-each with one return type; from an event loop, onloop.py) and the claims taken on what they
-found (claims.py); stores after a load; the upkeep. The snapshot's capture and restore are
+(``finish``, ``abort``) and, across replicas, ``replica``'s (replicated.py). What is here: the
+collaborators and settings, the lock, the entry table over the index, single-flight, the
+counters and the clock; the lookups (``Lookup``, lookup.py: ``find`` for plain lookups,
+``find_and_claim`` for get-or-load ones, each with one return type; from an event loop,
+onloop.py) and the claims taken on what they found (claims.py); stores after a load; the
+upkeep. The snapshot's capture and restore are
 saving.py's. Public to the package; input is not checked here (the facade has done it).
 
 Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
@@ -33,7 +34,8 @@ from gpucache.cache.entries import EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight
 from gpucache.cache.lookup import Findings, Lookup, LookupRequest
 from gpucache.cache.onloop import LoopLookups
-from gpucache.cache.replication import ClearedPrefixes, LocalOnly, RemovalFence, Replication, SharedEntry
+from gpucache.cache.replicated import ReplicaSide
+from gpucache.cache.replication import ClearedPrefixes, LocalOnly, RemovalFence, Replication
 from gpucache.cache.served import Keep, LoaderAnswer
 from gpucache.cache.settings import CacheSettings
 from gpucache.cache.stats import CacheStats, StatsCounter
@@ -47,7 +49,6 @@ from gpucache.guard.verifier import HitVerifier, ReadsRequests
 from gpucache.index.engines.base import ScanEngine
 from gpucache.index.interface import NEVER
 from gpucache.index.store import ExactScanStore
-from gpucache.keys import prompt_key
 from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy, ContentPolicy
 
@@ -107,15 +108,16 @@ class CacheCore:
         self.table = EntryTable(self.store, limit, self.counters, s.max_text_bytes, s.tenant_capacity,
                                 fair=s.fair_share)
         self.flights: SingleFlight[bytes, str] = SingleFlight()
+        self.shared: Replication = LocalOnly()
+        self.replica = ReplicaSide(self, lambda: self.shared)  # this cache among others (replicated.py)
         self.lookup = Lookup(
             lock=self.lock, table=self.table, store=self.store, embedder=self.embedder,
             verifier=self.verifier, counters=lambda: self.counters, top_k=s.top_k, now=self.now,
-            embedded=self.embedded, fetched=self.fetched,
+            embedded=self.embedded, fetched=self.replica.fetched,
             context=ContextMatcher() if s.match_context else None,
         )
         self.onloop = LoopLookups(self)  # lookups asked from an event loop (onloop.py)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
-        self.shared: Replication = LocalOnly()
         if shared is not None:
             self.attach(shared)
 
@@ -125,7 +127,7 @@ class CacheCore:
         if not isinstance(self.shared, LocalOnly):
             raise RuntimeError("this cache is already replicated (a gpucache bug)")
         self.shared = shared
-        shared.attach(self)
+        shared.attach(self.replica)
 
     @property
     def batches(self) -> int:
@@ -272,34 +274,6 @@ class CacheCore:
         if isinstance(found, Claims):
             self.abort(found, LoadAbandoned())
 
-    def claim_shared(self, claims: Claims) -> list[str]:
-        """Between this call's local claims and its load: the claims across replicas (one
-        round trip). Returns the misses another replica is loading, for the flow to wait on
-        (``WaitShared``: on the event loop on async paths, never in a worker thread); the rest
-        this call loads, holding their shared claims until it stores or gives up."""
-        if not claims.mine:
-            return []
-        claims.shared, others = self.shared.claim(claims.scope, claims.to_load)
-        return others
-
-    def adopt_shared(self, claims: Claims, found: list[SharedEntry]) -> dict[str, str]:
-        """The entries another replica loaded for this call's misses: applied here, handed to
-        this replica's waiters, and returned (prompt -> answer); the rest, this call loads."""
-        if not found:
-            return {}  # the other replica gave up or took too long: this call loads them
-        self.apply_replicated(found)
-        answers = {e.prompt: e.response for e in found}
-        done = {prompt_key(claims.scope, p): r for p, r in answers.items()}
-        with self.lock:
-            self.flights.resolve(done)  # this replica's waiters get the other replica's answer
-        claims.mine = [k for k in claims.mine if k not in done]
-        return answers
-
-    def release_shared(self, claims: Claims) -> None:
-        shared, claims.shared = claims.shared, {}
-        if shared:
-            self.shared.release(claims.scope, shared)
-
     def finish(self, claims: Claims, answers: Sequence[LoaderAnswer[Any]], ttl: float | None = None) -> None:
         """Store what the loader answered for this call's claims (each ``Keep``, policy and
         admission permitting, for its own ttl, else ``ttl``, else the cache's) and hand each
@@ -329,54 +303,7 @@ class CacheCore:
         claims.mine = []  # released, once: a store that raised before here leaves them to abort
         for keep, vectors, expires_at in stored:
             self.shared.stored(claims.scope, keep, vectors, expires_at)
-        self.release_shared(claims)  # after the records: a waiting replica finds them
-
-    # ----------------------------------------------------------------------------- shared
-
-    # The ``Replica`` face (gpucache.cache.replication): how a replication applies what other
-    # replicas did. Public, and the only way in from outside the package.
-
-    def apply_replicated(self, entries: Sequence[SharedEntry]) -> None:
-        """Other replicas' entries, into this replica's index (no policy, admission or
-        publishing: they passed them where they were stored)."""
-        groups: dict[tuple[str, float], list[SharedEntry]] = {}
-        for entry in entries:  # one write per scope and expiry: a bootstrap is one batch
-            groups.setdefault((entry.scope, entry.expires_at), []).append(entry)
-        with self.lock:
-            now = self.now()
-            for (scope, expires_at), group in groups.items():
-                if expires_at > now:
-                    self.table.store(scope, [(e.prompt, e.response) for e in group],
-                                      torch.stack([e.vector for e in group]), expires_at, now)
-
-    def apply_replicated_removal(self, scope: str, prompt: str) -> None:
-        with self.lock:
-            self.fence.removed(scope, prompt)
-            self.table.remove(scope, prompt)
-
-    def apply_replicated_clear(self, scope: str | None, under: bool = False) -> None:
-        with self.lock:
-            self.fence.cleared(scope, under)
-            if under and scope is not None:
-                self.cleared_prefixes.cleared(scope)
-                self.table.drop(self.table.under(scope))
-            else:
-                self.table.clear(scope)
-
-    def fetched(self, pairs: list[tuple[str, str]]) -> list[SharedEntry]:
-        """Exact repeats read from the shared store (one round trip, outside the lock) and
-        kept here; an entry that a removal applied meanwhile covers is dropped (the fence)."""
-        if not self.shared.remote:
-            return []  # nothing elsewhere: no round trip, and no second wait for the lock
-        with self.lock:
-            since = self.fence.mark()
-        found = self.shared.fetch(pairs)
-        if not found:
-            return []
-        with self.lock:
-            found = [e for e in found if not self.fence.stale(e.scope, e.prompt, since)]
-            self.apply_replicated(found)
-        return found
+        self.replica.release_shared(claims)  # after the records: a waiting replica finds them
 
     def abort(self, claims: Claims, error: BaseException) -> None:
         """Release this call's claims (those not yet released), handing ``error`` to their
@@ -385,7 +312,7 @@ class CacheCore:
         mine, claims.mine = claims.mine, []
         if mine:
             self.flights.fail(mine, error)
-        self.release_shared(claims)
+        self.replica.release_shared(claims)
 
     def replay(self, answer: str) -> Iterator[str]:
         """A stored answer in ``replay_chunk_chars`` pieces, for a streaming caller."""

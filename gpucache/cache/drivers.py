@@ -49,19 +49,26 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class SharedClaims(Protocol):
+    """A flow's claims across replicas (``ReplicaSide`` in replicated.py is the one)."""
+
+    def claim_shared(self, claims: Claims) -> list[str]: ...
+
+    def adopt_shared(self, claims: Claims, found: list[SharedEntry]) -> dict[str, str]: ...
+
+
 class FlowCore(Protocol):
     """What the drivers run a flow's operations on (``CacheCore`` in core.py is the one). A
     protocol, so that this module needs nothing from the core's."""
 
     shared: Replication
 
+    @property
+    def replica(self) -> SharedClaims: ...
+
     def find_and_claim(self, requests: Sequence[LookupRequest]) -> list[Claims]: ...
 
     async def afind_and_claim(self, request: LookupRequest) -> Claims: ...
-
-    def claim_shared(self, claims: Claims) -> list[str]: ...
-
-    def adopt_shared(self, claims: Claims, found: list[SharedEntry]) -> dict[str, str]: ...
 
     def finish(
         self, claims: Claims, answers: Sequence[LoaderAnswer[Any]], ttl: float | None = None
@@ -135,11 +142,11 @@ def _call(core: FlowCore, op: Op, load: BatchLoad | None = None, open_: Opener |
         core.abort(op.claims, op.error)
         return None
     if isinstance(op, ClaimShared):
-        return core.claim_shared(op.claims)
+        return core.replica.claim_shared(op.claims)
     if isinstance(op, WaitShared):
         return core.shared.wait_loaded(op.scope, op.prompts)
     if isinstance(op, AdoptShared):
-        return core.adopt_shared(op.claims, op.found)
+        return core.replica.adopt_shared(op.claims, op.found)
     if isinstance(op, Wait):
         return op.future.result()
     if isinstance(op, Load) and load is not None:

@@ -305,7 +305,7 @@ class RedisShare:
         self.link.count(fetches=1)
         # what a queued delete or clear removes is not read: Redis holds it until the writer
         # has written the removal. One queued after this look is the cache's fence's to drop
-        # (CacheCore.fetched)
+        # (ReplicaSide.fetched)
         removing = self.writer.removals()
         if removing:
             pairs = [(s, p) for s, p in pairs if not any(covers(gs, gp, s, p, u) for gs, gp, u in removing)]

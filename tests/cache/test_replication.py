@@ -54,7 +54,7 @@ def test_the_cache_tells_its_replication_and_takes_entries_through_its_public_fa
     vector = fake_embedder.encode(["stored elsewhere"])[0]
     shared = Recording([SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)])
     cache = make(fake_embedder, shared)
-    assert shared.replica is cache.core  # the replica face: the core's apply_replicated*
+    assert shared.replica is cache.core.replica  # the replica face: apply_replicated* (replicated.py)
     cache.put("mine", "my answer", scope="s")
     cache.invalidate("mine", scope="s")
     cache.clear("s")
@@ -62,7 +62,7 @@ def test_the_cache_tells_its_replication_and_takes_entries_through_its_public_fa
     # an exact repeat another replica stored, answered from it and kept here
     assert cache.get_or_put("stored elsewhere", lambda p: "loaded", scope="s") == "their answer"
     shared.elsewhere.clear()  # the other replica invalidated it: its removal arrives
-    cache.core.apply_replicated_removal("s", "stored elsewhere")
+    shared.replica.apply_replicated_removal("s", "stored elsewhere")
     assert cache.get("stored elsewhere", scope="s") is None
 
 
@@ -81,17 +81,17 @@ class RemovedWhileRead(Recording):
 
 
 @pytest.mark.parametrize("removal", [
-    lambda core: core.clear("s"),
-    lambda core: core.invalidate("s", "stored elsewhere"),
-    lambda core: core.apply_replicated_clear(None),
-    lambda core: core.apply_replicated_removal("s", "stored elsewhere"),
+    lambda replica: replica.core.clear("s"),
+    lambda replica: replica.core.invalidate("s", "stored elsewhere"),
+    lambda replica: replica.apply_replicated_clear(None),
+    lambda replica: replica.apply_replicated_removal("s", "stored elsewhere"),
 ], ids=["clear", "invalidate", "replicated clear", "replicated removal"])
 def test_an_entry_read_from_the_shared_store_before_a_removal_is_not_kept_after_it(fake_embedder, removal):
     vector = fake_embedder.encode(["stored elsewhere"])[0]
     entry = SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)
     cache = make(fake_embedder, RemovedWhileRead([entry], removal))
     assert cache.get("stored elsewhere", scope="s") is None  # the removal stands
-    cache.shared.during = lambda core: None
+    cache.shared.during = lambda replica: None
     cache.shared.elsewhere.clear()
     assert cache.get("stored elsewhere", scope="s") is None  # and nothing was kept here
 
@@ -99,7 +99,7 @@ def test_an_entry_read_from_the_shared_store_before_a_removal_is_not_kept_after_
 def test_a_removal_of_something_else_leaves_a_read_from_the_shared_store_alone(fake_embedder):
     vector = fake_embedder.encode(["stored elsewhere"])[0]
     entry = SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)
-    cache = make(fake_embedder, RemovedWhileRead([entry], lambda core: core.clear("other")))
+    cache = make(fake_embedder, RemovedWhileRead([entry], lambda replica: replica.core.clear("other")))
     hit = cache.get("stored elsewhere", scope="s")
     assert hit is not None and hit.exact and hit.response == "their answer"
 

@@ -396,7 +396,7 @@ class Recording:
         self.closed = 0
 
     def attach(self, replica) -> None:
-        self.held_at_attach.append(len(replica.table))
+        self.held_at_attach.append(len(replica.core.table))
         self.inner.attach(replica)
 
     def close(self) -> None:

@@ -165,7 +165,7 @@ def test_a_revoke_applied_from_another_replica_ends_the_credentials_kept_verdict
     checks = upstream.checks
     state = proxy.app.state
     holder = state.config.tenancy.identify({"authorization": GOOD}).holder
-    state.proxy.cache._core.apply_replicated_clear(holder, under=True)
+    state.proxy.cache._core.replica.apply_replicated_clear(holder, under=True)
     again = ask(proxy, "What is the launch code?")
     assert again.headers["x-gpucache"] == "miss"  # its entries went with the clear
     assert upstream.checks == checks + 1  # and the credential was checked again
