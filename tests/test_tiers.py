@@ -60,6 +60,7 @@ TIERS: dict[str, str] = {
     "gpucache.cache.onloop": ENGINE,
     "gpucache.cache.replication": ENGINE,
     "gpucache.cache.replicated": ENGINE,
+    "gpucache.cache.upkeep": ENGINE,
     "gpucache.cache.saving": ENGINE,
     "gpucache.cache.semantic": ENGINE,
     "gpucache.cache.snapshot": ENGINE,

@@ -6,9 +6,9 @@ get-or-load flows (flow.py), whose drivers (drivers.py) run the operations defin
 collaborators and settings, the lock, the entry table over the index, single-flight, the
 counters and the clock; the lookups (``Lookup``, lookup.py: ``find`` for plain lookups,
 ``find_and_claim`` for get-or-load ones, each with one return type; from an event loop,
-onloop.py) and the claims taken on what they found (claims.py); stores after a load; the
-upkeep. The snapshot's capture and restore are
-saving.py's. Public to the package; input is not checked here (the facade has done it).
+onloop.py) and the claims taken on what they found (claims.py); stores after a load. Removals
+and counts are ``upkeep``'s (upkeep.py); the snapshot's capture and restore are saving.py's.
+Public to the package; input is not checked here (the facade has done it).
 
 Locking: one re-entrant lock (``lock``) guards the entries, the index and the counters. The
 embedder, the verifier, the content policy and the caller's loader never run under it, so a
@@ -38,7 +38,8 @@ from gpucache.cache.replicated import ReplicaSide
 from gpucache.cache.replication import ClearedPrefixes, LocalOnly, RemovalFence, Replication
 from gpucache.cache.served import Keep, LoaderAnswer
 from gpucache.cache.settings import CacheSettings
-from gpucache.cache.stats import CacheStats, StatsCounter
+from gpucache.cache.stats import StatsCounter
+from gpucache.cache.upkeep import Upkeep
 from gpucache.conversation.context import ContextMatcher
 from gpucache.conversation.value import request_of
 from gpucache.devices import DeviceLike, resolve_device
@@ -110,6 +111,7 @@ class CacheCore:
         self.flights: SingleFlight[bytes, str] = SingleFlight()
         self.shared: Replication = LocalOnly()
         self.replica = ReplicaSide(self, lambda: self.shared)  # this cache among others (replicated.py)
+        self.upkeep = Upkeep(self)  # removals here and everywhere, purges, counts (upkeep.py)
         self.lookup = Lookup(
             lock=self.lock, table=self.table, store=self.store, embedder=self.embedder,
             verifier=self.verifier, counters=lambda: self.counters, top_k=s.top_k, now=self.now,
@@ -134,61 +136,9 @@ class CacheCore:
         """Lookup batches computed so far (the coalescer's count; a server exports it)."""
         return self.onloop.coalescer.batches
 
-    # ----------------------------------------------------------------------------- upkeep
-
-    def invalidate(self, scope: str, prompt: str) -> bool:
-        """Remove the entry stored under exactly ``prompt`` in ``scope``, here and on every
-        replica; True if there was one here."""
-        with self.lock:  # the fence, the queued event and the removal as one step (fetched)
-            self.fence.removed(scope, prompt)
-            self.shared.removed(scope, prompt)  # and on every replica, wherever it was stored
-            return self.table.remove(scope, prompt)
-
-    def may_hold(self, scope: str, prompt: str) -> bool:
-        """Whether an entry may be stored under exactly ``prompt``, without the lock
-        (``SemanticCache.may_hold``)."""
-        return self.table.may_hold(scope, prompt)
-
-    def clear(self, scope: str | None) -> None:
-        with self.lock:
-            self.fence.cleared(scope)
-            self.shared.cleared(scope)
-            self.table.clear(scope)
-
-    def clear_under(self, prefix: str) -> int:
-        """Remove every entry whose scope is ``prefix`` or under it, here and on every replica
-        (one clear of the prefix: another replica may hold scopes under it this one never saw,
-        and Redis their records); how many were removed here."""
-        with self.lock:
-            found = self.table.under(prefix)
-            self.fence.cleared(prefix, under=True)
-            self.cleared_prefixes.cleared(prefix)
-            self.shared.cleared(prefix, under=True)
-            self.table.drop(found)
-        return len(found)
-
     def close(self) -> None:
         self.shared.close()
         self.onloop.close()
-
-    def purge_expired(self) -> int:
-        with self.lock:
-            return self.table.purge_expired(self.now())
-
-    def live_entries(self) -> int:
-        """How many entries are stored and unexpired (expired ones are dropped first)."""
-        with self.lock:
-            self.table.purge_expired(self.now())
-            return len(self.table)
-
-    def stats(self) -> CacheStats:
-        with self.lock:
-            self.table.purge_expired(self.now())
-            return self.counters.snapshot(
-                entries=len(self.table),
-                scan_retries=self.store.scan_retries,
-                cpu_fallbacks=self.store.cpu_fallbacks,
-            )
 
     # ----------------------------------------------------------------------------- snapshots
 

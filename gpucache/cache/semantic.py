@@ -265,22 +265,22 @@ class SemanticCache(GetOrLoad):
 
     def invalidate(self, prompt: Prompt, *, scope: str | None = None) -> bool:
         """Remove the entry stored under exactly ``prompt`` in ``scope``; True if there was one."""
-        return self._core.invalidate(check_scope(scope), check_prompt(prompt))
+        return self._core.upkeep.invalidate(check_scope(scope), check_prompt(prompt))
 
     def may_hold(self, prompt: Prompt, *, scope: str | None = None) -> bool:
         """True where an entry is stored under exactly ``prompt`` in ``scope`` (it may have
         expired): answered without the lock, so an event loop may ask while a scan runs. For
         admission decisions (a server under load still takes exact repeats), never for serving."""
-        return self._core.may_hold(check_scope(scope), check_prompt(prompt))
+        return self._core.upkeep.may_hold(check_scope(scope), check_prompt(prompt))
 
     def clear(self, scope: str | None = None) -> None:
         """Remove every entry, or only those of ``scope`` when one is given."""
-        self._core.clear(None if scope is None else check_scope(scope))
+        self._core.upkeep.clear(None if scope is None else check_scope(scope))
 
     def clear_under(self, prefix: str) -> int:
         """Remove every entry of scope ``prefix`` or under it (``prefix/...``: a tenant's, where
         scopes start with the tenant as a server's do), here and on replicas; how many here."""
-        return self._core.clear_under(check_scope(prefix))
+        return self._core.upkeep.clear_under(check_scope(prefix))
 
     def close(self) -> None:
         """Stop what runs in the background (the share's threads, the exact tier's thread);
@@ -295,14 +295,14 @@ class SemanticCache(GetOrLoad):
 
     def purge_expired(self) -> int:
         """Drop expired entries now (they are never served either way); returns how many."""
-        return self._core.purge_expired()
+        return self._core.upkeep.purge_expired()
 
     def __len__(self) -> int:
-        return self._core.live_entries()
+        return self._core.upkeep.live_entries()
 
     def stats(self) -> CacheStats:
         """The counters: hits by tier, misses, loads, rejections by rule, refusals, timings."""
-        return self._core.stats()
+        return self._core.upkeep.stats()
 
     # ----------------------------------------------------------------------------- snapshots
 

@@ -81,8 +81,8 @@ class RemovedWhileRead(Recording):
 
 
 @pytest.mark.parametrize("removal", [
-    lambda replica: replica.core.clear("s"),
-    lambda replica: replica.core.invalidate("s", "stored elsewhere"),
+    lambda replica: replica.core.upkeep.clear("s"),
+    lambda replica: replica.core.upkeep.invalidate("s", "stored elsewhere"),
     lambda replica: replica.apply_replicated_clear(None),
     lambda replica: replica.apply_replicated_removal("s", "stored elsewhere"),
 ], ids=["clear", "invalidate", "replicated clear", "replicated removal"])
@@ -99,7 +99,7 @@ def test_an_entry_read_from_the_shared_store_before_a_removal_is_not_kept_after_
 def test_a_removal_of_something_else_leaves_a_read_from_the_shared_store_alone(fake_embedder):
     vector = fake_embedder.encode(["stored elsewhere"])[0]
     entry = SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)
-    cache = make(fake_embedder, RemovedWhileRead([entry], lambda replica: replica.core.clear("other")))
+    cache = make(fake_embedder, RemovedWhileRead([entry], lambda replica: replica.core.upkeep.clear("other")))
     hit = cache.get("stored elsewhere", scope="s")
     assert hit is not None and hit.exact and hit.response == "their answer"
 
