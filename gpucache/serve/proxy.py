@@ -31,8 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable
 from typing import Any, cast
 
 from gpucache.conversation.value import Prompt
@@ -74,7 +73,7 @@ from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
 from gpucache.serve.streams import Relay, Streams, UpstreamPieces
 from gpucache.serve.tenancy import Identity
-from gpucache.serve.upstream import Upstream, UpstreamUnavailable
+from gpucache.serve.upstream import Upstream, UpstreamUnavailable, calling_upstream
 
 log = logging.getLogger("gpucache.serve")
 # Answers of timed-out lookups waiting to be stored after they were sent: each store embeds,
@@ -93,23 +92,6 @@ def storable(kind: str, response: Any, control: CacheControl) -> str | None:
         return None
     allowed = isinstance(text, str) and may_store(finish, replayable, control, response.headers)
     return text if allowed else None
-
-
-@contextmanager
-def calling_upstream(ex: Exchange, what: str) -> Iterator[None]:
-    """A call to the upstream: its wait counted as the upstream's, and an error of any kind
-    turned into ``UpstreamUnavailable`` (a 502), so the cache sees the loader's errors as one
-    kind and a broken call never fails open into a second upstream request."""
-    begun = time.perf_counter()
-    try:
-        yield
-    except UpstreamUnavailable:
-        raise
-    except Exception as exc:
-        log.exception("gpucache: %s failed", what)
-        raise UpstreamUnavailable(502, f"{what} failed: {type(exc).__name__}") from exc
-    finally:
-        ex.waited_upstream(time.perf_counter() - begun)
 
 
 class Proxy:
@@ -341,14 +323,14 @@ class Proxy:
     async def send_upstream(self, ex: Exchange) -> httpx.Response:
         """The exchange's request to the upstream, its wait counted as the upstream's; an error
         of any kind is ``UpstreamUnavailable`` (what the proxy answers 502 or 504 for)."""
-        with calling_upstream(ex, "the upstream request"):
+        with calling_upstream(ex.waited_upstream, "the upstream request"):
             return await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
 
     async def open_stream(self, ex: Exchange, relay: Relay) -> Stream[Any] | ServeOnly[PassedThrough]:
         """The exchange's stream opened upstream: its headers and pieces (``Streams.pieces``),
         or, where the upstream answered with an error status, that answer, served only."""
         begun = time.perf_counter()  # the stream's first event is timed from here too
-        with calling_upstream(ex, "the upstream stream"):
+        with calling_upstream(ex.waited_upstream, "the upstream stream"):
             response = await self.upstream.open(ex.endpoint, ex.headers, ex.raw, params=ex.query)
         if response.status_code != 200:
             try:

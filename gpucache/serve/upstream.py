@@ -7,8 +7,10 @@ upstream's own error status is an answer like any other, passed through unchange
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 
 from gpucache.extras import missing
 
@@ -17,6 +19,7 @@ try:
 except ImportError as exc:  # the serve extra
     raise missing("serve", __name__, exc) from exc
 
+log = logging.getLogger("gpucache.serve")
 
 # Request headers that belong to one hop, or that the proxy sets itself
 HOP_HEADERS = frozenset(
@@ -45,6 +48,24 @@ class UpstreamUnavailable(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+@contextmanager
+def calling_upstream(waited: Callable[[float], None], what: str) -> Iterator[None]:
+    """A call to the upstream: its wait handed to ``waited`` (an exchange counts it as the
+    upstream's), and an error of any kind turned into ``UpstreamUnavailable`` (a 502), so the
+    cache sees the loader's errors as one kind and a broken call never fails open into a second
+    upstream request."""
+    begun = time.perf_counter()
+    try:
+        yield
+    except UpstreamUnavailable:
+        raise
+    except Exception as exc:
+        log.exception("gpucache: %s failed", what)
+        raise UpstreamUnavailable(502, f"{what} failed: {type(exc).__name__}") from exc
+    finally:
+        waited(time.perf_counter() - begun)
 
 
 def forwarded(headers: Mapping[str, str]) -> dict[str, str]:
