@@ -18,23 +18,36 @@ upkeep) and hands this object to the replication it attaches.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from gpucache.cache.claims import Claims
-from gpucache.cache.replication import Replication, SharedEntry
+from gpucache.cache.entries import EntryTable
+from gpucache.cache.flight import SingleFlight
+from gpucache.cache.replication import ClearedPrefixes, RemovalFence, Replication, SharedEntry
+from gpucache.embedding.model import Embedder
 from gpucache.keys import prompt_key
 
-if TYPE_CHECKING:
-    from gpucache.cache.core import CacheCore
-    from gpucache.embedding.model import Embedder
+
+class ReplicaCore(Protocol):
+    """The state a replica's steps run on (``CacheCore`` in core.py is the one). A protocol, so
+    that this module needs nothing from the core's: the core builds this side, not the reverse."""
+
+    lock: Any
+    table: EntryTable
+    fence: RemovalFence
+    cleared_prefixes: ClearedPrefixes
+    flights: SingleFlight[bytes, str]
+    embedder: Embedder
+
+    def now(self) -> float: ...
 
 
 class ReplicaSide:
     """The replica face of ``core`` (see the module's docstring); every step under its lock."""
 
-    def __init__(self, core: CacheCore, shared: Callable[[], Replication]) -> None:
+    def __init__(self, core: ReplicaCore, shared: Callable[[], Replication]) -> None:
         """``shared``: the replication attached now (it is attached after construction, or
         after a restore)."""
         self.core = core

@@ -10,18 +10,34 @@ facade (semantic.py) calls it as ``core.upkeep``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from gpucache.cache.stats import CacheStats
+from gpucache.cache.entries import EntryTable
+from gpucache.cache.replication import ClearedPrefixes, RemovalFence, Replication
+from gpucache.cache.stats import CacheStats, StatsCounter
+from gpucache.index.store import ExactScanStore
 
-if TYPE_CHECKING:
-    from gpucache.cache.core import CacheCore
+
+class UpkeepCore(Protocol):
+    """The state the removals and counts run on (``CacheCore`` in core.py is the one). A
+    protocol, so that this module needs nothing from the core's: the core builds it, not the
+    reverse."""
+
+    lock: Any
+    table: EntryTable
+    fence: RemovalFence
+    cleared_prefixes: ClearedPrefixes
+    shared: Replication
+    counters: StatsCounter
+    store: ExactScanStore
+
+    def now(self) -> float: ...
 
 
 class Upkeep:
     """The removals and counts of ``core`` (see the module's docstring)."""
 
-    def __init__(self, core: CacheCore) -> None:
+    def __init__(self, core: UpkeepCore) -> None:
         self.core = core
 
     def invalidate(self, scope: str, prompt: str) -> bool:
