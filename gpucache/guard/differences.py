@@ -330,23 +330,28 @@ def _passive(p: Parsed) -> tuple[str, str, str] | None:
 
 
 def _patient(before: tuple[str, ...], content: set[str]) -> str | None:
-    """The last content word before a passive's verb; a word in -ly is passed over only where
-    a content word stands right before it, the patient it follows ("was the city quickly
-    invaded"): "was Italy conquered", "was the family helped" name the patient in -ly."""
+    """The last content word before a verb (a passive's patient, an active's subject); a word
+    in -ly is passed over only where a content word stands before it, the role it follows ("was
+    the city quickly invaded", "Italy was quickly conquered", "did Rome quickly conquer"): "was
+    Italy conquered", "was the family helped" name the patient in -ly."""
     for k in range(len(before) - 1, -1, -1):
         x = before[k]
-        if x in content and not (adverb(x) and k > 0 and before[k - 1] in content):
+        if x in content and not (adverb(x) and any(w in content for w in before[:k])):
             return x
     return None
 
 
 def _active(p: Parsed, verb: str) -> tuple[str, str] | None:
+    """(subject, object) either side of ``verb`` in a clause without "by": the subject read as
+    a passive's patient is (an adverb in -ly after it passed over), the object the next
+    content word."""
     if "by" in p.tokens:
         return None
     content = [t for t in p.tokens if t in p.content]
     for i, t in enumerate(content):
         if _verb(t) == verb and 0 < i < len(content) - 1:
-            return content[i - 1], content[i + 1]
+            subject = _patient(tuple(content[:i]), set(content))
+            return (subject, content[i + 1]) if subject is not None else None
     return None
 
 

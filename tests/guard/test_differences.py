@@ -192,6 +192,8 @@ def test_the_qualifier_one_prompt_adds(text, only, alone, span):
     ("Was Italy conquered by Rome?", ("conquer", "italy", "rome")),  # a name in -ly
     ("Was the family helped by the state?", ("help", "family", "state")),
     ("Was the family quickly helped by the state?", ("help", "family", "state")),
+    ("Italy was quickly conquered by Rome", ("conquer", "italy", "rome")),  # the adverb after "was"
+    ("Was the dog bitten by the man?", ("bit", "dog", "man")),  # an irregular participle
     ("Did the Romans conquer the Gauls?", None),
     ("The Romans conquered by the Gauls", None),  # no form of "be"
     ("by the way, who won", None),
@@ -205,6 +207,19 @@ def test_an_active_clause_is_the_words_either_side_of_its_verb():
     assert differences._active(parsed("Did the Romans conquer the Gauls?"), "conquer") == ("roman", "gaul")
     assert differences._active(parsed("Did the Romans conquer?"), "conquer") is None  # no object
     assert differences._active(parsed("Were the Romans conquered by the Gauls?"), "conquer") is None
+    assert differences._active(parsed("Did Rome quickly conquer Italy?"), "conquer") == ("rome", "italy")
+    assert differences._active(parsed("Did Italy conquer Rome?"), "conquer") == ("italy", "rome")
+    assert differences._active(parsed("Conquer the Gauls"), "conquer") is None  # no subject
+
+
+@pytest.mark.parametrize("a, b, roles", [
+    ("Did the man bite the dog?", "Was the man bitten by the dog?", ("man", "dog")),  # irregular
+    ("Did the dog hate the cat?", "Was the dog hated by the cat?", ("dog", "cat")),  # four letters in e
+    ("Did Rome quickly conquer Italy?", "Rome was quickly conquered by Italy", ("rome", "italy")),
+    ("Did Rome quickly conquer Italy?", "Italy was quickly conquered by Rome", None),  # the same roles
+])
+def test_the_roles_exchanged_across_the_voice_of_a_verb(a, b, roles):
+    assert differences.voice_roles(parsed(a), parsed(b)) == roles
 
 
 def test_a_named_kind_read_through_its_adverb_only_past_five_letters():
@@ -275,6 +290,10 @@ def test_a_shared_word_that_hangs_from_another_shared_head(a, b, changed):
     ("bake in a pot bread", ("pot",), ()),
     ("bake bread pot in a", ("pot",), ()),  # the restricting word after the added word
     ("bake bread bread in a bread pot", ("bread", "pot"), ()),  # one "bread" is shared, and the last
+    ("bread bake in a bread pot", ("bread", "pot"), ()),  # the second "bread" is the shared one
+    ("bake fresh bread in a pot", ("fresh", "pot"), ()),  # an added word before the last shared one
+    ("pasta with cheese sauce", ("sauce",), ()),  # "with" opens the shared word's phrase
+    ("in a cast iron pot", ("cast", "iron", "pot"), ("cast", "iron", "pot")),  # nothing shared
 ])
 def test_the_qualifier_that_closes_a_prompt(text, only, span):
     assert differences._trailing_span(parsed(text), only) == span

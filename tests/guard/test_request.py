@@ -57,6 +57,7 @@ def test_the_strings_one_edit_away_are_ranked_as_typing_slips_are_common():
     ("abcde", "abcdefg", False), ("abcde", "axcye", False), ("abcde", "adcbe", False),
     ("abcde", "abced", True), ("abcde", "abdcx", False),  # a swap and a change are two edits
     ("abcde", "xbcdey", False), ("abcde", "abcde", False),
+    ("abcd", "axcde", False),  # a change and a letter more, the change at the second letter
 ])
 def test_two_words_one_edit_apart(x, y, apart):
     assert one_edit_apart(x, y) is apart and one_edit_apart(y, x) is apart

@@ -9,7 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucache.guard.parsing import parse
-from gpucache.guard.shapes import one_increasing_subsequence, reordered, substitutions, variants
+from gpucache.guard.shapes import (
+    coordinated,
+    joined,
+    one_increasing_subsequence,
+    reordered,
+    substitutions,
+    variants,
+)
 
 
 def longest_increasing(xs: list[int]) -> int:
@@ -93,3 +100,22 @@ def moved(a: str, b: str) -> tuple[str, ...]:
 ])
 def test_shared_words_moved(a, b, words):
     assert moved(a, b) == words
+
+
+@pytest.mark.parametrize("a, b, one_word", [
+    (("inbox",), ("in", "box"), True), (("in", "box"), ("inbox",), True),  # either side
+    (("into",), ("in", "to"), False),  # four letters: two short words of their own
+    (("inbox",), ("in", "bo"), False), (("inbox",), ("inbox",), False),
+])
+def test_one_word_of_five_letters_or_more_written_apart_on_the_other_side(a, b, one_word):
+    assert joined(a, b) is one_word
+
+
+def test_a_number_is_never_coordinated_even_with_a_word():
+    assert coordinated(("python", "or", "java"), "python", "java")
+    assert not coordinated(("divide", "10", "and", "apples"), "10", "apples")
+    assert not coordinated(("divide", "apples", "and", "10"), "apples", "10")
+
+
+def test_nothing_substitutes_for_an_empty_side():
+    assert substitutions((), ("x",)) == [] and substitutions(("x",), ()) == []

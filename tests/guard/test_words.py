@@ -79,6 +79,7 @@ def test_a_shorthand_line_without_both_forms_is_named(line):
 
 def test_a_shorthand_line_reads_its_first_comma_and_drops_its_comment():
     assert request._shorthand("\nU ,  you all # the plural\nw/, with\n") == {"u": "you all", "w/": "with"}
+    assert request._shorthand("u, you # a comment # with a second mark\n") == {"u": "you"}  # from the first
     assert request._shorthand("a, b, c\n") == {"a": "b, c"}
 
 
@@ -87,6 +88,14 @@ def test_a_category_section_must_be_a_known_kind_and_words_before_any_section_ar
         differences._categories("[entity]\npython\n[colour]\nred\n")
     kinds = differences._categories("stray words\n[entity]\nPython  Beijing # comment\n[tone]\n")
     assert kinds == {"entity": frozenset({"python", "beij"}), "tone": frozenset()}
+    kinds = differences._categories("[entity]\nPython # a comment # with a second mark\n")
+    assert kinds == {"entity": frozenset({"python"})}  # a comment starts at the first mark
+
+
+@pytest.mark.parametrize("word, is_adverb", [("badly", True), ("automatically", True), ("ugly", False),
+                                             ("fly", False), ("lying", False)])
+def test_an_adverb_is_a_word_of_five_letters_or_more_in_ly(word, is_adverb):
+    assert words.adverb(word) is is_adverb
 
 
 def test_a_framing_section_is_its_own_lines_only():
