@@ -61,7 +61,9 @@ def _categories(text: str | None = None) -> dict[str, frozenset[str]]:
     kind = None
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
-        if line.startswith("[") and line.endswith("]"):
+        if line.startswith("[") != line.endswith("]"):
+            raise ValueError(f"{CATEGORY_FILE}: a section's name is bracketed at both ends: {line}")
+        if line.startswith("["):
             kind = line[1:-1]
             if kind not in KINDS:
                 raise ValueError(f"{CATEGORY_FILE}: unknown section [{kind}]")

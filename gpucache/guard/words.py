@@ -94,11 +94,13 @@ INTERCHANGEABLE_CLASSES = [
 TABLE_FILE = "interchangeable.txt"
 
 
-def _confusable_pairs() -> tuple[tuple[str, ...], ...]:
-    """confusables.txt: groups of words a letter apart that mean different things."""
+def _confusable_pairs(text: str | None = None) -> tuple[tuple[str, ...], ...]:
+    """confusables.txt (or ``text`` in its form): groups of words a letter apart that mean
+    different things."""
     from importlib import resources
 
-    text = resources.files(__package__).joinpath("confusables.txt").read_text("utf-8")
+    if text is None:
+        text = resources.files(__package__).joinpath("confusables.txt").read_text("utf-8")
     groups = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from gpucache import CacheStats, Hit, SemanticCache, ThresholdOnly
+from gpucache import CacheStats, Hit, SemanticCache, ThresholdOnly, Verdict
 
 
 class Clock:
@@ -306,6 +306,7 @@ def test_the_default_verifier_is_the_lexical_guard(fake_embedder):
 def test_threshold_only_serves_whatever_passes_the_threshold():
     assert ThresholdOnly().verify("to", "from", 0.9) is True
     assert ThresholdOnly().name == "threshold-only"
+    assert ThresholdOnly().explain("to", "from") == Verdict(False, "threshold-only")  # accepted, by name
 
 
 # --------------------------------------------------------------------- writes

@@ -212,6 +212,15 @@ def test_an_active_clause_is_the_words_either_side_of_its_verb():
     assert differences._active(parsed("Conquer the Gauls"), "conquer") is None  # no subject
 
 
+def test_a_role_is_the_last_content_word_before_its_verb_an_adverb_passed_over_after_one():
+    content = {"italy", "quickly", "rome", "family"}
+    assert differences._patient(("italy", "was", "quickly"), content) == "italy"
+    assert differences._patient(("was", "family"), content) == "family"
+    assert differences._patient(("was", "quickly"), content) == "quickly"  # nothing before it: the role
+    assert differences._patient(("was", "the"), content) is None
+    assert differences._patient((), content) is None  # nothing before the verb
+
+
 @pytest.mark.parametrize("a, b, roles", [
     ("Did the man bite the dog?", "Was the man bitten by the dog?", ("man", "dog")),  # irregular
     ("Did the dog hate the cat?", "Was the dog hated by the cat?", ("dog", "cat")),  # four letters in e

@@ -681,6 +681,8 @@ def test_clauses_moved_whole_are_told_from_words_scrambled():
     assert clauses_moved([6, 7, 8, 3, 4, 5, 0, 1, 2])  # three clauses, reversed
     assert not clauses_moved([1, 0, 2, 3, 4, 5])  # one word out of place
     assert not clauses_moved([3, 4, 0, 1, 2])  # a run of two words is a phrase, not a clause
+    assert not clauses_moved([2, 3, 4, 0, 1])  # ... wherever the two words stand
+    assert not clauses_moved([0, 1, 2, 3])  # nothing moved
     assert not clauses_moved([9, 10, 11, 6, 7, 8, 3, 4, 5, 0, 1, 2])  # four blocks: too many
 
 
@@ -801,3 +803,23 @@ def test_a_verifier_names_what_it_leaves_out():
         LexicalNearMissVerifier(skip="added")
     with pytest.raises(ValueError, match=r"unknown rules \['colour'\]; the rules are symbols, payload, numbers, "):
         LexicalNearMissVerifier(skip=("colour",))
+
+
+def test_context_before_a_request_and_reworded_instructions_are_accepted_as_such():
+    """The verdict is the accepted rule's own (rejected is False, not merely falsy)."""
+    assert V.explain("I have been at this for 2 hours. It is not working. How do I reset my password?",
+                     "How do I reset my password?") == Verdict(False, "context")
+    assert V.explain("Here is my situation. Explain how to reset my password.",
+                     "Here is my situation. Tell me how to reset my password.") == Verdict(False, "rewording")
+
+
+def test_context_and_instructions_are_read_through_the_table_as_the_request_is():
+    """A synonym of a category word in the context names that category ("attorney" is a
+    lawyer: an audience); without the table (the report's ablation) both prompts are read as
+    written, the context and the instructions alike."""
+    pair = ("I am an attorney. How do I write a contract?", "How do I write a contract?")
+    assert V.explain(*pair).rule == "audience"
+    plain = LexicalNearMissVerifier(table=False)
+    assert plain.explain(*pair) == Verdict(False, "context")
+    assert plain.explain("Here is my situation. Compose the steps to reset my password.",
+                         "Here is my situation. Compose how to reset my password.") == Verdict(False, "rewording")

@@ -70,6 +70,11 @@ def test_two_forms_of_one_word(x, y, same):
     # a form of one word or a joined word at the front, a substitution after them
     (("help", "me", "reset", "password"), ("helpful", "me", "reset", "username"), [("password", "username")]),
     (("multi", "year", "me", "password"), ("multiyear", "me", "username"), [("password", "username")]),
+    # ... and after them (a word's form beside a substitution, wherever each stands)
+    (("reset", "my", "help"), ("change", "my", "helpful"), [("reset", "change")]),
+    # a word added before and another dropped after is more than a swap (the ends that match
+    # are trimmed from the ends inward, never across)
+    (("reset", "now", "password"), ("please", "reset", "password"), []),
     ((), ("x",), []),
 ])
 def test_the_substitutions_that_align_two_prompts(a, b, subs):
@@ -95,6 +100,8 @@ def moved(a: str, b: str) -> tuple[str, ...]:
      ("delta",)),
     ("alpha delta bravo echo golf hotel in charlie foxtrot", "in charlie foxtrot alpha bravo delta echo golf hotel",
      ("delta", "foxtrot")),
+    # the phrase passed over as moved whole, the words after it are still read
+    ("in charlie foxtrot alpha delta bravo echo golf", "alpha bravo delta echo golf in charlie foxtrot", ("delta",)),
     ("alpha delta bravo echo golf hotel with charlie foxtrot",
      "in charlie foxtrot alpha bravo delta echo golf hotel", ("delta", "charlie", "foxtrot")),
 ])

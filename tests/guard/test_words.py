@@ -90,6 +90,16 @@ def test_a_category_section_must_be_a_known_kind_and_words_before_any_section_ar
     assert kinds == {"entity": frozenset({"python", "beij"}), "tone": frozenset()}
     kinds = differences._categories("[entity]\nPython # a comment # with a second mark\n")
     assert kinds == {"entity": frozenset({"python"})}  # a comment starts at the first mark
+    with pytest.raises(ValueError, match=r"bracketed at both ends: \[entity"):
+        differences._categories("[entity\npython\n")  # not a line of words, nor read as one
+    with pytest.raises(ValueError, match=r"bracketed at both ends: entity\]"):
+        differences._categories("[tone]\nentity]\n")
+
+
+def test_a_confusables_line_is_one_group_and_drops_its_comment():
+    assert words._confusable_pairs("# groups\n Affect, effect # verb / noun\n\nfrom,form\n") == (
+        ("affect", "effect"), ("from", "form"))
+    assert words._confusable_pairs("bear, beer # a comment # with a second mark\n") == (("bear", "beer"),)
 
 
 @pytest.mark.parametrize("word, is_adverb", [("badly", True), ("automatically", True), ("ugly", False),
