@@ -235,7 +235,7 @@ def named_kinds(words: tuple[str, ...], names: frozenset[str]) -> list[tuple[str
     return found
 
 
-def restricted_span(p: Parsed, only: tuple[str, ...], alone: bool = False) -> tuple[str, ...]:
+def restricted_span(p: Parsed, only: tuple[str, ...], *, alone: bool) -> tuple[str, ...]:
     """The words of ``only`` that a restricting word opens ("without eggs", "under 100
     words") in ``p``: the qualifier one prompt adds; where ``alone`` (the other prompt adds
     nothing), also a qualifier that closes the prompt ("in a cast iron pot", "that runs

@@ -180,6 +180,10 @@ def parsed(text: str):
     ("How do I bake bread in a cast iron pot", ("cast", "iron", "pot"), True, ("cast", "iron", "pot")),
     ("How do I bake bread in a cast iron pot", ("cast", "iron", "pot"), False, ()),  # closing: only alone
     ("bread", (), True, ()),
+    # each added word is read as often as it was added: a second "eggs" is a shared word
+    ("a cake without eggs, then eggs for breakfast", ("egg",), False, ("egg",)),
+    ("a cake without eggs and a pie without eggs", ("egg", "egg"), False, ("egg", "egg")),
+    ("a cake without eggs and a pie without eggs", ("egg",), False, ("egg",)),
 ])
 def test_the_qualifier_one_prompt_adds(text, only, alone, span):
     assert differences.restricted_span(parsed(text), only, alone=alone) == span
@@ -194,6 +198,13 @@ def test_the_qualifier_one_prompt_adds(text, only, alone, span):
     ("Was the family quickly helped by the state?", ("help", "family", "state")),
     ("Italy was quickly conquered by Rome", ("conquer", "italy", "rome")),  # the adverb after "was"
     ("Was the dog bitten by the man?", ("bit", "dog", "man")),  # an irregular participle
+    ("The city was conquered by Rome", ("conquer", "city", "rome")),  # no content word two before "by"
+    ("The ancient city was quickly conquered by Rome", ("conquer", "city", "rome")),  # "be" four words back
+    ("Was the ancient stone city conquered by Rome?", None),  # five back: no passive
+    ("Was the old stone bridge over the river destroyed by the flood?", None),  # "be" far before the verb
+    ("By the way, was the city conquered by Rome?", ("conquer", "city", "rome")),  # the second "by"
+    ("Was the city conquered by", None),  # no agent
+    ("It was conquered by Rome", None),  # no patient
     ("Did the Romans conquer the Gauls?", None),
     ("The Romans conquered by the Gauls", None),  # no form of "be"
     ("by the way, who won", None),
@@ -223,6 +234,7 @@ def test_a_role_is_the_last_content_word_before_its_verb_an_adverb_passed_over_a
 
 @pytest.mark.parametrize("a, b, roles", [
     ("Did the man bite the dog?", "Was the man bitten by the dog?", ("man", "dog")),  # irregular
+    ("Was the man bitten by the dog?", "Did the man bite the dog?", ("man", "dog")),  # either way round
     ("Did the dog hate the cat?", "Was the dog hated by the cat?", ("dog", "cat")),  # four letters in e
     ("Did Rome quickly conquer Italy?", "Rome was quickly conquered by Italy", ("rome", "italy")),
     ("Did Rome quickly conquer Italy?", "Italy was quickly conquered by Rome", None),  # the same roles
@@ -264,6 +276,9 @@ def test_a_percentage_asked_in_one_prompt_and_given_in_the_other(a, b, changed):
     ("cats or dogs", "dogs and cats", False),  # other words joined
     ("and x", "or x", False),  # nothing before the joining word
     ("x and", "x or", False),  # nothing after it
+    ("cats and dogs", "birds or dogs", False),  # the word before differs
+    ("cats and dogs", "cats or birds", False),  # the word after differs
+    ("I like cats and dogs", "I love cats or dogs", True),  # the words around the pair differ
 ])
 def test_the_same_two_words_joined_by_and_in_one_and_or_in_the_other(a, b, changed):
     assert differences.coordination_changed(parsed(a), parsed(b)) is changed
@@ -275,6 +290,7 @@ def test_the_same_two_words_joined_by_and_in_one_and_or_in_the_other(a, b, chang
     ("explain in detail the war", {}),  # an instruction's word is no head
     ("write about dogs in Paris", {"paris": {("dog", "in")}}),
     ("in Paris", {}),
+    ("to Paris from London", {}),  # a chain from the prompt's first word
 ])
 def test_a_word_hangs_from_the_head_before_its_directional_word(text, attached):
     assert differences._attached(parsed(text)) == attached
@@ -286,6 +302,10 @@ def test_a_word_hangs_from_the_head_before_its_directional_word(text, attached):
     ("a bed for a dog with a sensitive stomach", "for a dog with a sensitive stomach, a bed", None),  # moved whole
     ("flights to Paris from London", "flights to London from Paris", None),  # a chain: no roles
     ("born in Paris", "Paris, where I was born", None),  # no head on one side
+    # a word whose head is reached another way ("cooking for dogs" / "with dogs") is passed over,
+    # and the words after it are still read
+    ("born in Paris and moved to London, cooking for dogs", "born in London and moved to Paris, cooking with dogs",
+     ("london", "mov to", "born in")),
 ])
 def test_a_shared_word_that_hangs_from_another_shared_head(a, b, changed):
     assert differences.roles_changed(parsed(a), parsed(b)) == changed
@@ -306,3 +326,13 @@ def test_a_shared_word_that_hangs_from_another_shared_head(a, b, changed):
 ])
 def test_the_qualifier_that_closes_a_prompt(text, only, span):
     assert differences._trailing_span(parsed(text), only) == span
+
+
+def test_two_prompts_aligned_are_the_words_each_adds_and_how_many_they_share():
+    """Framing words ("explain") are set aside from what differs and from the shared count,
+    and counted in ``framed``; a word led by a digit is the numbers rule's, not compared here."""
+    assert differences.align(parsed("explain how a mutex locks a thread"),
+                             parsed("explain how a semaphore locks a thread")) == differences.Difference(
+        ("mutex",), ("semaphore",), shared=2, framed=3)
+    assert differences.align(parsed("buy a 5g phone"), parsed("buy a phone")) == differences.Difference(
+        (), (), shared=2, framed=2)

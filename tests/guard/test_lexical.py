@@ -811,6 +811,7 @@ def test_context_before_a_request_and_reworded_instructions_are_accepted_as_such
                      "How do I reset my password?") == Verdict(False, "context")
     assert V.explain("Here is my situation. Explain how to reset my password.",
                      "Here is my situation. Tell me how to reset my password.") == Verdict(False, "rewording")
+    assert V.explain("tea or coffee for breakfast", "coffee or tea for breakfast") == Verdict(False, "rewording")
 
 
 def test_context_and_instructions_are_read_through_the_table_as_the_request_is():

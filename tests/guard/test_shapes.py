@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from gpucache.guard.parsing import parse
 from gpucache.guard.shapes import (
     coordinated,
+    crossed,
     joined,
     one_increasing_subsequence,
     reordered,
@@ -126,3 +127,17 @@ def test_a_number_is_never_coordinated_even_with_a_word():
 
 def test_nothing_substitutes_for_an_empty_side():
     assert substitutions((), ("x",)) == [] and substitutions(("x",), ()) == []
+
+
+@pytest.mark.parametrize("a, b, pair", [
+    ("miles to km", "km to miles", ("mi", "km")),  # two shared words are enough
+    # the first pair crossed, read past a pair kept in order
+    ("travel from Paris via Lyon to Rome", "travel from Rome to Paris via Lyon", ("paris", "rome")),
+    ("convert 100 euros to dollars for my summer trip budget today please",  # eight content words
+     "convert 100 dollars to euros for my summer trip budget today please", ("eur", "usd")),
+    ("convert 100 euros to dollars for my long summer trip budget today please",  # nine: abstains
+     "convert 100 dollars to euros for my long summer trip budget today please", None),
+    ("upgrade from 4g to 5g", "upgrade from 5g to 4g", None),  # number-led words: the numbers rule's
+])
+def test_two_shared_words_crossed_over_a_directional_word(a, b, pair):
+    assert crossed(parse(a), parse(b)) == pair
