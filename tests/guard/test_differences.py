@@ -139,6 +139,10 @@ def words_of(text: str) -> str:
     ("Alpha here.", "Bravo there.", None),  # nothing shared
     ("Shared one. Alpha here.", "Shared one.", None),  # one side has nothing left: extra_segments' case
     ("Shared one. Shared two.", "Shared one. Shared two.", None),
+    ("Alpha. S1. S2.", "Bravo. S1. S2.", ("Alpha.", "Bravo.")),  # two shared at the end
+    # the shared end is trimmed from the ends inward, never across to a sentence that moved
+    ("Moved. Alpha. End.", "Bravo. Moved. End.", ("Moved. Alpha.", "Bravo. Moved.")),
+    ("Bravo. Moved. End.", "Moved. Alpha. End.", ("Bravo. Moved.", "Moved. Alpha.")),
 ])
 def test_the_sentences_that_differ_between_shared_ones(a, b, rests):
     assert differences.differing_segments(a, b, words_of) == rests
@@ -149,6 +153,7 @@ def test_the_sentences_that_differ_between_shared_ones(a, b, rests):
     ("The request.", "The request. More asked.", ("tail", ("More asked.",))),
     ("The request.", "The request.", None),
     ("The request.", "Other thing. Another thing.", None),
+    ("Context first. The request. Its detail.", "The request. Its detail.", ("lead", ("Context first.",))),
 ])
 def test_the_whole_sentences_one_text_has_more(a, b, extra):
     assert differences.extra_segments(a, b, words_of) == extra
@@ -160,6 +165,22 @@ def test_the_whole_sentences_one_text_has_more(a, b, extra):
 ])
 def test_a_misspelling_no_dictionary_knows_is_written_as_the_other_sides_word(a, b):
     assert differences.reconcile(a, b) == (a, a)
+
+
+def test_misspellings_are_mended_only_where_at_most_400_pairs_of_words_differ():
+    """The pass compares each word one side has with each the other lacks: bounded, so a long
+    prompt against another costs no more than 400 comparisons (past it, left as typed)."""
+    letters = "bcdfghjklmnpqrstvwxz"
+    filler_a = [f"ya{x}{y}o" for x in letters for y in letters]
+    filler_b = [f"uo{x}{y}e" for x in letters for y in letters]
+
+    def mended(differ_a: int, differ_b: int) -> bool:
+        a = "deploy on kubernetes " + " ".join(filler_a[: differ_a - 1])
+        b = "deploy on kubernets " + " ".join(filler_b[: differ_b - 1])
+        return "kubernetes" in differences.reconcile(a, b)[1]
+
+    assert mended(20, 20) and mended(1, 400)
+    assert not mended(20, 21) and not mended(1, 401)
 
 
 def test_words_that_are_no_misspelling_of_each_other_are_left_as_typed():

@@ -814,6 +814,23 @@ def test_context_before_a_request_and_reworded_instructions_are_accepted_as_such
     assert V.explain("tea or coffee for breakfast", "coffee or tea for breakfast") == Verdict(False, "rewording")
 
 
+def test_a_name_told_by_its_capital_alone_counts_in_a_near_identical_edit_only():
+    """Capitals are typed loosely, and a question asked at more length often names what the
+    shorter leaves implied: an unknown capitalised word is a name where the edit is small."""
+    assert V.explain("best Zorblax 3DS games", "best 3DS games").rule == "entity"
+    long_edit = V.explain("What games should I play", "What games should I play on my new Zorblax handheld tonight")
+    assert long_edit.rule == "time"  # the time it adds decides, not the capital
+
+
+def test_a_word_added_to_two_to_four_shared_words_asks_for_more():
+    assert V.explain("cook rice beans pot", "cook rice beans pot quickly").rule == "added"  # four shared: the band's edge
+
+
+def test_a_constraint_names_the_words_of_the_side_that_restricts():
+    assert V.explain("How do I bake bread without eggs", "How do I bake bread").words == ("egg",)
+    assert V.explain("How do I bake bread", "How do I bake bread without eggs").words == ("egg",)
+
+
 def test_context_and_instructions_are_read_through_the_table_as_the_request_is():
     """A synonym of a category word in the context names that category ("attorney" is a
     lawyer: an audience); without the table (the report's ablation) both prompts are read as
@@ -822,5 +839,6 @@ def test_context_and_instructions_are_read_through_the_table_as_the_request_is()
     assert V.explain(*pair).rule == "audience"
     plain = LexicalNearMissVerifier(table=False)
     assert plain.explain(*pair) == Verdict(False, "context")
+    assert plain.explain("Compose a haiku about autumn", "Compose a haiku on autumn").rule == "rewording"
     assert plain.explain("Here is my situation. Compose the steps to reset my password.",
                          "Here is my situation. Compose how to reset my password.") == Verdict(False, "rewording")
