@@ -68,6 +68,14 @@ def test_a_misspelling_is_mended_up_to_the_longest_prompt_mended():
     at_limit = body + " " * (MAX_MEND_CHARS - len(body))
     assert request_text(at_limit).startswith("How do I receive a parcel?")
     assert request_text(at_limit + " ") == at_limit + " "  # one character more: as written
+    exact = ("I recieve " + "a " * MAX_MEND_CHARS)[:MAX_MEND_CHARS]  # the mender itself, at its bound
+    assert request.mend_spelling(exact).startswith("I receive")
+    assert request.mend_spelling(exact + "a") == exact + "a"
+
+
+def test_a_name_ending_in_a_capital_keeps_it_where_framing_is_cut_after_it():
+    assert request.strip_framing("Tell me about Malcolm X, thanks") == "Tell me about Malcolm X"
+    assert request.strip_framing("Tell me about Malcolm X thanks") == "Tell me about Malcolm X"
 
 
 def test_a_prompt_of_the_memos_length_is_kept_and_one_longer_is_not():
