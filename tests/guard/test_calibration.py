@@ -315,3 +315,16 @@ def test_the_split_is_the_same_on_every_machine_and_takes_any_text():
                                         ("x", "y"), ("capital of Peru", "capital of Chile"), ("1", "2"))]
     assert folds == [0, 1, 1, 1, 0, 0]
     assert fold_of("\ud800 lone", "surrogate \udfff") in (0, 1)  # a lone surrogate is text too
+
+
+def test_among_points_that_serve_as_many_the_highest_threshold_and_fewest_rules_skipped_come_first():
+    """Ties are broken the same way on every run: more hits, then a higher threshold, then
+    fewer rules skipped, then the first set of rules in ``skip_sets()``'s order; where no point
+    keeps the false hits within the budget, there is none."""
+    sets = skip_sets()
+    singles = [s for s in sets if len(s) == 1]
+    served_by_any_one = [Scored(1, 900, {s: len(s) >= 1 for s in sets}) for _ in range(10)]
+    far_below = [Scored(0, 500, {s: True for s in sets}) for _ in range(60)]  # a budget of no false hit
+    assert best_point(served_by_any_one + far_below, 0.05) == (900, singles[0])
+    at_the_top = [Scored(0, 1000, {s: True for s in sets})] + far_below[1:]  # served at every threshold
+    assert best_point(served_by_any_one + at_the_top, 0.05) is None
