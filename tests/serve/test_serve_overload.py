@@ -6,6 +6,7 @@ client, with the stand-in upstream holding its answers until released (an event,
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -69,8 +70,6 @@ def test_past_max_concurrency_requests_are_shed_and_repeats_still_served(real_em
 def raw_request(url: str, text: str, key: str = "k"):
     """A chat request sent on a socket of its own, which the caller closes to hang up."""
     import json
-    import socket
-
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"model": "smol", "messages": [{"role": "user", "content": text}]}).encode()
     sock = socket.create_connection((host, int(port)))
@@ -99,8 +98,6 @@ def test_a_client_that_hangs_up_frees_its_slot_and_cancels_its_upstream_request(
 
 
 def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
-    import socket
-
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", max_concurrency=8, max_tenant_concurrency=1)
         app = create_app(config, cache_factory=lambda: SemanticCache(
@@ -116,12 +113,7 @@ def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
                     {"role": "user", "content": "The greedy key's second question"}])
             assert shed.value.status_code == 503 and shed.value.body["code"] == "overloaded"
             # shed from its headers: a large body is never read, its connection closed
-            late = socket.create_connection(("127.0.0.1", proxy.port))
-            late.settimeout(30)
-            late.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-greedy\r\n"
-                         b"content-type: application/json\r\ncontent-length: 5000000\r\n\r\n{")  # no more
-            head, _, _ = read_to_close(late).partition(b"\r\n\r\n")
-            late.close()
+            head = head_of_a_withheld_body(proxy.port, "sk-greedy")
             assert head.startswith(b"HTTP/1.1 503 ") and b"connection: close" in head.lower()
             # another key still has room
             assert ask(proxy.url, "Another key's question meanwhile").headers["x-gpucache"] == "miss"
@@ -132,8 +124,6 @@ def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
 def test_a_connection_that_trickles_or_withholds_its_headers_is_closed_and_others_are_not(real_embedder):
     """The slowloris attack: connections that send nothing, or half a request head, are closed
     after ``header_timeout``; a request whose answer takes longer than that is not cut."""
-    import socket
-
     from gpucache.serve.connections import header_deadline
 
     with Served(make_upstream()) as upstream:
@@ -164,6 +154,18 @@ def test_a_connection_that_trickles_or_withholds_its_headers_is_closed_and_other
             assert ask(proxy.url, "A prompt question after all that").headers["x-gpucache"] == "miss"
 
 
+def head_of_a_withheld_body(port: int, key: str) -> bytes:
+    """The head of the answer to a chat request that declares a 5 MB body and sends one byte of
+    it, read until the server closes the connection: a request refused from its headers."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + key.encode()
+                 + b"\r\ncontent-type: application/json\r\ncontent-length: 5000000\r\n\r\n{")  # no more
+    head, _, _ = read_to_close(sock).partition(b"\r\n\r\n")
+    sock.close()
+    return head
+
+
 def read_to_close(sock) -> bytes:
     """Everything the server sends until it closes the connection."""
     out = b""
@@ -178,8 +180,6 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408_and_its_connection_
     connection and its buffered bytes only ``body_timeout`` seconds: it is answered 408
     (``request_timeout``), counted, the connection closed, and nothing reaches the upstream,
     on a cached endpoint and on a passthrough path alike."""
-    import socket
-
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", body_timeout=0.5)
         app = create_app(config, cache_factory=lambda: SemanticCache(
@@ -233,8 +233,6 @@ def test_bodies_past_the_budget_all_requests_share_are_shed_and_given_back_when_
     its connection closed, and nothing reaches the upstream; once the first body is complete
     and answered its bytes are given back, and the refused request, sent again, is served."""
     import json
-    import socket
-
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", max_body_bytes=64 * 1024,
                                max_buffered_bytes=96 * 1024, retry_after=2)
@@ -290,8 +288,6 @@ def test_a_credential_past_its_rate_is_answered_429_before_its_body_and_others_a
     Retry-After (``rate_limit_exceeded``), counted, from its headers alone (a large body is
     never read: the connection is closed), and nothing reaches the upstream; another key, and
     the keys' exact repeats, are served as before."""
-    import socket
-
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", tenant_rate=0.001, tenant_burst=2)
         app = create_app(config, cache_factory=lambda: SemanticCache(
@@ -312,12 +308,7 @@ def test_a_credential_past_its_rate_is_answered_429_before_its_body_and_others_a
             assert limited.value.body["code"] == "rate_limit_exceeded"
             assert 990 <= int(limited.value.response.headers["retry-after"]) <= 1000
 
-            sock = socket.create_connection(("127.0.0.1", proxy.port))
-            sock.settimeout(30)
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-flood\r\n"
-                         b"content-type: application/json\r\ncontent-length: 5000000\r\n\r\n{")  # no more
-            head, _, _ = read_to_close(sock).partition(b"\r\n\r\n")
-            sock.close()
+            head = head_of_a_withheld_body(proxy.port, "sk-flood")
             assert head.startswith(b"HTTP/1.1 429 ") and b"connection: close" in head.lower()
             assert len(upstream.app.state.calls) == calls  # nothing went upstream
 
