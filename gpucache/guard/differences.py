@@ -344,9 +344,9 @@ def _patient(before: tuple[str, ...], content: set[str]) -> str | None:
 
 
 def _active(p: Parsed, verb: str) -> tuple[str, str] | None:
-    """(subject, object) either side of ``verb`` in a clause without "by": the subject read as
-    a passive's patient is (an adverb in -ly after it passed over), the object the next
-    content word."""
+    """(subject, object) either side of ``verb`` in a clause without "by": the subject found
+    as ``_patient`` finds a passive's patient (an adverb in -ly after it passed over), the
+    object the next content word."""
     if "by" in p.tokens:
         return None
     content = [t for t in p.tokens if t in p.content]
