@@ -12,7 +12,8 @@ Only whole framing segments at the start and the end of a prompt are dropped (a 
 a sentence mark or a comma followed by a space), never text in the middle, so a pasted payload
 is left as it is; a prompt that is all framing is kept whole. Misspellings are mended only
 where a lowercase word of six letters or more is in no dictionary and one edit away from a
-word that is (pyspellchecker's English word list, shipped data): "pasword" -> "password";
+word that is clearly the likeliest meant (pyspellchecker's English word list and counts, shipped
+data; ``mended``): "pasword" -> "password", "reqest" -> "request";
 "desert" and "dessert" are both words and stay apart. ``typo_pair`` tells the guard where two
 words neither dictionary knows are one word typed two ways ("kubernets" / "kubernetes").
 Everything is a pure function of the text and shipped data: no floating point, no ``hash()``.
@@ -140,28 +141,50 @@ def dictionary() -> Mapping[str, int]:
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def one_edit(word: str) -> list[tuple[int, str]]:
-    """Every string one edit away, with the edit's kind ranked as typing slips are common:
-    two letters transposed (0), a letter too many (1), a letter missing (2), a letter wrong (3)."""
+def one_edit(word: str) -> set[str]:
+    """Every string one edit away: two neighbouring letters transposed, a letter too many, a
+    letter missing, a letter wrong."""
     splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
-    out = [(0, a + b[1] + b[0] + b[2:]) for a, b in splits if len(b) > 1 and b[0] != b[1]]
-    out += [(1, a + b[1:]) for a, b in splits if b]
-    out += [(2, a + c + b) for a, b in splits for c in _LETTERS]
-    out += [(3, a + c + b[1:]) for a, b in splits if b for c in _LETTERS if c != b[0]]
-    return [(kind, w) for kind, w in out if w != word]
+    out = {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1}
+    out |= {a + b[1:] for a, b in splits if b}
+    out |= {a + c + b for a, b in splits for c in _LETTERS}
+    out |= {a + c + b[1:] for a, b in splits if b for c in _LETTERS}
+    out.discard(word)
+    return out
+
+
+_RUN = re.compile(r"(.)\1+")
+# A doubled letter typed once or a letter typed twice ("adress", "untill") is the commonest slip
+# (Damerau 1964; Kukich 1992): such a word counts this many times its frequency.
+DOUBLING_WEIGHT = 4
+# The likeliest word is taken only where it is at least this many times as likely as the next:
+# two words about as likely ("acount": "count" or "account"?) leave the word as written, and the
+# guard's ``typo_pair`` still finds it one slip from the other side's word.
+CLEAR_LEAD = 2
+
+
+def likelihood(word: str, candidate: str, frequency: int) -> int:
+    """How likely ``candidate`` is what was meant by ``word``, one edit away: how often it is
+    seen, times ``DOUBLING_WEIGHT`` where the slip is a doubled letter. Integers only, so the
+    choice is the same on every machine."""
+    doubling = len(candidate) != len(word) and _RUN.sub(r"\1", candidate) == _RUN.sub(r"\1", word)
+    return frequency * (DOUBLING_WEIGHT if doubling else 1)
 
 
 @lru_cache(maxsize=65536)
 def mended(word: str) -> str:
-    """The word, or where it is in no dictionary the dictionary word one edit away, the
-    likeliest slip first and then the most frequent word (ties by the word itself, so the
-    choice is the same everywhere)."""
+    """The word, or where it is in no dictionary the likeliest dictionary word one edit away
+    (``likelihood``), where it is clearly the likeliest (``CLEAR_LEAD``): "reqest" is "request",
+    not the rarer "reest" that a letter dropped would also give."""
     if (not _MEND_MIN <= len(word) <= MEND_MAX_LETTERS or not word.isalpha() or word in dictionary()
             or word in CONFUSABLES or (stem(word),) in TABLE):  # a spelling the interchangeable table knows
         return word
     freq = dictionary()
-    found = [(kind, -freq[w], w) for kind, w in one_edit(word) if w in freq and w not in CONFUSABLES]
-    return min(found)[2] if found else word
+    ranked = sorted((-likelihood(word, w, freq[w]), w) for w in one_edit(word)
+                     if w in freq and w not in CONFUSABLES)
+    if not ranked or (len(ranked) > 1 and -ranked[1][0] * CLEAR_LEAD > -ranked[0][0]):
+        return word
+    return ranked[0][1]
 
 
 _TYPO_MIN = 5

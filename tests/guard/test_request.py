@@ -4,8 +4,6 @@ its edges (the mutation run found them unwritten)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 
 from gpucache.guard import request
@@ -39,14 +37,47 @@ def test_framing_is_cut_from_both_ends(prompt, text):
     assert request_text(prompt) == text
 
 
-def test_the_strings_one_edit_away_are_ranked_as_typing_slips_are_common():
-    kinds = Counter(kind for kind, _ in one_edit("abc"))
-    assert kinds == {0: 2, 1: 3, 2: 4 * 26, 3: 3 * 25}  # transposed, too many, missing, wrong
-    edits = dict((w, kind) for kind, w in one_edit("abc"))
-    assert edits["bac"] == edits["acb"] == 0 and edits["ab"] == edits["bc"] == 1
-    assert edits["abcd"] == edits["xabc"] == 2 and edits["abd"] == edits["xbc"] == 3
-    assert [w for kind, w in one_edit("aab") if kind == 0] == ["aba"]  # equal letters: no swap
-    assert "aab" not in dict((w, k) for k, w in one_edit("aab"))
+def test_the_strings_one_edit_away_are_every_slip_of_one_letter():
+    edits = one_edit("abc")
+    assert {"bac", "acb"} <= edits and {"ab", "bc", "ac"} <= edits  # transposed, a letter too many
+    assert {"abcd", "xabc", "abxc"} <= edits and {"abd", "xbc"} <= edits  # missing, wrong
+    assert len(edits) == len(set(edits)) and "abc" not in edits and "cba" not in edits
+    assert "aab" not in one_edit("aab")  # equal letters swapped are the word itself
+
+
+@pytest.mark.parametrize("typed, meant", [
+    ("pyhton", "python"),  # two letters transposed
+    ("untill", "until"),  # a letter too many
+    ("pasword", "password"),  # a letter missing
+    ("seperate", "separate"),  # a letter wrong
+    ("reqest", "request"),  # the likeliest word, not the first slip ("reest": a letter dropped)
+    ("adress", "address"),  # a doubled letter typed once outweighs a commoner word ("dress")
+    ("acount", "account"),  # ... ("count")
+    ("resett", "reset"),  # a letter typed twice outweighs a commoner word ("resent")
+    ("throught", "throught"),  # "thought" or "through", about as likely: left as written
+    ("nything", "nything"),  # "anything" or "nothing": left as written
+    ("kubernets", "kubernets"),  # no dictionary word one edit away
+])
+def test_a_misspelling_is_mended_to_the_clearly_likeliest_word_or_left(typed, meant):
+    assert request.mended(typed) == meant
+
+
+def test_a_word_is_taken_only_at_twice_the_likelihood_of_the_next(monkeypatch):
+    words = {"alpha": 0, "bravo": 0}  # two words taken as one edit from "alphaxx"
+    monkeypatch.setattr(request, "dictionary", lambda: words)
+    monkeypatch.setattr(request, "one_edit", lambda word: {"alpha", "bravo"})
+    for first, second, taken in ((20, 10, "alpha"), (19, 10, "alphaxx"), (10, 20, "bravo")):
+        words.update(alpha=first, bravo=second)
+        request.mended.cache_clear()
+        assert request.mended("alphaxx") == taken
+    request.mended.cache_clear()
+
+
+def test_a_doubling_slip_counts_four_times_its_frequency():
+    assert request.likelihood("adress", "address", 10) == 40  # a doubled letter typed once
+    assert request.likelihood("untill", "until", 10) == 40  # a letter typed twice
+    assert request.likelihood("adress", "dress", 10) == 10  # a letter too many, not a doubling
+    assert request.likelihood("seperate", "separate", 10) == 10
 
 
 @pytest.mark.parametrize("x, y, apart", [
