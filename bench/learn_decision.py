@@ -134,7 +134,8 @@ def main() -> None:
         score[folds == k] = x[folds == k] @ beta[:-1] + beta[-1]
     scores = {id(p): s for p, s in zip(decided, score)}
     flags = f"{'--maxsim ' if args.maxsim else ''}--floor {args.floor}"
-    lines = [f"# {__doc__.splitlines()[0]}", "", f"`python3 bench/learn_decision.py {flags}`; {label()}", "",
+    lines = ["# A decision learned from tuning data, beside the guard's rules", "",
+             f"`python3 bench/learn_decision.py {flags}`; {label()}", "",
              "Rewordings / near-misses served, five-fold cross-validated on tuning data. *cut c*: the "
              "model serves a pair the vetoes let pass whose score is above c logits. *rules*: today's "
              f"guard at {DEFAULT_THRESHOLD}. *T*: near-misses a threshold alone serves at the model's "

@@ -1,9 +1,11 @@
 """The ``gpucache`` command: ``demo`` (the main job), ``serve`` (the caching proxy),
-``calibrate`` (the threshold and soft rules from your own labelled pairs), ``info``.
+``calibrate`` (the threshold and soft rules from your own labelled pairs), ``explain`` (whether
+the cache would serve one prompt's answer for another, and why), ``info``.
 
     gpucache demo [--model standin|smollm2] [--device auto] [--batch-size 16] [--limit N]
     gpucache calibrate PAIRS.jsonl [--budget 0.01] [--out gpucache.toml]
     gpucache serve --upstream http://127.0.0.1:8000/v1 [--config gpucache.toml] [--<setting> ...]
+    gpucache explain "STORED PROMPT" "ASKED PROMPT" [--config gpucache.toml] [--no-embed]
     gpucache info [--config gpucache.toml]
 
 The benchmarks that write the repository's reports (the false-hit benchmark, the speed
@@ -281,6 +283,53 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_explain(args: argparse.Namespace) -> int:
+    """The cache's decision on one pair, as a lookup makes it: the prompt stored, the prompt
+    asked, what of each the cache reads as the request, their similarity beside the threshold,
+    and the guard's verdict with the rule that decided (the same ``explain`` the cache counts
+    its refusals by)."""
+    from gpucache.cache.settings import CacheSettings, read_settings_file
+    from gpucache.cache.validation import check_prompt
+    from gpucache.guard.settings import GuardSettings
+
+    settings, guard, model = CacheSettings(), GuardSettings(), None
+    try:
+        if args.config:
+            settings, guard, model = read_settings_file(args.config)
+        for what, prompt in (("the stored prompt", args.stored), ("the asked prompt", args.asked)):
+            check_prompt(prompt, what)
+    except ValueError as exc:
+        print(f"gpucache explain: {exc}", file=sys.stderr)
+        return 2
+    threshold = settings.threshold if args.threshold is None else args.threshold
+    verifier = guard.build()
+    requests = [verifier.request(args.stored), verifier.request(args.asked)]
+    print(f"stored     {args.stored!r}\n  request  {requests[0]!r}")
+    print(f"asked      {args.asked!r}\n  request  {requests[1]!r}")
+    similarity = None
+    if not args.no_embed:
+        from transformers.utils import logging as hf_logging
+
+        from gpucache import TransformerEmbedder
+        from gpucache.devices import resolve_device
+
+        hf_logging.disable_progress_bar()
+        embedder = TransformerEmbedder(*([model] if model else []), device=resolve_device(args.device))
+        vectors = embedder.encode(requests)
+        similarity = float((vectors[0] * vectors[1]).sum())
+        print(f"similarity {similarity:.3f} of the requests (threshold {threshold})")
+    verdict = verifier.explain(args.stored, args.asked)
+    print(f"guard      {verdict}")
+    if similarity is not None and similarity < threshold:
+        print("decision   a miss: below the threshold, the guard is not asked")
+    elif verdict.rejected:
+        print(f"decision   a miss: the guard refuses ({verdict.rule})")
+    else:
+        print("decision   served" if similarity is not None else
+              "decision   the guard serves it where the similarity reaches the threshold")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpucache", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -319,6 +368,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(serve)  # every setting, from its dataclass field
     serve.set_defaults(run=_cmd_serve)
+
+    explain = sub.add_parser("explain", help="would the cache serve one prompt's answer for another, and why")
+    explain.add_argument("stored", help="the prompt whose answer the cache holds")
+    explain.add_argument("asked", help="the prompt asked now")
+    explain.add_argument("--config", default=None, metavar="TOML",
+                         help="the [cache] threshold and [guard] skip_rules of this settings file")
+    explain.add_argument("--threshold", type=float, default=None,
+                         help="the similarity a candidate needs (default: the settings' threshold)")
+    explain.add_argument("--no-embed", action="store_true",
+                         help="the guard's verdict alone, without loading the embedder")
+    explain.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
+    explain.set_defaults(run=_cmd_explain)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")
     info.add_argument("--config", default=None, metavar="TOML",

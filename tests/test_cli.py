@@ -1,7 +1,7 @@
 """The command line (gpucache/cli.py): the info command end to end, and every command as the
 README's first command installs the package, with no extra (tests/test_tiers.py blocks the same
 libraries). The demo command is tested with the demo (tests/demo/), calibrate with the guard
-(tests/guard/), serve with the server (tests/serve/)."""
+(tests/guard/), serve with the server (tests/serve/); explain here."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def run_cli(*args: str, blocked: list[str] | None = None) -> subprocess.Complete
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["calibrate"], ["serve"], ["info"]])
+@pytest.mark.parametrize("command", [[], ["demo"], ["calibrate"], ["serve"], ["explain"], ["info"]])
 def test_every_commands_help_works_with_no_extra_installed(command):
     result = run_cli(*command, "--help", blocked=NO_EXTRA)
     assert result.returncode == 0, result.stderr
@@ -55,3 +55,43 @@ def test_info_reports_device_and_no_gpu_without_error_with_no_extra_installed():
     device = resolve_device("auto")
     expected = resolve_quantization("auto", device, 384)
     assert f"quantization='auto' stores {expected} on {device}" in result.stdout
+
+
+def test_explain_names_the_rule_that_refuses_a_near_miss_with_no_extra_installed():
+    result = run_cli("explain", "how many grams in 3 cups of flour", "how many grams in 4 cups of flour",
+                     "--no-embed", blocked=NO_EXTRA)
+    assert result.returncode == 0, result.stderr
+    assert "guard      reject (numbers): numbers differ: 3 vs 4" in result.stdout
+    assert "decision   a miss: the guard refuses (numbers)" in result.stdout
+
+
+def test_explain_embeds_the_requests_and_serves_a_rewording_above_the_threshold():
+    result = run_cli("explain", "What is the boiling point of water at sea level?",
+                     "hi! what's the boiling point of water at sea level? thanks a lot")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(None, 1) for line in result.stdout.splitlines() if not line.startswith("  "))
+    similarity = float(lines["similarity"].split()[0])
+    assert similarity >= 0.875 and "(threshold 0.875)" in lines["similarity"]
+    assert "  request  \"what's the boiling point of water at sea level?\"" in result.stdout
+    assert lines["guard"].startswith("accept") and lines["decision"] == "served"
+
+
+def test_explain_reads_the_threshold_and_the_skipped_rules_of_a_settings_file(tmp_path):
+    config = tmp_path / "gpucache.toml"
+    config.write_text("[cache]\nthreshold = 0.99\n\n[guard]\nskip_rules = [\"substitution\"]\n")
+    pair = ("which vitamins are in spinach", "which minerals are in spinach")
+    plain = run_cli("explain", *pair, "--no-embed")
+    assert "guard      reject (substitution)" in plain.stdout
+    skipped = run_cli("explain", *pair, "--config", str(config))
+    assert skipped.returncode == 0, skipped.stderr
+    assert "guard      accept" in skipped.stdout and "(threshold 0.99)" in skipped.stdout
+    assert "decision   a miss: below the threshold" in skipped.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["  ", "what is rust"], "the stored prompt must not be empty"),
+    (["what is rust", "what is go", "--config", "/nonexistent/gpucache.toml"], "cannot be read"),
+])
+def test_explain_refuses_what_it_cannot_read_with_a_clear_error(args, message):
+    result = run_cli("explain", *args, "--no-embed")
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
