@@ -197,7 +197,7 @@ def run(core: FlowCore, flow: Flow[T], load: BatchLoad | None = None, open_: Ope
     while step.next():
         assert step.op is not None
         if isinstance(step.op, Relay):
-            return cast(T, _loading(step, step.op.stream, _pieces(core, step, step.op.stream)))
+            return cast(T, _loading(step, step.op, _pieces(core, step, step.op.stream)))
         try:
             step.done(_call(core, step.op, load, open_))
         except BaseException as exc:
@@ -214,7 +214,7 @@ async def arun(
     while step.next():
         assert step.op is not None
         if isinstance(step.op, Relay):
-            return cast(T, _loading(step, step.op.stream, _AsyncPieces(core, step, step.op.stream)))
+            return cast(T, _loading(step, step.op, _AsyncPieces(core, step, step.op.stream)))
         try:
             step.done(await _acall(core, step.op, load, open_))
         except BaseException as exc:
@@ -222,8 +222,9 @@ async def arun(
     return cast(T, step.result)
 
 
-def _loading(step: _Stepper, stream: Stream[Any], pieces: Any) -> Loaded[Any]:
-    return Loaded(stream.value, pieces=pieces, lookup_seconds=step.lookup_seconds or 0.0)
+def _loading(step: _Stepper, relay: Relay, pieces: Any) -> Loaded[Any]:
+    return Loaded(relay.stream.value, pieces=pieces, lookup_seconds=step.lookup_seconds or 0.0,
+                  refused=relay.refused)
 
 
 def _pieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> Iterator[str]:

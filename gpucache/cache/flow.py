@@ -86,6 +86,7 @@ class Open:
 @dataclass(frozen=True)
 class Relay:
     stream: Stream[Any]
+    refused: str = ""  # the verifier's refusal on this prompt's lookup, for ``Loaded.refused``
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,8 @@ def _open() -> Flow[Stream[Any] | ServeOnly[Any]]:
     return cast("Stream[Any] | ServeOnly[Any]", (yield Open()))
 
 
-def _relay(stream: Stream[Any]) -> Flow[LoaderAnswer[Any]]:
-    return cast("LoaderAnswer[Any]", (yield Relay(stream)))
+def _relay(stream: Stream[Any], refused: str) -> Flow[LoaderAnswer[Any]]:
+    return cast("LoaderAnswer[Any]", (yield Relay(stream, refused)))
 
 
 def _wait(future: Future[str]) -> Flow[str]:
@@ -212,7 +213,8 @@ def get_or_load(
                 raise
             if loading:
                 failed = yield from _finish(claims, answers, ttl)
-                served.update((p, Loaded(_value(a), failed=failed)) for p, a in zip(loading, answers))
+                served.update((p, Loaded(_value(a), failed=failed, refused=claims.found.refused.get(p, "")))
+                              for p, a in zip(loading, answers))
         retry = []
         for key, future in claims.elsewhere.items():
             prompt = claims.prompt_of[key]
@@ -245,9 +247,10 @@ def stream(prompt: str, scope: str, threshold: float, ttl: float | None = None) 
         if prompt in adopted:
             return Joined(adopted[prompt])
         opened = yield from _open()
-        answer = opened if isinstance(opened, ServeOnly) else (yield from _relay(opened))
+        refused = claims.found.refused.get(prompt, "")
+        answer = opened if isinstance(opened, ServeOnly) else (yield from _relay(opened, refused))
     except BaseException as exc:
         yield Abort(claims, _abandoned(exc))
         raise
     failed = yield from _finish(claims, [answer], ttl)
-    return Loaded(opened.value, failed=failed)
+    return Loaded(opened.value, failed=failed, refused=refused)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,9 @@ class Findings:
     unique: tuple[str, ...]  # distinct, first-seen order
     vectors: torch.Tensor  # (len(unique), D), zero rows for exact hits; empty where all were
     hits: Mapping[str, Hit | None]
+    # each miss whose best candidate at the threshold the verifier refused: that refusal's rule
+    # (what the proxy's x-gpucache-refused header says; only this request's scope was scanned)
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     def ordered(self) -> list[Hit | None]:
         """Each prompt's hit or None, in input order."""
@@ -139,20 +142,24 @@ class Lookup:
                 found.update(self._search(scope, prompts, embedded[[row_of[p] for p in prompts]], now, least))
         # no lock held: the verifier (pure, about 0.1 ms a candidate with the guard) judges what the
         # scan found, so many candidates never hold up the other lookups, stores and exact repeats
-        chosen: dict[tuple[int, str], Candidate | None] = {}
+        chosen: dict[tuple[int, str], Candidate | Verdict | None] = {}
         rejections: dict[str, int] = {}
         for (scope, prompt), candidates in found.items():
             for i in need[(scope, prompt)]:
                 chosen[(i, prompt)] = self._verify(prompt, candidates, requests[i].threshold, rejections)
+        refused: list[dict[str, str]] = [{} for _ in requests]
         with self.lock:
             now = self.now()
             counters = self.counters()
             for rule, n in rejections.items():
                 counters.rejections[rule] += n
             for (i, prompt), candidate in chosen.items():
+                if isinstance(candidate, Verdict):
+                    refused[i][prompt] = candidate.rule
+                    candidate = None
                 hits[i][prompt] = self._served(candidate, now)
-            findings = [Findings(r.scope, r.prompts, u, v, MappingProxyType(h))
-                        for r, u, v, h in zip(requests, unique, vectors, hits)]
+            findings = [Findings(r.scope, r.prompts, u, v, MappingProxyType(h), MappingProxyType(f))
+                        for r, u, v, h, f in zip(requests, unique, vectors, hits, refused)]
             for request, finding in zip(requests, findings):
                 if request.count:
                     _count(counters, finding)
@@ -196,18 +203,21 @@ class Lookup:
 
     def _verify(
         self, prompt: str, candidates: list[Candidate], threshold: float, rejections: dict[str, int]
-    ) -> Candidate | None:
-        """The best candidate above ``threshold`` that the verifier accepts, or None; each
+    ) -> Candidate | Verdict | None:
+        """The best candidate above ``threshold`` that the verifier accepts; where it refused
+        every one, its verdict on the best; None where none reached the threshold. Each
         rejection counted into ``rejections`` by its rule. No lock held."""
+        first: Verdict | None = None
         for candidate in candidates:
             if candidate.similarity < threshold:
                 break
             verdict = self._judge(candidate.entry.prompt, prompt, candidate.similarity)
             if not verdict.rejected:
                 return candidate
+            first = first or verdict
             rejections[verdict.rule] = rejections.get(verdict.rule, 0) + 1
             log.debug("verifier rejected %r for %r: %s", candidate.entry.prompt, prompt, verdict)
-        return None
+        return first
 
     def _judge(self, cached: str, new: str, similarity: float) -> Verdict:
         """The decision on one candidate, evaluated once: the verifier's on the two requests;

@@ -115,12 +115,15 @@ class Loaded(Generic[T]):
     """This call ran the loader. ``value``: what the loader gave back. ``pieces``: for a
     streaming load, the chunks to pass on (iterate them to the end, or close them to give the
     load up). ``failed``: the answer was served but keeping it failed (the cache's error, for
-    the caller to log or count; the loader's own errors are raised, never put here)."""
+    the caller to log or count; the loader's own errors are raised, never put here).
+    ``refused``: where the verifier refused the best stored prompt at the threshold, the rule
+    that did (``Verdict.rule``); empty where none reached it."""
 
     value: T | None
     pieces: Pieces | Iterator[str] | None = None
     failed: Exception | None = field(default=None, compare=False)
     lookup_seconds: float = field(default=0.0, compare=False)
+    refused: str = ""
 
 
 @dataclass(frozen=True)

@@ -101,16 +101,18 @@ def respond(ex: Exchange | None, outcome: Outcome, max_concurrency: int) -> Resp
             wire.completion(ex.kind, ex.body["model"], outcome.answer), headers={"x-gpucache": "miss"}
         )
     assert isinstance(outcome, Loaded)
+    # why a stored prompt was not served: the rule, never the prompt (only the caller's own
+    # scope was scanned, so it tells nothing of another tenant)
+    refused = {"x-gpucache-refused": outcome.refused} if outcome.refused else {}
     if outcome.stream is not None:
         return StreamingResponse(
             outcome.stream,
             status_code=outcome.status,
             media_type="text/event-stream",
-            headers={**returned(outcome.headers or {}), "x-gpucache": "miss"},
+            headers={**returned(outcome.headers or {}), "x-gpucache": "miss", **refused},
         )
-    return Response(
-        outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
-    )
+    headers = {**returned(outcome.headers), "x-gpucache": "miss", **refused}
+    return Response(outcome.content, outcome.status, headers=headers)
 
 def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome, ex: Exchange | None = None) -> None:
     """The metrics of an outcome and of the exchange that led to it (its timings, the errors it

@@ -188,6 +188,7 @@ class Loaded:
     headers: Any = None
     content: bytes = b""
     stream: AsyncIterator[bytes] | None = None
+    refused: str = ""  # the guard's rule where it refused the best stored prompt (x-gpucache-refused)
 
 
 @dataclass(frozen=True)

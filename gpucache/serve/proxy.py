@@ -234,7 +234,7 @@ class Proxy:
             log.error("gpucache: storing an answer failed", exc_info=served.failed)
             ex.notes.append("cache")
         assert served.value is not None
-        return self.loaded(served.value)
+        return self.loaded(served.value, served.refused)
 
     async def run_stream(self, ex: Exchange) -> Outcome:
         relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
@@ -258,7 +258,7 @@ class Proxy:
         if served.pieces is None:  # the upstream refused: its answer, kept from everyone
             assert isinstance(served.value, PassedThrough)
             return served.value
-        return await self.relaying(ex, served.value, cast(Pieces, served.pieces), relay)
+        return await self.relaying(ex, served.value, cast(Pieces, served.pieces), relay, served.refused)
 
     async def ask(self, ex: Exchange, call: Awaitable[Served[Any]]) -> Served[Any] | Outcome:
         """What the cache served, or how asking it ended: the upstream unreachable (the loader's
@@ -270,7 +270,9 @@ class Proxy:
         except Exception as exc:
             return await self.fail_open(ex, exc)
 
-    async def relaying(self, ex: Exchange, headers: Any, pieces: Pieces, relay: Relay) -> Outcome:
+    async def relaying(
+        self, ex: Exchange, headers: Any, pieces: Pieces, relay: Relay, refused: str = ""
+    ) -> Outcome:
         """This call's streamed load to its client, once its first event is in (an upstream that
         fails before it is a 502, after it an error event in the stream)."""
         first: str | None = None
@@ -284,7 +286,8 @@ class Proxy:
             log.exception("gpucache: a streamed load failed before its first event")
             return Unavailable(502, f"the upstream stream failed: {type(exc).__name__}")
         streams = self.streams
-        return Loaded(headers=headers, stream=streams.closing(streams.relayed(first, pieces, relay), pieces))
+        return Loaded(headers=headers, stream=streams.closing(streams.relayed(first, pieces, relay), pieces),
+                      refused=refused)
 
     async def refresh(self, ex: Exchange, later: bool = False) -> Outcome:
         """The upstream answers, and a complete answer is stored for later requests: for
@@ -378,8 +381,8 @@ class Proxy:
         if ex is not None:
             self.intake.heard(ex.holder, outcome)
 
-    def loaded(self, response: httpx.Response) -> Loaded:
-        return Loaded(response.status_code, response.headers, response.content)
+    def loaded(self, response: httpx.Response, refused: str = "") -> Loaded:
+        return Loaded(response.status_code, response.headers, response.content, refused=refused)
 
     async def store(self, key: RequestKey, answer: str, ttl: float | None = None) -> None:
         """``answer`` kept for ``key``, for ``ttl`` seconds (None: the cache's own ttl)."""

@@ -10,6 +10,7 @@ import pytest
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly
 from gpucache.cache import drivers, flow
 from gpucache.cache.served import Found, Joined, Keep, Loaded, ServeOnly, Stream
+from gpucache.guard.verifier import Verdict
 
 
 @pytest.fixture
@@ -376,3 +377,47 @@ def test_a_stream_cancelled_while_its_answer_is_handed_on_still_releases_its_cla
 
 def run_async(coro):
     return asyncio.run(coro)
+
+
+class _WordForWord:
+    """Serves a stored prompt only for itself, word for word; names its refusals "reworded"."""
+
+    name = "word-for-word"
+
+    def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
+        return cached_prompt == new_prompt
+
+    def explain(self, cached_prompt: str, new_prompt: str) -> Verdict:
+        return Verdict(cached_prompt != new_prompt, "reworded")
+
+
+@pytest.fixture
+def strict(fake_embedder) -> SemanticCache:
+    # the bag-of-words embedder: the same words in another order are similarity 1.0
+    return SemanticCache(fake_embedder, device="cpu", verifier=_WordForWord(), threshold=0.9,
+                         cache_policy=StoreEverything())
+
+
+def test_a_load_after_the_verifier_refused_the_best_stored_prompt_names_the_rule(strict):
+    strict.put("what is a monad", "stored")
+    served = strict.get_or_load("a monad is what", lambda p: Keep("loaded"))
+    assert served == Loaded("loaded", refused="reworded")
+    unrelated = strict.get_or_load("how tall is everest", lambda p: Keep("loaded"))
+    assert unrelated == Loaded("loaded", refused="")  # no stored prompt reached the threshold
+
+
+def test_a_streamed_load_after_a_refusal_names_the_rule_too(strict):
+    strict.put("what is a monad", "stored")
+
+    async def main():
+        served = await strict.aget_or_load_streaming(
+            "a monad is what", lambda p: _opened(Stream("head", ["a ", "burrito"])))
+        chunks = [c async for c in served.pieces]
+        return served, chunks
+
+    served, chunks = asyncio.run(main())
+    assert served.refused == "reworded" and served.value == "head" and chunks == ["a ", "burrito"]
+
+
+async def _opened(stream):
+    return stream

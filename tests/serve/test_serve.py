@@ -92,6 +92,27 @@ def test_a_near_miss_with_a_number_changed_is_a_miss(proxy):
     assert answer.choices[0].message.content == answer_to("Convert 10 km to miles")
 
 
+def test_a_miss_the_guard_refused_names_the_rule_streamed_or_not_within_the_tenant_only(proxy):
+    from gpucache import LexicalNearMissVerifier
+
+    stored, swapped, negated = ("Convert 26 miles to km", "Convert 26 km to miles",
+                                "Do not convert 26 miles to km")
+    guard = LexicalNearMissVerifier()
+    c = client(proxy, "t-refused")
+    headers, _ = ask(c, stored)
+    assert headers["x-gpucache"] == "miss" and "x-gpucache-refused" not in headers  # nothing to judge
+    headers, _ = ask(c, swapped)
+    assert headers["x-gpucache"] == "miss"
+    assert headers["x-gpucache-refused"] == guard.explain(stored, swapped).rule
+    with c.chat.completions.with_streaming_response.create(model="smol", stream=True, messages=[
+            {"role": "user", "content": negated}]) as raw:
+        assert raw.headers["x-gpucache"] == "miss" and raw.headers["x-gpucache-refused"] == "negation"
+        list(raw.parse())
+    # another tenant's near-miss of the same prompts: nothing of the first tenant is judged
+    headers, _ = ask(client(proxy, "t-refused-other"), "Convert 26 km to miles, please")
+    assert headers["x-gpucache"] == "miss" and "x-gpucache-refused" not in headers
+
+
 def test_the_legacy_completions_endpoint_is_cached_too(proxy):
     c = client(proxy, "t-legacy")
     raw = c.completions.with_raw_response.create(model="smol", prompt="Name three primary colours")
