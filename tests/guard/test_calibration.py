@@ -258,10 +258,15 @@ def test_a_rate_of_nothing_seen_is_anywhere_and_all_of_n_reaches_one():
 
 
 def test_the_most_false_hits_a_budget_allows_is_the_largest_count_whose_bound_keeps_it():
-    for negatives in (7, 100, 1000):
+    for negatives in (7, 100):  # every count's bound, read whole
         for budget in (0.01, 0.03, 0.05, 0.2, 0.5):
             allowed = [k for k in range(negatives + 1) if upper_bound(k, negatives) <= budget]
             assert most_false_hits(negatives, budget) == (max(allowed) if allowed else -1)
+    bounds = [upper_bound(k, 100) for k in range(101)]
+    assert bounds == sorted(bounds)  # the bound grows with the count, so for 1,000 pairs the
+    for budget in (0.01, 0.03, 0.05, 0.2, 0.5):  # count and the next one decide (bounds of all
+        most = most_false_hits(1000, budget)  # 1,001 counts took two minutes)
+        assert most >= 0 and upper_bound(most, 1000) <= budget < upper_bound(most + 1, 1000)
     # none served bounds at 2.95% of 100 and one at 4.66%: a budget between allows none, not one
     assert most_false_hits(100, 0.04) == 0
     assert most_false_hits(50, 0.01) == -1  # not even none: 0 of 50 bounds at 5.8%
