@@ -84,8 +84,40 @@ _SHORT = re.compile(
     + r")(?![\w/'’])", re.IGNORECASE)
 
 
+# "2" and "4" typed for "to" and "for", read so only where no count can stand: after words that
+# take "to" before a verb ("how 2 fix", "trying 2 shoot") and before a determiner or a pronoun
+# ("4 the environment", "2 my boss"). "need 2 eggs", "add 4 cups" and "2 kg" stay numbers.
+_TAKES_TO = ("how", "want", "wants", "wanted", "trying", "try", "tried", "going", "able", "way", "ways")
+_DETERMINERS = ("the", "my", "your", "our", "their", "his", "her", "this", "that", "these", "those",
+                "me", "us", "them", "him", "next")
+# nouns a number follows as a label, not a count ("chapter 2 the ending")
+_NUMBERED = frozenset("chapter step part page section version level season episode grade type room act "
+                      "scene figure table question exercise problem phase stage round lesson unit day week "
+                      "year volume book route gate platform terminal line floor number no".split())
+# ... and before a verb: a word in lowercase letters that is no plural ("want 2 tickets") and
+# no measure ("going 2 km"); a verb's base form ends in "s" only as "ss" or "us" ("2 discuss")
+_TO_AFTER = re.compile(r"\b((?i:" + "|".join(_TAKES_TO) + r")) 2(?= (?:[a-z]*(?:ss|us)|[a-z]*[a-rt-z])\b)"
+                       r"(?! (?:kg|km|mi|lb|oz|ft|in|cm|mm|ml|min|hr|hour|day|week|month|year|dozen|"
+                       r"hundred|thousand|million|more|less|extra|other|of|or|and|to)\b)")
+_BEFORE_DETERMINER = re.compile(r"(?<![\w.,/-])([24])(?= (?:" + "|".join(_DETERMINERS) + r")\b)",
+                                re.IGNORECASE)
+
+
+def _numeral_word(m: re.Match[str], text: str) -> str:
+    """"for" or "to" for a "4" or "2" before a determiner, unless a label's noun or another
+    number comes before it ("chapter 2 the ending", "1, 2 the ...")."""
+    before = text[: m.start()].rstrip()
+    last = before.rsplit(None, 1)[-1].casefold() if before else ""
+    if last.rstrip(",") in _NUMBERED or last[-1:].isdigit() or last.endswith(","):
+        return m.group(1)
+    return "for" if m.group(1) == "4" else "to"
+
+
 def expand_shorthand(text: str) -> str:
-    """Shorthand written out as the words it stands for ("u" -> "you", "w/o" -> "without")."""
+    """Shorthand written out as the words it stands for ("u" -> "you", "w/o" -> "without",
+    "how 2 fix" -> "how to fix")."""
+    text = _TO_AFTER.sub(lambda m: m.group(1) + " to", text)
+    text = _BEFORE_DETERMINER.sub(lambda m: _numeral_word(m, text), text)
     return _SHORT.sub(lambda m: SHORTHAND[m.group(1).casefold()], text)
 
 

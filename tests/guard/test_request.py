@@ -115,3 +115,20 @@ def test_a_prompt_of_the_memos_length_is_kept_and_one_longer_is_not():
     assert request.request_memo.cache_info().currsize == 1
     request_text("y" * (MEMO_MAX_CHARS + 1))
     assert request.request_memo.cache_info().currsize == 1
+
+
+@pytest.mark.parametrize("typed, read", [
+    ("how 2 unclog a drain", "how to unclog a drain"),  # "2" for "to" before a verb
+    ("How 2 discuss pay with a manager", "How to discuss pay with a manager"),  # a verb in -ss
+    ("trying 2 repot a cactus", "trying to repot a cactus"),
+    ("which tent is best 4 the desert", "which tent is best for the desert"),  # before a determiner
+    ("forward it 2 my landlord", "forward it to my landlord"),
+    ("meet b4 noon", "meet before noon"), ("is any1 selling", "is anyone selling"),  # whole words
+    ("want 2 tickets to Lisbon", "want 2 tickets to Lisbon"),  # a plural: a count
+    ("going 2 km uphill", "going 2 km uphill"),  # a measure
+    ("add 4 cups of stock", "add 4 cups of stock"),  # no word that takes "to" before it
+    ("read chapter 2 the night before", "read chapter 2 the night before"),  # a label's number
+    ("pick 1, 2 the rest later", "pick 1, 2 the rest later"),  # a list of numbers
+])
+def test_a_number_typed_for_a_word_is_read_as_the_word_only_where_no_count_can_stand(typed, read):
+    assert request.expand_shorthand(typed) == read
