@@ -2,7 +2,7 @@
 
     POST /admin/invalidate   one request's entry          {kind, request, credentials, namespace}
     POST /admin/clear        one request's scope, or all  {... as above} | {"all": true}
-    POST /admin/revoke       every scope of a credential  {credentials, query}
+    POST /admin/revoke       every scope of a credential  {credentials, query} or {key}
     POST /admin/snapshot     save the snapshot now
     GET  /admin/stats        the cache's counters (and replication's)
 
@@ -123,15 +123,24 @@ class Target:
         return cls(key.scope, None if key.text is None else key.prompt)
 
 
+# "Authorization" carries a key after its scheme; clients write the scheme either way
+_AUTHORIZATION_FORMS = ("Bearer {}", "bearer {}", "{}")
+
+
 @dataclass(frozen=True)
 class Holder:
     """Whose credential an admin call names: every scope filed under it, in every namespace
-    and query string (``tenancy.Identity.holder``)."""
+    and query string (``tenancy.Identity.holder``). Named by ``credentials`` as the client sends
+    them (one holder), or by a bare ``key``: then every form a client can send it in, each
+    credential header (``Authorization`` with or without its scheme) and each credential query
+    parameter alone, is a holder of its own, and all of them go."""
 
-    holder: str
+    holders: tuple[str, ...]
 
     @classmethod
     def of(cls, doc: dict[str, Any], config: ServeSettings) -> Holder:
+        if "key" in doc:
+            return cls.of_key(doc["key"], config)
         query = doc.get("query", "")
         if not isinstance(doc.get("credentials"), dict) or not isinstance(query, str):
             raise refused(400, "'credentials' must map header names to strings, 'query' be a string",
@@ -141,7 +150,17 @@ class Holder:
         if isinstance(identity, Refusal) or identity.holder == ANONYMOUS:
             raise refused(400, "name the credentials to revoke: no credential was found in them",
                           param="credentials")
-        return cls(identity.holder)
+        return cls((identity.holder,))
+
+    @classmethod
+    def of_key(cls, key: object, config: ServeSettings) -> Holder:
+        if not isinstance(key, str) or not key.strip():
+            raise refused(400, "'key' must be the credential's value, a non-empty string", param="key")
+        tenancy = config.tenancy
+        forms = [(name, form.format(key)) for name in tenancy.credential_headers
+                 for form in (_AUTHORIZATION_FORMS if name == "authorization" else ("{}",))]
+        forms += [(f"?{name}", key) for name in tenancy.credential_params]
+        return cls(tuple(dict.fromkeys("key:" + tenancy.digest([form]) for form in forms)))
 
 
 # every route under /admin checks the token before anything else (its body is not read before):
@@ -175,13 +194,17 @@ async def revoke(request: Request, doc: AdminDoc) -> Response:
     credential's verdict: a leaked key that is revoked upstream keeps nothing to probe, and
     its next request is checked again. Body: ``credentials`` (header name to value, as the
     client sends them) and optionally ``query`` (its query string, where the key rides
-    there). Every scope under the credential goes: each namespace, each query string."""
-    holder = Holder.of(doc, request.app.state.config).holder
+    there); or ``key``, the bare value, for every header and parameter form of it (``Holder``).
+    Every scope under the credential goes: each namespace, each query string."""
+    holders = Holder.of(doc, request.app.state.config).holders
     proxy = request.app.state.proxy
-    removed = await asyncio.to_thread(proxy.cache.clear_under, holder)
-    proxy.intake.forget(holder)
-    log.info("gpucache: revoked a credential (%s): %d entries removed", holder, removed)
-    return JSONResponse({"revoked": holder, "removed": removed})
+    removed = 0
+    for holder in holders:
+        removed += await asyncio.to_thread(proxy.cache.clear_under, holder)
+        proxy.intake.forget(holder)
+    log.info("gpucache: revoked a credential (%s): %d entries removed", ", ".join(holders), removed)
+    named = holders[0] if "key" not in doc else list(holders)
+    return JSONResponse({"revoked": named, "removed": removed})
 
 
 @router.post("/snapshot")

@@ -469,6 +469,31 @@ def test_admin_revoke_drops_every_scope_of_one_credential_and_its_verdict(real_e
         assert nothing.status_code == 400
 
 
+def test_admin_revoke_by_a_bare_key_drops_it_in_every_header_and_parameter_form(real_embedder):
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, admin_token=ADMIN) as proxy:
+        def ask(headers, query=""):
+            return httpx.post(f"{proxy.url}/v1/chat/completions?{query}", headers=headers, json={
+                "model": "smol", "messages": [{"role": "user", "content": "List my saved addresses"}]}
+            ).headers["x-gpucache"]
+
+        forms = [({"authorization": "Bearer sk-leaked"}, ""), ({"authorization": "bearer sk-leaked"}, ""),
+                 ({"x-api-key": "sk-leaked"}, ""), ({"api-key": "sk-leaked"}, ""), ({}, "key=sk-leaked"),
+                 ({}, "api_key=sk-leaked")]
+        kept = [({"x-api-key": "sk-other"}, ""), ({"authorization": "Bearer sk-leaked-too"}, "")]
+        for headers, query in forms + kept:
+            assert ask(headers, query) == "miss"
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        done = httpx.post(f"{proxy.url}/admin/revoke", headers=admin, json={"key": "sk-leaked"}).json()
+        assert done["removed"] == len(forms) and all(h.startswith("key:") for h in done["revoked"])
+        for headers, query in kept:  # other keys, one of them sk-leaked's prefix, keep theirs
+            assert ask(headers, query) == "exact"
+        for headers, query in forms:
+            assert ask(headers, query) == "miss"
+        for bad in ({"key": ""}, {"key": "  "}, {"key": 7}, {"key": None}):
+            refused = httpx.post(f"{proxy.url}/admin/revoke", headers=admin, json=bad)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "key"
+
+
 def test_health_says_ready_and_nothing_more_without_the_admin_token(real_embedder):
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, admin_token=ADMIN) as proxy:
         assert httpx.get(f"{proxy.url}/health").json() == {"status": "ok"}
