@@ -379,6 +379,19 @@ def main() -> None:
                 f"{done['removed']} entries removed",
             )
         )
+        dave = [{"authorization": "Bearer sk-dave"}, {"x-api-key": "sk-dave"}]
+        for headers in dave:
+            ask(proxy, headers, secret_q)
+        by_key = httpx.post(f"{proxy}/admin/revoke", headers=admin, json={"key": "sk-dave"}).json()
+        rows.append(
+            (
+                "auth",
+                "sk-dave stores an answer sent as `Authorization` and as `x-api-key`; the operator "
+                'calls `POST /admin/revoke {"key": "sk-dave"}`; sk-dave asks again, both ways',
+                f"{by_key['removed']} entries removed; "
+                + " / ".join(ask(proxy, headers, secret_q) for headers in dave),
+            )
+        )
         rows.append(("auth", "sk-bob asks again", ask(proxy, bob, secret_q)))
         rows.append(("auth", "sk-bob asks a paraphrase", ask(proxy, bob, "what did my lab results say")))
         bob_stream = httpx.post(
