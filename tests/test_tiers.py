@@ -84,6 +84,7 @@ TIERS: dict[str, str] = {
     "gpucache.guard.lexical": VALUES,
     "gpucache.guard.parsing": VALUES,
     "gpucache.guard.payload": VALUES,
+    "gpucache.guard.quantities": VALUES,
     "gpucache.guard.request": VALUES,
     "gpucache.guard.settings": VALUES,
     "gpucache.guard.shapes": VALUES,

@@ -58,7 +58,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from gpucache.guard import differences, parsing, payload, request, shapes
+from gpucache.guard import differences, parsing, payload, quantities, request, shapes
 from gpucache.guard.parsing import EXPOSITION, FRAMING_READ, Parsed, exchanged, numbers_of, parse
 from gpucache.guard.payload import grouping, operators, split
 from gpucache.guard.request import dictionary, request_text
@@ -162,6 +162,8 @@ class LexicalNearMissVerifier:
             cached_prompt, new_prompt = split_a.instruction, split_b.instruction
         text_a, text_b = differences.reconcile(request_text(cached_prompt), request_text(new_prompt))
         a, b = parse(text_a, self.table), parse(text_b, self.table)
+        if numbers_of(a, b) != numbers_of(b, a):  # the same amount in other units, perhaps
+            text_a, text_b, a, b = self._amounts(text_a, text_b, a, b)
         if a.tokens == b.tokens:
             signs_a, signs_b = differences.signed_numbers(text_a), differences.signed_numbers(text_b)
             if signs_a != signs_b and "numbers" not in self.skip:
@@ -176,6 +178,18 @@ class LexicalNearMissVerifier:
         if rests is not None:
             return self._instructions(*rests)
         return self._named(text_a, text_b, a, b) or Verdict(False, "rewording")
+
+    def _amounts(self, text_a: str, text_b: str, a: Parsed, b: Parsed) -> tuple[str, str, Parsed, Parsed]:
+        """The two requests read with every amount in one unit per quantity (quantities.py),
+        where that makes their numbers agree ("2 minutes" / "120 seconds"); else as they were."""
+        ca, cb = quantities.canonical(text_a), quantities.canonical(text_b)
+        if (ca, cb) == (text_a, text_b):
+            return text_a, text_b, a, b
+        pa, pb = parse(ca, self.table), parse(cb, self.table)
+        if (numbers_of(pa, pb) != numbers_of(pb, pa)
+                or differences.signed_numbers(ca) != differences.signed_numbers(cb)):
+            return text_a, text_b, a, b
+        return ca, cb, pa, pb
 
     def _instructions(self, rest_a: str, rest_b: str) -> Verdict:
         """The two prompts share sentences and differ in the others: those are judged alone,
