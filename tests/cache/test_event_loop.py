@@ -9,6 +9,7 @@ be late by about a whole scan, so the ticker's worst lateness must stay well und
 from __future__ import annotations
 
 import asyncio
+import gc
 import statistics
 import threading
 import time
@@ -93,6 +94,13 @@ def test_a_long_scan_in_another_thread_never_stalls_the_loop():
         await asyncio.gather(tick, calls)
         return lateness, answered
 
+    # The garbage collector's full pass stops every thread while it walks the objects it tracks
+    # (with 126,000 entries and torch loaded, 0.10 to 0.15 s on a 2-core CPU, measured with
+    # gc.callbacks): a stall of its own, lock or no lock, which failed this test about one run in
+    # five under load. It is kept out of this measurement so that a late tick here means what the
+    # test is about, the loop waiting on the lock; the collector's pauses are another problem.
+    gc.collect()
+    gc.disable()
     thread = threading.Thread(target=scanner)
     thread.start()
     try:
@@ -100,6 +108,7 @@ def test_a_long_scan_in_another_thread_never_stalls_the_loop():
     finally:
         stop.set()
         thread.join()
+        gc.enable()
     scan = statistics.median(scan_seconds)
     assert answered >= 1  # the small calls went through between scans
     assert len(lateness) >= 10
