@@ -47,7 +47,8 @@ cli()
 """
 
 
-def prepare(work: Path, targets: tuple[str, ...], tests: tuple[str, ...]) -> None:
+def prepare(work: Path, targets: tuple[str, ...], tests: tuple[str, ...],
+            timeout_multiplier: float = 15.0) -> None:
     """The committed tree, unpacked into ``work``, with mutmut's settings in its pyproject."""
     paths = ["gpucache", "tests", "data", "bench", "pyproject.toml"]
     archive = subprocess.run(["git", "archive", "HEAD", *paths], cwd=ROOT, check=True,
@@ -60,6 +61,8 @@ def prepare(work: Path, targets: tuple[str, ...], tests: tuple[str, ...]) -> Non
                 f"pytest_add_cli_args_test_selection = {json.dumps(list(tests))}\n"
                 'also_copy = ["data/", "bench/"]\n'  # tests of the data read bench's modules
                 "use_git_change_detection = false\n"
+                # a mutant's CPU time limit: (its tests' estimated time + 1 s) x this x 2
+                f"timeout_multiplier = {timeout_multiplier}\n"
                 # torch's thread pools do not survive a fork: each worker is forked from a
                 # server that has imported the tests but run nothing
                 'process_isolation = "forkserver"\n')
@@ -91,12 +94,15 @@ def main() -> None:
     parser.add_argument("--tests", nargs="+", default=list(TESTS))
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--out", default=None, help="the report to write (markdown)")
+    parser.add_argument("--timeout-multiplier", type=float, default=15.0,
+                        help="mutmut's: a mutant slower than (its tests' time + 1 s) x this x 2 is a "
+                        "timeout (15, mutmut's default, lets a mutant that loops run for minutes)")
     args = parser.parse_args()
     targets, tests = tuple(args.targets), tuple(args.tests)
     label = run_label()
     with tempfile.TemporaryDirectory(prefix="gpucache-mutation-") as name:
         work = Path(name)
-        prepare(work, targets, tests)
+        prepare(work, targets, tests, args.timeout_multiplier)
         started = time.monotonic()
         run = mutmut(work, "run", "--max-children", str(args.max_children))
         seconds = time.monotonic() - started
@@ -114,6 +120,8 @@ def main() -> None:
         command += " --targets " + " ".join(targets)
     if tuple(args.tests) != TESTS:
         command += " --tests " + " ".join(tests)
+    if args.timeout_multiplier != 15.0:
+        command += f" --timeout-multiplier {args.timeout_multiplier:g}"
     lines = ["# Mutation testing: the rules that decide", "",
              f"Command: `{command}` ({label}; mutmut's run took {seconds / 60:.0f} min on "
              f"{args.max_children} processes). Every mutant of each target below, and the tests "
