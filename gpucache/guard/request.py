@@ -203,17 +203,27 @@ def likelihood(word: str, candidate: str, frequency: int) -> int:
     return frequency * (DOUBLING_WEIGHT if doubling else 1)
 
 
+@lru_cache(maxsize=1)
+def _rarest() -> int:
+    """The least count in the word list: more than half its words have it, and a word seen no
+    more often than that ("compossible", "reest") is too rare to be what a slip was meant as; the
+    word is left as written, and the guard still pairs it with the other side's (``typo_pair``)."""
+    return min(dictionary().values())
+
+
 @lru_cache(maxsize=65536)
 def mended(word: str) -> str:
     """The word, or where it is in no dictionary the likeliest dictionary word one edit away
-    (``likelihood``), where it is clearly the likeliest (``CLEAR_LEAD``): "reqest" is "request",
-    not the rarer "reest" that a letter dropped would also give."""
+    (``likelihood``) and seen more often than the rarest (``_rarest``), where it is clearly the
+    likeliest (``CLEAR_LEAD``): "reqest" is "request", not the rarer "reest" that a letter
+    dropped would also give."""
     if (not _MEND_MIN <= len(word) <= MEND_MAX_LETTERS or not word.isalpha() or word in dictionary()
             or word in CONFUSABLES or (stem(word),) in TABLE):  # a spelling the interchangeable table knows
         return word
     freq = dictionary()
+    rare = _rarest()
     ranked = sorted((-likelihood(word, w, freq[w]), w) for w in one_edit(word)
-                     if w in freq and w not in CONFUSABLES)
+                    if freq.get(w, rare) > rare and w not in CONFUSABLES)
     if not ranked or (len(ranked) > 1 and -ranked[1][0] * CLEAR_LEAD > -ranked[0][0]):
         return word
     return ranked[0][1]

@@ -66,11 +66,27 @@ def test_a_word_is_taken_only_at_twice_the_likelihood_of_the_next(monkeypatch):
     words = {"alpha": 0, "bravo": 0}  # two words taken as one edit from "alphaxx"
     monkeypatch.setattr(request, "dictionary", lambda: words)
     monkeypatch.setattr(request, "one_edit", lambda word: {"alpha", "bravo"})
+    monkeypatch.setattr(request, "_rarest", lambda: 1)
     for first, second, taken in ((20, 10, "alpha"), (19, 10, "alphaxx"), (10, 20, "bravo")):
         words.update(alpha=first, bravo=second)
         request.mended.cache_clear()
         assert request.mended("alphaxx") == taken
     request.mended.cache_clear()
+
+
+def test_a_word_seen_no_more_than_the_rarest_is_never_what_a_slip_meant(monkeypatch):
+    assert request.mended("compostible") == "compostible"  # not "compossible", seen 50 times
+    words = {"alpha": 50, "bravo": 51, "rarely": 50}
+    monkeypatch.setattr(request, "dictionary", lambda: words)
+    monkeypatch.setattr(request, "one_edit", lambda word: {"alpha"})
+    request.mended.cache_clear()
+    request._rarest.cache_clear()
+    assert request.mended("alphaxx") == "alphaxx"  # its only candidate is as rare as the rarest
+    monkeypatch.setattr(request, "one_edit", lambda word: {"bravo"})
+    request.mended.cache_clear()
+    assert request.mended("alphaxx") == "bravo"
+    request.mended.cache_clear()
+    request._rarest.cache_clear()
 
 
 def test_a_doubling_slip_counts_four_times_its_frequency():
