@@ -32,6 +32,11 @@ def test_a_country_code_in_capitals_reads_as_one_form(prompt, text):
     ("how to boil an egg?! thanks", "how to boil an egg?!"),  # a question's own marks stay
     ("can you tell me", "tell me"),  # a lead is cut only where something follows it
     ("thanks in advance", "thanks in advance"),  # all framing: the text as it is
+    ("Can you help me out? Why do cats knead blankets", "Why do cats knead blankets"),
+    ("random question but why do cats knead blankets", "why do cats knead blankets"),
+    ("random question: why do cats knead blankets", "why do cats knead blankets"),
+    ("random question generator for a party game", "random question generator for a party game"),
+    ("why do cats knead blankets? cheers mate", "why do cats knead blankets?"),
 ])
 def test_framing_is_cut_from_both_ends(prompt, text):
     assert request_text(prompt) == text
