@@ -78,6 +78,10 @@ ADDED_MIN_SHARED, ADDED_MAX_SHARED = 2, 4
 # moved word is how another user puts it ("the seller cancelled my order" / "my order was
 # cancelled by the seller").
 REORDER_MIN_SHARED = 8
+# Nouns that name the kind of thing a question asks for, which the question already implies
+# ("Who was the person who wrote X" / "Who wrote X", "the symbol for the element gold"): one
+# prompt having one more of them asks for nothing more.
+RESTATING = frozenset(parsing.stem_memo(w) for w in "person element city country place".split())
 SEED_RULES = ("numbers", "negation", "polarity", "direction", "substitution")
 NAMED_KINDS = differences.KINDS[:-1]  # entity, deliverable, audience, tone, time
 ADDED_RULES = ("symbols", "payload", "antonym", "confusable", "question-word", "swapped", "voice",
@@ -328,7 +332,7 @@ class LexicalNearMissVerifier:
                       if w not in a.content or w not in b.content)
         other = b.content if diff.only_a else a.content
         extra = tuple(w for w in extra if w not in QUESTION_WORDS and w not in EXPOSITION
-                      and not any(shapes.variants(w, o) for o in other))
+                      and w not in RESTATING and not any(shapes.variants(w, o) for o in other))
         one_sided = bool(diff.only_a) != bool(diff.only_b)
         short = ADDED_MIN_SHARED <= diff.shared <= ADDED_MAX_SHARED
         if extra and one_sided and short and "added" not in skip:

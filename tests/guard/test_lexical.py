@@ -184,8 +184,7 @@ MUST_REJECT = [
     (LONG_QUESTION, LONG_QUESTION + " Keep it under a hundred words.", "added"),
     (LONG_QUESTION, LONG_QUESTION + " Include the commands you would run.", "added"),
     # conservative by design: a reworded question that also carries an extra content word
-    # costs a miss ("city", "cause", "forgot" are not framing), never a wrong answer
-    ("What is the capital of France?", "Which city is the capital of France?", "added"),
+    # costs a miss ("cause", "forgot" are not framing), never a wrong answer
     ("What are the symptoms of the flu?", "What symptoms does the flu cause?", "added"),
     ("How do I reset my password?", "I forgot my password, how do I reset it?", "added"),
     # an exposition verb is framing only where it opens an instruction that answers a question
@@ -208,6 +207,9 @@ MUST_REJECT = [
 
 # (cached prompt, new prompt): rewordings the verifier must let through to the threshold
 MUST_ACCEPT = [
+    # a noun naming the kind of thing asked for, which the question implies (lexical.RESTATING)
+    ("What is the capital of France?", "Which city is the capital of France?"),
+    ("Who was the person who painted the Night Watch?", "Who painted the Night Watch?"),
     # "in simple terms" and "simply explained" ask for the same thing (the earlier guard
     # refused it as an added request)
     ("Explain gradient descent in simple terms", "What is gradient descent, simply explained?"),
