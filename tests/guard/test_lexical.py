@@ -63,7 +63,8 @@ MUST_REJECT = [
     # polarity with the same content words
     ("Flights from London to Paris", "Flights to London from Paris", "direction"),
     ("Transfer money to savings", "Transfer money from savings", "polarity"),
-    ("How do I turn on dark mode?", "How do I turn off dark mode?", "polarity"),
+    ("How do I turn on dark mode?", "How do I turn off dark mode?", "antonym"),  # enable / disable
+    ("switch on autocorrect on an iPad", "deactivate autocorrect on an iPad", "antonym"),
     ("Pizza with mushrooms", "Pizza without mushrooms", "polarity"),
     ("What happens before the exam?", "What happens after the exam?", "polarity"),
     ("Scroll up the page", "Scroll down the page", "polarity"),
@@ -207,6 +208,10 @@ MUST_REJECT = [
 
 # (cached prompt, new prompt): rewordings the verifier must let through to the threshold
 MUST_ACCEPT = [
+    # verbs of one meaning in any request (interchangeable.txt's synonyms)
+    ("How can I remove old kernels from Ubuntu?", "How can I delete old kernels from Ubuntu?"),
+    ("switch off autocorrect on an iPad", "disable autocorrect on an iPad"),
+    ("Can I modify a signed PDF form?", "Can I edit a signed PDF form?"),
     # a noun naming the kind of thing asked for, which the question implies (lexical.RESTATING)
     ("What is the capital of France?", "Which city is the capital of France?"),
     ("Who was the person who painted the Night Watch?", "Who painted the Night Watch?"),
