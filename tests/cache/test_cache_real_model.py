@@ -71,7 +71,8 @@ def test_get_or_put_all_serves_paraphrases_and_loads_the_rest(cache):
         ("Convert 10 miles to km", "Convert 10 km to miles", "direction"),
         ("How do I reset my password?", "How do I reset my username?", "substitution"),
         ("Set an alarm for 7 am", "Set an alarm for 8 am", "numbers"),
-        ("How do I turn on dark mode?", "How do I turn off dark mode?", "polarity"),
+        ("How do I turn on dark mode?", "How do I turn off dark mode?", "antonym"),  # enable / disable
+        ("How do I copy photos to my phone?", "How do I copy photos from my phone?", "polarity"),
     ],
 )
 def test_near_misses_above_the_threshold_are_refused_and_counted(real_embedder, cached, near_miss, rule):
