@@ -140,6 +140,9 @@ class Holder:
     @classmethod
     def of(cls, doc: dict[str, Any], config: ServeSettings) -> Holder:
         if "key" in doc:
+            if "credentials" in doc or "query" in doc:  # which of them was meant is not ours to guess
+                raise refused(400, "name the credential once: 'key', or 'credentials' (and 'query')",
+                              param="key")
             return cls.of_key(doc["key"], config)
         query = doc.get("query", "")
         if not isinstance(doc.get("credentials"), dict) or not isinstance(query, str):

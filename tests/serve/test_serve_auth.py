@@ -489,7 +489,8 @@ def test_admin_revoke_by_a_bare_key_drops_it_in_every_header_and_parameter_form(
             assert ask(headers, query) == "exact"
         for headers, query in forms:
             assert ask(headers, query) == "miss"
-        for bad in ({"key": ""}, {"key": "  "}, {"key": 7}, {"key": None}):
+        for bad in ({"key": ""}, {"key": "  "}, {"key": 7}, {"key": None},
+                    {"key": "sk-other", "credentials": {"x-api-key": "sk-other"}}, {"key": "sk-other", "query": ""}):
             refused = httpx.post(f"{proxy.url}/admin/revoke", headers=admin, json=bad)
             assert refused.status_code == 400 and refused.json()["error"]["param"] == "key"
 
