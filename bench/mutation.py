@@ -32,7 +32,7 @@ from provenance import run_label
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("gpucache/guard/parsing.py", "gpucache/guard/payload.py", "gpucache/policy/admission.py",
-           "gpucache/cache/entries.py")
+           "gpucache/policy/content.py", "gpucache/cache/entries.py")
 TESTS = ("tests/guard/", "tests/policy/", "tests/cache/test_cache.py", "tests/cache/test_entries.py")
 
 # mutmut puts the mutated copy first on sys.path; an editable install's import hook would still
