@@ -275,6 +275,25 @@ def test_the_most_false_hits_a_budget_allows_is_the_largest_count_whose_bound_ke
     assert most_false_hits(100, 0.01, confidence=0.5) == 0 and most_false_hits(100, 0.01) == -1
 
 
+def test_a_count_whose_bound_equals_the_budget_is_allowed_at_the_callers_confidence():
+    # the bisection's own comparisons, past the first count: "within" the budget includes it
+    assert most_false_hits(1000, upper_bound(3, 1000)) == 3
+    # 99% confidence allows fewer than 95% does at every count the bisection tries
+    assert most_false_hits(1000, 0.01, confidence=0.99) == 2 and most_false_hits(1000, 0.01) == 4
+
+
+def test_a_binomial_probability_at_the_edges_of_p_and_k_is_what_the_distribution_says():
+    # p = 0: nothing ever happens, so at most k happen for every k >= 0
+    assert binomial_cdf(0, 5, 0.0) == binomial_cdf(2, 5, 0.0) == 1.0
+    # p = 1: everything happens, so fewer than n is impossible and all n is certain
+    assert binomial_cdf(0, 5, 1.0) == binomial_cdf(3, 5, 1.0) == 0.0 and binomial_cdf(5, 5, 1.0) == 1.0
+    assert binomial_cdf(-1, 5, 0.3) == 0.0  # fewer than none never happens
+    # at most n of n is certain, exactly: summed, the terms come to 0.9999999999999999 here
+    assert binomial_cdf(2, 2, 7 / 97) == 1.0 and binomial_cdf(5, 5, 0.3) == 1.0
+    # a probability is never above one: summed, these terms come to 1.0000000000000002
+    assert binomial_cdf(9, 10, 1 / 97) == 1.0
+
+
 def test_the_budget_is_a_rate_strictly_between_none_and_all():
     for budget in (0, 1, 1.5, -0.1):
         with pytest.raises(ValueError, match=r"budget must be in \(0, 1\)"):
