@@ -366,7 +366,6 @@ def bench_overhead(
     call moved by 10-30% from run to run on a shared machine, more than the overhead itself.
     The scan is also timed alone, right after an embedding, as the call meets it."""
     from gpucache import SemanticCache, StoreEverything
-    from gpucache.cache.validation import check_scope
     from gpucache.demo.replay import load_workload
     from gpucache.embedding.embedder import TransformerEmbedder
 
@@ -382,7 +381,7 @@ def bench_overhead(
     for first in range(0, n - len(near), 50_000):
         cache.warm([(f"{router.prefix}{i}", "x")
                     for i in range(first, min(n - len(near), first + 50_000))])
-    scope_id = cache.core.table.scope_id(check_scope(None))  # the default scope the fill went to
+    scope_id = cache.scope_id()  # the default scope the fill went to
     if scope_id is None:
         raise RuntimeError("gpucache bug: the fill stored nothing in the default scope")
     runs: list[tuple[float, float, float]] = []  # (embed, scan, get_or_put_all) per run

@@ -103,13 +103,6 @@ class SemanticCache(GetOrLoad):
     # ----------------------------------------------------------------------------- views
 
     @property
-    def core(self) -> CacheCore:
-        """The state under this facade and the operations on it (``CacheCore``): for the
-        package's drivers (a server's metrics) and for tests that watch single-flight. Input
-        handed to it is not checked; applications use the methods here."""
-        return self._core
-
-    @property
     def settings(self) -> CacheSettings:
         """Every scalar setting (``CacheSettings``); the most asked-for have views below."""
         return self._core.settings
@@ -194,6 +187,11 @@ class SemanticCache(GetOrLoad):
     def store(self) -> ExactScanStore:
         """The index: vectors, scopes and expiries, scanned for the nearest entries."""
         return self._core.store
+
+    def scope_id(self, scope: str | None = None) -> int | None:
+        """The index's id for ``scope`` (``store.search`` takes it): for a benchmark that times
+        the scan alone on this cache's own rows. None where the scope holds no entry."""
+        return self._core.table.scope_id(check_scope(scope))
 
     def __repr__(self) -> str:
         return (f"SemanticCache(entries={len(self._core.table)}, threshold={self.threshold}, "

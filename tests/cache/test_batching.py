@@ -73,7 +73,7 @@ def test_a_lone_lookup_is_sent_at_once_without_waiting_for_company(fake_embedder
     async def main():
         lone = asyncio.ensure_future(cache.aget("a lone question"))
         await asyncio.sleep(0)  # one turn of the loop (no wait): the lookup runs to its await
-        sent = cache.core.batches  # sent as it was submitted: no timer was set for it
+        sent = cache._core.batches  # sent as it was submitted: no timer was set for it
         assert await asyncio.to_thread(held.entered)
         held.release()
         return sent, await lone
@@ -91,7 +91,7 @@ def test_lookups_that_arrive_while_a_batch_computes_share_the_next(fake_embedder
     answers = run(behind_a_running_batch(cache, held, *(cache.aget(p) for p in prompts)))
     assert answers == [None] * 5
     assert held.batches == [["the batch in the embedder"], prompts]
-    assert cache.core.batches == 2
+    assert cache._core.batches == 2
 
 
 def test_concurrent_lookups_share_one_embedder_call(fake_embedder):
@@ -111,7 +111,7 @@ def test_concurrent_lookups_share_one_embedder_call(fake_embedder):
     answers = run(main())
     assert answers[:2] == ["a monoid in the category of endofunctors"] * 2  # exact, semantic
     assert answers[2:] == [f"loaded: question {i}" for i in range(10)]
-    assert cache.core.batches == 2
+    assert cache._core.batches == 2
     assert fake_embedder.calls - calls_before == 2  # stores reuse the lookups' vectors
     assert fake_embedder.texts[-11:] == ["What is a monad?"] + [f"question {i}" for i in range(10)]
     assert cache.stats().exact_hits == 1 and cache.stats().semantic_hits == 1
@@ -195,7 +195,7 @@ def test_a_lookup_past_its_timeout_claims_nothing_for_its_gone_caller(fake_embed
         return await cache.aget_or_put("slow question", loader)
 
     assert run(main()) == "loaded"
-    assert len(cache.core.flights) == 0
+    assert len(cache._core.flights) == 0
 
 
 def test_a_cancelled_caller_in_a_batch_leaves_the_others_their_answers(fake_embedder):
@@ -223,7 +223,7 @@ def test_a_cancelled_caller_in_a_batch_leaves_the_others_their_answers(fake_embe
 
     assert run(main()) == ("loaded: second", "loaded: first")
     assert held.batches[1] == ["first", "second"]
-    assert len(cache.core.flights) == 0
+    assert len(cache._core.flights) == 0
 
 
 def test_an_embedder_failure_reaches_every_caller_of_the_batch(fake_embedder):
@@ -270,7 +270,7 @@ def test_an_exact_repeat_is_answered_on_the_spot_without_a_batch(fake_embedder):
     gets, loads, streamed = run(main())
     assert all(h.exact and h.response == "its answer" for h in gets)
     assert loads == ["its answer"] * 16 and streamed == "its answer"
-    assert cache.core.batches == 0 and fake_embedder.calls == calls
+    assert cache._core.batches == 0 and fake_embedder.calls == calls
     assert cache.stats().exact_hits == 33
 
 
@@ -283,7 +283,7 @@ def test_a_repeat_waits_for_a_held_lock_off_the_loop_and_never_joins_a_batch(fak
     held, release = threading.Event(), threading.Event()
 
     def scan_in_progress():  # what a long scan does: hold the cache's lock
-        with cache.core.lock:
+        with cache._core.lock:
             held.set()
             release.wait(30)
 
@@ -300,7 +300,7 @@ def test_a_repeat_waits_for_a_held_lock_off_the_loop_and_never_joins_a_batch(fak
 
     hit, new = run(main())
     holder.join(30)
-    assert hit.exact and new is None and cache.core.batches == 1
+    assert hit.exact and new is None and cache._core.batches == 1
 
 
 def test_a_lookup_whose_caller_gave_up_while_it_queued_is_never_computed(fake_embedder):

@@ -217,7 +217,7 @@ class Meanwhile:
         self.during, self.cache, self.lock_free = during, None, []
 
     def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
-        self.lock_free.append(free_from_another_thread(self.cache.core.lock))
+        self.lock_free.append(free_from_another_thread(self.cache._core.lock))
         self.during(self.cache)
         return True
 
@@ -246,7 +246,7 @@ class Watching:
         from gpucache import PolicyDecision
 
         assert self.cache is not None
-        self.lock_free.append(free_from_another_thread(self.cache.core.lock))
+        self.lock_free.append(free_from_another_thread(self.cache._core.lock))
         return PolicyDecision(True)
 
 
@@ -518,10 +518,10 @@ def test_a_scope_is_forgotten_with_its_last_entry(fake_embedder, clock):
     cache = SemanticCache(fake_embedder, device="cpu", timer=clock, threshold=0.8)
     for n in range(20):
         cache.put("a question", "a", scope=f"key:k/q:{n}")
-    assert cache.core.table.scopes == 20
+    assert cache._core.table.scopes == 20
     for n in range(20):
         cache.invalidate("a question", scope=f"key:k/q:{n}")
-    assert cache.core.table.scopes == 0
+    assert cache._core.table.scopes == 0
     cache.put("a question", "again", scope="key:k/q:3")  # a scope used again works as new
     assert cache.get("a question", scope="key:k/q:3").response == "again"
     assert cache.get("a question", scope="key:k/q:4") is None
@@ -667,7 +667,7 @@ def test_concurrent_misses_on_one_prompt_call_the_loader_once(fake_embedder):
     ]
     for t in threads:
         t.start()
-    assert cache.core.flights.wait_for_joins(7, timeout=10)  # one loads, seven wait on it
+    assert cache._core.flights.wait_for_joins(7, timeout=10)  # one loads, seven wait on it
     gate.set()
     for t in threads:
         t.join(10)
@@ -698,7 +698,7 @@ def test_waiters_receive_the_loaders_error(fake_embedder):
     started.wait(5)
     second = threading.Thread(target=call)
     second.start()
-    assert cache.core.flights.wait_for_joins(1, timeout=10)  # the second waits on the first's load
+    assert cache._core.flights.wait_for_joins(1, timeout=10)  # the second waits on the first's load
     gate.set()
     first.join(10)
     second.join(10)

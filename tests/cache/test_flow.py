@@ -39,40 +39,40 @@ def steps(gen: flow.Flow, core, loader=lambda prompts: [Keep(p.upper()) for p in
 
 
 def test_a_miss_looks_up_claims_loads_then_stores_and_a_hit_only_looks_up(cache):
-    kinds, served = steps(flow.get_or_load(["what is a monad", "what is a monad"], "s", 0.9), cache.core)
+    kinds, served = steps(flow.get_or_load(["what is a monad", "what is a monad"], "s", 0.9), cache._core)
     assert kinds == ["Find", "ClaimShared", "Load", "Finish"]
     assert served == [Loaded("WHAT IS A MONAD")] * 2
-    kinds, served = steps(flow.get_or_load(["what is a monad"], "s", 0.9), cache.core)
+    kinds, served = steps(flow.get_or_load(["what is a monad"], "s", 0.9), cache._core)
     assert kinds == ["Find"] and [type(s) for s in served] == [Found]
     assert served[0].hit.response == "WHAT IS A MONAD" and served[0].hit.exact
 
 
 def test_a_stream_opens_relays_then_stores_and_a_repeat_is_found(cache):
     opened = Stream("the headers", ["why did ", "the chicken"])
-    kinds, served = steps(flow.stream("tell me a joke", "s", 0.9), cache.core, opened=opened)
+    kinds, served = steps(flow.stream("tell me a joke", "s", 0.9), cache._core, opened=opened)
     assert kinds == ["Find", "ClaimShared", "Open", "Relay", "Finish"] and served == Loaded("the headers")
-    kinds, served = steps(flow.stream("tell me a joke", "s", 0.9), cache.core)
+    kinds, served = steps(flow.stream("tell me a joke", "s", 0.9), cache._core)
     assert kinds == ["Find"] and served.hit.response == "why did the chicken"
 
 
 def test_a_source_that_refuses_on_opening_is_served_and_nothing_is_kept(cache):
-    kinds, served = steps(flow.stream("is the model up", "s", 0.9), cache.core, opened=ServeOnly(503))
+    kinds, served = steps(flow.stream("is the model up", "s", 0.9), cache._core, opened=ServeOnly(503))
     assert kinds == ["Find", "ClaimShared", "Open", "Finish"] and served == Loaded(503)
-    assert cache.get("is the model up", scope="s") is None and len(cache.core.flights) == 0
+    assert cache.get("is the model up", scope="s") is None and len(cache._core.flights) == 0
 
 
 def test_a_loader_error_thrown_into_the_flow_releases_the_claim(cache):
     gen = flow.get_or_load(["p"], "s", 0.9)
     find = gen.send(None)
     assert isinstance(find, flow.Find)
-    claim = gen.send(drivers._call(cache.core, find))
-    load = gen.send(drivers._call(cache.core, claim))
-    assert isinstance(load, flow.Load) and len(cache.core.flights) == 1
+    claim = gen.send(drivers._call(cache._core, find))
+    load = gen.send(drivers._call(cache._core, claim))
+    assert isinstance(load, flow.Load) and len(cache._core.flights) == 1
     abort = gen.throw(KeyError("the model is down"))
     assert isinstance(abort, flow.Abort) and isinstance(abort.error, KeyError)
     with pytest.raises(KeyError):
-        gen.send(drivers._call(cache.core, abort))
-    assert len(cache.core.flights) == 0
+        gen.send(drivers._call(cache._core, abort))
+    assert len(cache._core.flights) == 0
 
 
 def test_a_cancelled_waiter_leaves_the_load_and_the_other_waiters_alone(cache, monkeypatch):
@@ -134,7 +134,7 @@ def test_the_typed_call_says_whether_it_was_found_loaded_or_joined(cache):
         leader = asyncio.create_task(cache.aget_or_load("a new question", slow))
         await started.wait()
         waiter = asyncio.create_task(cache.aget_or_load("a new question", slow))
-        assert await asyncio.to_thread(cache.core.flights.wait_for_joins, 1, 30)
+        assert await asyncio.to_thread(cache._core.flights.wait_for_joins, 1, 30)
         release.set()
         return await leader, await waiter
 
@@ -142,7 +142,7 @@ def test_the_typed_call_says_whether_it_was_found_loaded_or_joined(cache):
     assert leader == Loaded("the leader's value") and waiter == Joined("the leader's text")
     with pytest.raises(TypeError, match="Keep"):
         cache.get_or_load("another question", lambda p: "a bare str")
-    assert len(cache.core.flights) == 0
+    assert len(cache._core.flights) == 0
 
 
 def test_a_streamed_typed_call_hands_its_caller_the_pieces_and_stores_them_once_read(cache):
@@ -180,9 +180,9 @@ def test_pieces_closed_before_any_is_read_release_the_claim_and_close_the_source
 
     async def main():
         served = await cache.aget_or_load_streaming("a question", lambda p: Stream("v", Source()))
-        assert isinstance(served, Loaded) and len(cache.core.flights) == 1
+        assert isinstance(served, Loaded) and len(cache._core.flights) == 1
         await served.pieces.aclose()
-        assert len(cache.core.flights) == 0 and Source.closed
+        assert len(cache._core.flights) == 0 and Source.closed
         return await cache.aget_or_put("a question", lambda p: asyncio.sleep(0, "loaded"))
 
     assert asyncio.run(main()) == "loaded"
@@ -215,13 +215,13 @@ def test_a_store_that_fails_after_the_load_serves_the_answer_and_releases_the_cl
     def broken(prompt, response, scope):
         raise RuntimeError("the policy broke")
 
-    cache.core.cache_policy.decide = broken
+    cache._core.cache_policy.decide = broken
     served = cache.get_or_load("a question", lambda p: Keep("an answer", "the value"))
     assert served == Loaded("the value") and isinstance(served.failed, RuntimeError)
-    assert len(cache.core.flights) == 0
+    assert len(cache._core.flights) == 0
     with pytest.raises(RuntimeError, match="the policy broke"):  # the text call raises it
         cache.get_or_put("another question", lambda p: "an answer")
-    assert len(cache.core.flights) == 0
+    assert len(cache._core.flights) == 0
 
 
 def test_a_loaded_answer_lives_the_ttl_its_call_gave(fake_embedder):
@@ -244,7 +244,7 @@ def test_a_serve_only_answer_reaches_its_caller_and_nothing_is_kept(cache):
     served = cache.get_or_load("is the model up", lambda p: ServeOnly(refused))
     assert served == Loaded(refused) and served.value is refused
     assert cache.get("is the model up") is None
-    assert len(cache.core.flights) == 0  # every claim released
+    assert len(cache._core.flights) == 0  # every claim released
 
 
 def test_a_stream_that_ends_serve_only_is_served_whole_and_kept_from_everyone(cache):
@@ -254,7 +254,7 @@ def test_a_stream_that_ends_serve_only_is_served_whole_and_kept_from_everyone(ca
         yield ServeOnly()  # the loader's last item: not passed on
 
     assert list(cache.get_or_put_streaming("tell me a story", truncated)) == ["once upon ", "a time"]
-    assert cache.get("tell me a story") is None and len(cache.core.flights) == 0
+    assert cache.get("tell me a story") is None and len(cache._core.flights) == 0
 
     async def consume():
         async def agen(prompt):
@@ -285,7 +285,7 @@ def test_waiters_on_a_serve_only_load_load_their_own_and_never_see_it(cache):
         leader = asyncio.create_task(cache.aget_or_load("a flaky question", loader))
         await started.wait()
         waiter = asyncio.create_task(cache.aget_or_load("a flaky question", loader))
-        assert await asyncio.to_thread(cache.core.flights.wait_for_joins, 1, 30)  # the waiter joined
+        assert await asyncio.to_thread(cache._core.flights.wait_for_joins, 1, 30)  # the waiter joined
         release.set()
         assert await leader == Loaded("the leader's private error")
         assert await waiter == Loaded("the waiter's own answer") and len(calls) == 2
@@ -320,7 +320,7 @@ def test_a_stream_closed_inside_a_cancelled_task_releases_its_claim_at_once(cach
             group.start_soon(consume)
             await started.wait()
             group.cancel_scope.cancel()
-        assert len(cache.core.flights) == 0
+        assert len(cache._core.flights) == 0
         assert await cache.aget_or_put("an endless question", lambda p: asyncio.sleep(0, "loaded")) == "loaded"
 
     asyncio.run(main())
@@ -335,13 +335,13 @@ def test_a_stream_cancelled_while_its_answer_is_handed_on_still_releases_its_cla
     from concurrent.futures import ThreadPoolExecutor
 
     finished = threading.Event()
-    real_finish = cache.core.finish
+    real_finish = cache._core.finish
 
     def finish(*args, **kwargs):
         real_finish(*args, **kwargs)
         finished.set()
 
-    cache.core.finish = finish
+    cache._core.finish = finish
     gate = threading.Event()
 
     async def main():
@@ -371,7 +371,7 @@ def test_a_stream_cancelled_while_its_answer_is_handed_on_still_releases_its_cla
         return handed_on
 
     assert run_async(main())
-    assert len(cache.core.flights) == 0
+    assert len(cache._core.flights) == 0
     assert cache.get("a question").response == "the only part"
 
 

@@ -150,7 +150,7 @@ def _async_const(value):
 
 
 def _state(cache):
-    return (len(cache), cache.stats(), sorted(e.prompt for e in cache.core.table))
+    return (len(cache), cache.stats(), sorted(e.prompt for e in cache._core.table))
 
 
 @pytest.mark.parametrize("bad, error", BAD_PROMPTS, ids=[repr(b) for b, _ in BAD_PROMPTS])
@@ -316,8 +316,8 @@ def test_threads_under_stress_keep_the_invariants():
     stats = cache.stats()
     assert stats.entries == len(cache) <= cache.capacity
     assert stats.hits == stats.exact_hits + stats.semantic_hits
-    assert len(cache.core.flights) == 0  # no claim left behind
-    for entry in list(cache.core.table):  # every stored entry is found by an exact get
+    assert len(cache._core.flights) == 0  # no claim left behind
+    for entry in list(cache._core.table):  # every stored entry is found by an exact get
         hit = cache.get(entry.prompt, scope=entry.scope)
         assert hit is not None and hit.exact and hit.response == entry.response
 
@@ -342,7 +342,7 @@ def test_tasks_under_stress_keep_the_invariants():
     results = asyncio.run(main())
     assert all(r.startswith("answer:") for r in results)
     assert all(n == 1 for n in calls.values())  # 40 distinct prompts fit: each loaded once
-    assert len(cache) == len(calls) <= 100 and len(cache.core.flights) == 0
+    assert len(cache) == len(calls) <= 100 and len(cache._core.flights) == 0
 
 
 # --------------------------------------------------------------------- properties

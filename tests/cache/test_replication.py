@@ -54,7 +54,7 @@ def test_the_cache_tells_its_replication_and_takes_entries_through_its_public_fa
     vector = fake_embedder.encode(["stored elsewhere"])[0]
     shared = Recording([SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)])
     cache = make(fake_embedder, shared)
-    assert shared.replica is cache.core.replica  # the replica face: apply_replicated* (replicated.py)
+    assert shared.replica is cache._core.replica  # the replica face: apply_replicated* (replicated.py)
     cache.put("mine", "my answer", scope="s")
     cache.invalidate("mine", scope="s")
     cache.clear("s")
@@ -192,10 +192,10 @@ def test_a_call_cancelled_while_another_replica_loads_releases_its_claims(fake_e
             call = cache.aget_or_put("a question", loader)
         task = asyncio.ensure_future(call)
         await shared.waiting.wait()
-        assert len(cache.core.flights) == 1
+        assert len(cache._core.flights) == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return len(cache.core.flights)
+        return len(cache._core.flights)
 
     assert asyncio.run(main()) == 0

@@ -234,7 +234,7 @@ def test_a_second_streamer_replays_the_first_stream_once_it_completes(make):
         target=lambda: result.append("".join(cache.get_or_put_streaming("q", loader)))
     )
     second.start()
-    assert cache.core.flights.wait_for_joins(1, timeout=10)  # the second stream waits on the first
+    assert cache._core.flights.wait_for_joins(1, timeout=10)  # the second stream waits on the first
     release.set()
     assert list(first) == ["two"]
     second.join(5)
@@ -257,7 +257,7 @@ def test_a_waiter_loads_itself_when_the_first_consumer_abandons(make):
         target=lambda: result.append(cache.get_or_put("q", lambda p: "own load"))
     )
     waiter.start()
-    assert cache.core.flights.wait_for_joins(1, timeout=10)
+    assert cache._core.flights.wait_for_joins(1, timeout=10)
     first.close()  # the leader gives up: the waiter must not fail, it loads itself
     waiter.join(5)
     assert result == ["own load"]
@@ -332,7 +332,7 @@ def test_concurrent_tasks_load_once(make):
     async def slow(prompt):
         calls.append(prompt)
         # the other nine calls wait on this load before it returns
-        assert await asyncio.to_thread(cache.core.flights.wait_for_joins, 9, 10)
+        assert await asyncio.to_thread(cache._core.flights.wait_for_joins, 9, 10)
         return "answer"
 
     async def main():
@@ -362,7 +362,7 @@ def test_threads_and_tasks_share_one_load(make):
 
     async def main():
         task = asyncio.ensure_future(cache.aget_or_put("hot", _async_const("from task")))
-        assert await asyncio.to_thread(cache.core.flights.wait_for_joins, 1, 10)  # the task waits on it
+        assert await asyncio.to_thread(cache._core.flights.wait_for_joins, 1, 10)  # the task waits on it
         gate.set()
         return await task
 
@@ -385,7 +385,7 @@ def test_a_cancelled_leader_lets_waiters_load(make):
         leader = asyncio.ensure_future(cache.aget_or_put("q", stuck))
         await loading.wait()
         follower = asyncio.ensure_future(cache.aget_or_put("q", _async_const("mine")))
-        assert await asyncio.to_thread(cache.core.flights.wait_for_joins, 1, 10)
+        assert await asyncio.to_thread(cache._core.flights.wait_for_joins, 1, 10)
         leader.cancel()
         return await follower
 

@@ -368,8 +368,8 @@ def test_sixty_four_concurrent_clients_share_lookup_batches_and_one_upstream_cal
     def factory() -> SemanticCache:
         made.append(SemanticCache(held, device="cpu", lookup_batch=64, lookup_window_seconds=0.002,
                                   lookup_timeout_seconds=120.0))
-        held.ready = lambda: made[0].core.onloop.coalescer.gathered >= 63
-        held.watch(made[0].core.onloop.coalescer)
+        held.ready = lambda: made[0]._core.onloop.coalescer.gathered >= 63
+        held.watch(made[0]._core.onloop.coalescer)
         return made[0]
 
     app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET),

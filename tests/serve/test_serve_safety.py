@@ -156,7 +156,7 @@ def test_waiters_behind_an_answer_that_is_not_kept_load_their_own(real_embedder)
         with arrived:
             assert arrived.wait_for(lambda: calls(up, text) == 1, timeout=60)
         waiter.start()
-        assert served.app.state.proxy.cache.core.flights.wait_for_joins(1, timeout=60)
+        assert served.app.state.proxy.cache._core.flights.wait_for_joins(1, timeout=60)
         httpx.post(f"{up.url}/control/drip")
         leader.join(60)
         waiter.join(60)

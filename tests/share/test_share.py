@@ -144,7 +144,7 @@ def test_a_trimmed_stream_forces_a_bootstrap(replicas):
     for i in range(300):
         a.put(f"trimmed question {i}", f"answer {i}")
     assert a.shared.wait_written(300, timeout=20)
-    b.shared.attach(b.core.replica)  # back: its last id is gone from the stream
+    b.shared.attach(b._core.replica)  # back: its last id is gone from the stream
     assert b.shared.wait_for(lambda s: s.bootstraps == 2 and s.applied >= 300, timeout=30)
     assert b.get("trimmed question 7").response == "answer 7"
 

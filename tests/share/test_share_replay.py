@@ -371,7 +371,7 @@ def test_a_replica_back_after_the_stream_was_trimmed_counts_no_replay(replicas):
         a.put(f"trimmed question {i}", f"answer {i}")
     a.put("before the gap", "stored again")
     assert a.shared.wait_written(303, timeout=20)
-    b.shared.attach(b.core.replica)  # its last id is gone: it bootstraps again, its guard kept
+    b.shared.attach(b._core.replica)  # its last id is gone: it bootstraps again, its guard kept
     assert b.shared.wait_for(lambda s: s.bootstraps == 2 and s.applied >= 303, timeout=30)
     assert b.get("trimmed question 7").response == "answer 7"
     assert b.get("before the gap").response == "stored again"
