@@ -315,8 +315,7 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
                 soft.pop()
                 numbers.append(content[-1])
                 run_is_soft = False
-            rewrite(str(sum(run)))
-            after_number = True
+            rewrite(str(sum(run)))  # (after_number is read only once the run has ended)
             continue
         if held_and:
             stemmed.append("and")
@@ -332,7 +331,7 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
             (soft if is_soft else numbers).extend(hard)
         after_number = (hard == (canonical,) and not is_soft and kind == _CONTENT
                         and _PLAIN.fullmatch(canonical) is not None)
-        run = _in_words(None, tok) if kind == _CONTENT and hard == (canonical,) else None
+        run = _in_words(None, tok)  # a number word: content, read as its own number (a test holds it)
         run_is_soft = run is not None and is_soft
         if polar:
             polarity += polar

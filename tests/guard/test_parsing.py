@@ -278,6 +278,12 @@ def test_a_prompt_is_memoised_up_to_its_limit_and_read_in_full_beyond():
     ("twenty five hundred metres", "2500 metres"),
     ("nine hundred ninety nine trillion", "999000000000000"),
     ("Flights to twenty five cities", "Flights to 25 cities"),  # the number a directional word governs
+    ("from paris to rome in twenty five minutes", "from paris to rome in 25 minutes"),  # only its own
+    ("one hundred twenty five pages", "125 pages"),
+    ("a hundred and five days", "a 105 days"),  # a run may start at a scale word
+    ("a hundred thousand dollars", "a 100000 dollars"),
+    ("a thousand five hundred miles", "a 1500 miles"),
+    ("two hundred and counting down", "200 and counting down"),  # an "and" no number follows stays
 ])
 def test_a_number_written_in_words_is_one_number(words, digits):
     a, b = parse(words, True), parse(digits, True)
@@ -291,9 +297,24 @@ def test_a_number_written_in_words_is_one_number(words, digits):
     ("ten five", ("10", "5")),  # a teen takes no units
     ("twenty and five", ("20", "5")),  # "and" joins a number only after a hundred or a thousand
     ("two dozen", ("12", "2")),
+    ("twenty zero", ("0", "20")),  # units after a ten are one to nine
+    ("twenty ten", ("10", "20")),
+    ("two thousand hundred", ("100", "2000")),  # hundreds of nothing
+    ("a hundred hundred", ("100", "100")),  # hundreds of hundreds are not said
+    ("who scored a double hundred", ("100", "x2")),  # a multiplier is no number a scale multiplies
 ])
 def test_number_words_that_are_said_apart_stay_apart(words, numbers):
     assert parse(words, True).numbers == numbers
+
+
+def test_every_number_word_is_a_content_word_read_as_its_own_number():
+    """A run of number words starts at any of them: none is a stop word or read as another."""
+    from gpucache.guard.parsing import _BELOW_HUNDRED, token_memo
+    from gpucache.guard.words import SCALES
+
+    for word in [*_BELOW_HUNDRED, *SCALES]:
+        canonical, hard, _, kind, _ = token_memo(word)
+        assert kind == "content" and hard == (canonical,) == (str(_BELOW_HUNDRED.get(word, SCALES.get(word))),)
 
 
 def test_one_is_a_pronoun_until_a_number_word_makes_it_a_number():
