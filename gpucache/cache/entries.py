@@ -66,8 +66,8 @@ class EntryTable:
     most ``text_limit`` bytes (None: no bound)."""
 
     def __init__(self, index: VectorIndex, limit: int, stats: StatsCounter,
-                 text_limit: int | None = None, tenant_limit: int | None = None,
-                 fair: bool = False) -> None:
+                 text_limit: int | None = None, tenant_limit: int | None = None, *,
+                 fair: bool) -> None:
         self.index = index
         self.limit = limit
         self.text_limit = text_limit
@@ -207,7 +207,7 @@ class EntryTable:
         victims, freed = [], 0
         own = self._tenants.get(tenant) if self.fair and tenant is not None else None
         if own and tenant is not None:
-            share, held = self.text_limit // self._sharing(tenant), self._tenant_bytes[tenant]
+            share, held = self.text_limit // len(self._tenants), self._tenant_bytes[tenant]  # it holds some
             for key in own:
                 if self.text_bytes - freed <= self.text_limit or held - freed <= share:
                     break
@@ -222,10 +222,6 @@ class EntryTable:
                 freed += entry.size
         self.drop(victims)
         self.stats.evictions += len(victims)
-
-    def _sharing(self, tenant: str) -> int:
-        """How many tenants share the cache once ``tenant`` holds entries in it."""
-        return len(self._tenants) + (tenant not in self._tenants)
 
     def restore(
         self, scope: str, items: Sequence[tuple[str, str]], vectors: torch.Tensor,
@@ -327,7 +323,7 @@ class EntryTable:
         excess = len(self._entries) + needed - self.limit
         own = self._tenants.get(tenant) if self.fair else None
         if excess > 0 and own:
-            over = len(own) + needed - self.limit // self._sharing(tenant)
+            over = len(own) + needed - self.limit // len(self._tenants)  # shared among those holding some
             victims = [self._entries[key] for _, key in zip(range(min(excess, over)), own)]
             self.drop(victims)
             self.stats.evictions += len(victims)

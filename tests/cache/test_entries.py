@@ -217,17 +217,20 @@ def test_a_tenant_past_its_share_of_entries_evicts_its_own_and_one_within_it_any
     assert prompts(t) == ["b3", "a18", "a19", "c1"]  # the oldest of anyone's went
     put(t, "carol/m", ("c2", "r"))  # carol past her share: her own goes
     assert prompts(t) == ["b3", "a18", "a19", "c2"]
+    assert t.stats.evictions == t.stats.stores - len(t)  # each one gone is counted, by either rule
 
 
-def test_without_a_fair_share_a_flood_evicts_everyone_else():
-    t = table(limit=4)
+@pytest.mark.parametrize("tenant_limit", [None, 4])  # a cap per tenant alone is no fair share
+def test_without_a_fair_share_a_flood_evicts_everyone_else(tenant_limit):
+    t = table(limit=4, tenant_limit=tenant_limit)
     put(t, "bob/m", ("b1", "r"), ("b2", "r"))
     for n in range(10):
         put(t, "alice/m", (f"a{n}", "r"))
     assert prompts(t) == ["a6", "a7", "a8", "a9"]
 
 
-def test_a_tenant_past_its_share_of_the_text_bytes_evicts_its_own():
+@pytest.mark.parametrize("tenant_limit", [None, 100])
+def test_a_tenant_past_its_share_of_the_text_bytes_evicts_its_own(tenant_limit):
     small, large = text_size("b0", "r"), text_size("a0", "x" * 400)
     t = table(text_limit=4 * small + 2 * large, fair=True)
     put(t, "bob/m", *[(f"b{n}", "r") for n in range(4)])
@@ -235,11 +238,44 @@ def test_a_tenant_past_its_share_of_the_text_bytes_evicts_its_own():
         put(t, "alice/m", (f"a{n}", "x" * 400))
     assert [p for p in prompts(t) if p.startswith("b")] == ["b0", "b1", "b2", "b3"]
     assert prompts(t)[-1] == "a24" and t.text_bytes <= t.text_limit
-    unfair = table(text_limit=4 * small + 2 * large)
+    unfair = table(text_limit=4 * small + 2 * large, tenant_limit=tenant_limit)
     put(unfair, "bob/m", *[(f"b{n}", "r") for n in range(4)])
     for n in range(25):
         put(unfair, "alice/m", (f"a{n}", "x" * 400))
     assert not [p for p in prompts(unfair) if p.startswith("b")]  # a shared LRU: bob's all gone
+
+
+UNIT = text_size("a00", "r")  # every entry below is this size but the big one
+BIG = ("big", "r" * (3 * UNIT - text_size("big", "")))  # three units
+
+
+def test_a_tenant_over_its_share_of_the_text_bytes_gives_up_only_what_its_new_entry_needs():
+    t = table(text_limit=10 * UNIT, fair=True)
+    put(t, "alice/m", *[(f"a{n:02d}", "r") for n in range(10)])  # alone: the whole budget
+    put(t, "bob/m", ("b00", "r"))  # bob within his share: the oldest of anyone's goes
+    put(t, "alice/m", ("a10", "r"))  # alice over hers (10 of 5 units): one of her own, not five
+    assert prompts(t) == [f"a{n:02d}" for n in range(2, 10)] + ["b00", "a10"]
+    assert len(t) == 10 and t.text_bytes == 10 * UNIT
+
+
+def test_a_tenant_gives_up_its_own_only_down_to_its_share_then_the_oldest_of_anyones_go():
+    assert text_size(*BIG) == 3 * UNIT
+    t = table(text_limit=10 * UNIT, fair=True)
+    put(t, "bob/m", *[(f"b{n:02d}", "r") for n in range(10)])  # alone: the whole budget
+    for n in range(4):  # within her share: bob's oldest go
+        put(t, "alice/m", (f"a{n:02d}", "r"))
+    put(t, "alice/m", BIG)  # 7 units of her 5: two of her own, then bob's oldest (he holds 6)
+    assert prompts(t) == ["b05", "b06", "b07", "b08", "b09", "a02", "a03", "big"]
+    assert t.text_bytes == 10 * UNIT and t.stats.evictions == t.stats.stores - len(t)
+
+
+def test_what_a_tenants_own_share_gave_up_is_not_counted_again_among_anyones():
+    t = table(text_limit=10 * UNIT, fair=True)
+    put(t, "alice/m", *[(f"a{n:02d}", "r") for n in range(4)])  # her entries the oldest of all
+    put(t, "bob/m", *[(f"b{n:02d}", "r") for n in range(6)])
+    put(t, "alice/m", BIG)  # two of her own down to her share, then the oldest left: her third
+    assert prompts(t) == ["a03", *[f"b{n:02d}" for n in range(6)], "big"]
+    assert t.text_bytes == 10 * UNIT and t.stats.evictions == 3
 
 
 def test_a_tenants_bytes_follow_its_updates_and_removals_under_a_fair_share():
