@@ -65,7 +65,7 @@ def take_claims(
     if not misses:  # every prompt a hit (an exact repeat, most often): nothing to claim
         return Claims(found, {}, [], {})
     stored = {}
-    for prompt in misses:
+    for prompt in misses if not request.refresh else ():  # a refresh replaces what is stored
         entry = table.exact(found.scope, prompt, now)
         if entry is not None:
             stored[prompt] = entry.response

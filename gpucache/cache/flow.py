@@ -190,12 +190,13 @@ def _value(answer: LoaderAnswer[Any]) -> Any:
 
 
 def get_or_load(
-    prompts: list[str], scope: str, threshold: float, ttl: float | None = None
+    prompts: list[str], scope: str, threshold: float, ttl: float | None = None, refresh: bool = False
 ) -> Flow[list[Served[Any]]]:
     """What each of ``prompts`` is served, in input order, loading the misses this call claims
-    (and storing them for ``ttl`` seconds, or the cache's default where None)."""
+    (and storing them for ``ttl`` seconds, or the cache's default where None); with ``refresh``,
+    nothing stored is served (``LookupRequest.refresh``)."""
     served: dict[str, Served[Any]] = {}
-    request = LookupRequest(tuple(prompts), scope, threshold, claim=True)
+    request = LookupRequest(tuple(prompts), scope, threshold, claim=True, refresh=refresh)
     while True:
         claims = yield from _find(request)
         for prompt in claims.found.unique:
@@ -224,13 +225,16 @@ def get_or_load(
                 retry.append(prompt)
         if not retry:
             return [served[p] for p in prompts]
-        request = LookupRequest(tuple(retry), scope, threshold, claim=True, count=False)
+        request = replace(request, prompts=tuple(retry), count=False)
 
 
-def stream(prompt: str, scope: str, threshold: float, ttl: float | None = None) -> Flow[Served[Any]]:
+def stream(
+    prompt: str, scope: str, threshold: float, ttl: float | None = None, refresh: bool = False
+) -> Flow[Served[Any]]:
     """What ``prompt`` is served, loading a miss through the streaming loader (``Open``, then
-    ``Relay``) and storing the text its chunks made once they end."""
-    request = LookupRequest((prompt,), scope, threshold, claim=True)
+    ``Relay``) and storing the text its chunks made once they end; with ``refresh``, nothing
+    stored is served."""
+    request = LookupRequest((prompt,), scope, threshold, claim=True, refresh=refresh)
     while True:
         claims = yield from _find(request)
         answered = _answered(claims, prompt)

@@ -60,7 +60,8 @@ class GetOrLoad:
     # --------------------------------------------------------------------------- typed
 
     def get_or_load(
-        self, prompt: Prompt, loader: TypedLoader[T], *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: TypedLoader[T], *, scope: str | None = None, ttl: float | None = None,
+        refresh: bool = False,
     ) -> Served[T]:
         """What ``prompt`` is served: ``Found(hit)``, or on a miss ``loader(prompt)`` run
         (``Loaded(value)``), or another call's load (``Joined(text)``).
@@ -71,16 +72,21 @@ class GetOrLoad:
         nothing is stored, and those calls run their own load. Concurrent misses on the same
         (scope, prompt) call the loader once. A loader that raises stores nothing; its
         exception reaches this caller and those waiting on it. A store that fails after the
-        loader answered is ``Loaded.failed``: the value is served either way."""
+        loader answered is ``Loaded.failed``: the value is served either way.
+
+        With ``refresh``, nothing stored is served (a client's ``no-cache``, an answer older
+        than it accepts): the loader runs, or a load of the prompt already running is joined,
+        and its answer replaces the entry as a miss's is stored, policy and admission
+        permitting; calls without it are served the stored answer meanwhile."""
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         check_loader(loader, "loader(prompt) -> Keep(text, value) or ServeOnly(value)")
-        served = drivers.run(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl),
-                          lambda missed: [check_answer(loader(given(missed[0])))])
+        flowing = flow.get_or_load([prompt], scope, self._threshold, ttl, _flag(refresh))
+        served = drivers.run(self._core, flowing, lambda missed: [check_answer(loader(given(missed[0])))])
         return served[0]
 
     async def aget_or_load(
         self, prompt: Prompt, loader: AsyncTypedLoader[T], *, scope: str | None = None,
-        ttl: float | None = None,
+        ttl: float | None = None, refresh: bool = False,
     ) -> Served[T]:
         """``get_or_load`` with an async loader: the lookup coalesced with concurrent ones, the
         cache's work in worker threads, nothing on the event loop waiting on the cache's lock."""
@@ -90,19 +96,21 @@ class GetOrLoad:
         async def load(missed: list[str]) -> list[Any]:
             return [check_answer(await loader(given(missed[0])))]
 
-        served = await drivers.arun(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl),
-                                 load)
+        served = await drivers.arun(
+            self._core, flow.get_or_load([prompt], scope, self._threshold, ttl, _flag(refresh)), load)
         return served[0]
 
     async def aget_or_load_streaming(
-        self, prompt: Prompt, loader: StreamOpener, *, scope: str | None = None, ttl: float | None = None
+        self, prompt: Prompt, loader: StreamOpener, *, scope: str | None = None, ttl: float | None = None,
+        refresh: bool = False,
     ) -> Served[Any]:
         """``aget_or_load`` for a streamed answer. On a miss ``loader(prompt)`` opens the source
         and answers ``Stream(value, chunks)``, or ``ServeOnly(value)`` where it refused before
         any chunk; the call answers ``Loaded(value, pieces)``: iterate ``pieces`` (the chunks,
         as they come) to the end to store their text, or close it to give the load up (its
         waiters then load their own). The chunks may end with ``ServeOnly()`` (keep nothing)
-        or ``Keep(ttl=...)``. A hit or a joined load answers with its whole text, to replay."""
+        or ``Keep(ttl=...)``. A hit or a joined load answers with its whole text, to replay.
+        ``refresh`` as for ``get_or_load``."""
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         check_loader(loader, "loader(prompt) -> Stream(value, chunks) or ServeOnly(value)")
 
@@ -115,8 +123,8 @@ class GetOrLoad:
                                 f"got {type(opened).__name__}")
             return opened
 
-        return await drivers.arun(self._core, flow.stream(prompt, scope, self._threshold, ttl),
-                               open_=open_)
+        flowing = flow.stream(prompt, scope, self._threshold, ttl, _flag(refresh))
+        return await drivers.arun(self._core, flowing, open_=open_)
 
     # ---------------------------------------------------------------------------- text
 
@@ -237,3 +245,9 @@ class GetOrLoad:
                 await pieces.aclose()
 
         return chunks()
+
+
+def _flag(refresh: object) -> bool:
+    if not isinstance(refresh, bool):
+        raise TypeError(f"refresh must be a bool, got {type(refresh).__name__}")
+    return refresh

@@ -44,13 +44,16 @@ log = logging.getLogger("gpucache")
 class LookupRequest:
     """One call's lookup. ``claim``: a get-or-load call, which records sightings for admission
     and claims the misses it is to load; ``count``: count its hits and misses (not for a retry
-    of a load another call abandoned)."""
+    of a load another call abandoned); ``refresh``: a get-or-load call that is served nothing
+    stored (a client's ``no-cache``, an answer older than it accepts): every prompt a miss,
+    embedded for the store, so that its load is stored as any miss's is."""
 
     prompts: tuple[str, ...]
     scope: str
     threshold: float
     claim: bool
     count: bool = True
+    refresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,15 +115,21 @@ class Lookup:
             now = self.now()
             for i, request in enumerate(requests):
                 for prompt in unique[i]:
-                    entry = self.table.exact(request.scope, prompt, now)
+                    entry = None if request.refresh else self.table.exact(request.scope, prompt, now)
                     if entry is None:
                         need.setdefault((request.scope, prompt), []).append(i)
                     else:
                         hits[i][prompt] = _exact_hit(entry, now)
-        if need:  # exact repeats another replica stored and this one has not applied yet
-            for shared in self.fetched(list(need)):
-                for i in need.pop((shared.scope, shared.prompt), []):
+        if any(not requests[i].refresh for wanting in need.values() for i in wanting):
+            # exact repeats another replica stored and this one has not applied yet
+            for shared in self.fetched([key for key, wanting in need.items()
+                                        if any(not requests[i].refresh for i in wanting)]):
+                wanting = need.get((shared.scope, shared.prompt), [])
+                for i in [i for i in wanting if not requests[i].refresh]:
                     hits[i][shared.prompt] = Hit(shared.response, given(shared.prompt), 1.0, exact=True)
+                    wanting.remove(i)
+                if not wanting:
+                    need.pop((shared.scope, shared.prompt), None)
         texts = list(dict.fromkeys(prompt for _, prompt in need))
         dim = self.embedder.dim
         began = time.perf_counter()
@@ -130,22 +139,25 @@ class Lookup:
         row_of = {text: i for i, text in enumerate(texts)}
         vectors = [_rows(embedded, u, h, row_of) for u, h in zip(unique, hits)]
         by_scope: dict[str, list[str]] = {}
-        for scope, prompt in need:
-            by_scope.setdefault(scope, []).append(prompt)
+        for (scope, prompt), wanting in need.items():
+            if any(not requests[i].refresh for i in wanting):  # a refresh is served nothing found
+                by_scope.setdefault(scope, []).append(prompt)
         found: dict[tuple[str, str], list[Candidate]] = {}
         with self.lock:
             if texts:
                 self.counters().embedding(embed_seconds, len(texts))
             now = self.now()
             for scope, prompts in by_scope.items():
-                least = min(requests[i].threshold for p in prompts for i in need[(scope, p)])
+                least = min(requests[i].threshold for p in prompts for i in need[(scope, p)]
+                            if not requests[i].refresh)
                 found.update(self._search(scope, prompts, embedded[[row_of[p] for p in prompts]], now, least))
         # no lock held: the verifier (pure, about 0.1 ms a candidate with the guard) judges what the
         # scan found, so many candidates never hold up the other lookups, stores and exact repeats
         chosen: dict[tuple[int, str], Candidate | Verdict | None] = {}
         rejections: dict[str, int] = {}
-        for (scope, prompt), candidates in found.items():
-            for i in need[(scope, prompt)]:
+        for (scope, prompt), wanting in need.items():
+            for i in wanting:
+                candidates = found.get((scope, prompt), []) if not requests[i].refresh else []
                 chosen[(i, prompt)] = self._verify(prompt, candidates, requests[i].threshold, rejections)
         refused: list[dict[str, str]] = [{} for _ in requests]
         with self.lock:
@@ -169,6 +181,8 @@ class Lookup:
         """The findings of a request whose every prompt the exact tier answers (repeats, which
         need no embedding), or None where one is not stored. Lock held (the caller decides
         whether it may wait for it: ``CacheCore.exact``)."""
+        if request.refresh:
+            return None
         now = self.now()
         hits: dict[str, Hit | None] = {}
         for prompt in dict.fromkeys(request.prompts):

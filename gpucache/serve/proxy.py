@@ -214,13 +214,14 @@ class Proxy:
         replay = self.streams.replay(meta, self.cache.replay_chunks(found.response), ex.key.include_usage)
         return Hit(found, "", stream=replay)
 
-    async def run_json(self, ex: Exchange) -> Outcome:
+    async def run_json(self, ex: Exchange, refresh: bool = False) -> Outcome:
         async def loader(text: Prompt) -> Keep[httpx.Response] | ServeOnly[httpx.Response]:
             response = await self.send_upstream(ex)
             ex.timing["answer"] = ex.timing["upstream"]  # the whole answer's wait
             return self.keeping(ex, response)
 
-        served = await self.ask(ex, self.cache.aget_or_load(ex.key.prompt, loader, scope=ex.key.scope))
+        served = await self.ask(
+            ex, self.cache.aget_or_load(ex.key.prompt, loader, scope=ex.key.scope, refresh=refresh))
         if isinstance(served, Outcome):
             return served
         ex.timing["lookup"] = served.lookup_seconds
@@ -236,14 +237,14 @@ class Proxy:
         assert served.value is not None
         return self.loaded(served.value, served.refused)
 
-    async def run_stream(self, ex: Exchange) -> Outcome:
+    async def run_stream(self, ex: Exchange, refresh: bool = False) -> Outcome:
         relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
 
         async def opener(text: Prompt) -> Stream[Any] | ServeOnly[PassedThrough]:
             return await self.open_stream(ex, relay)
 
-        served = await self.ask(
-            ex, self.cache.aget_or_load_streaming(ex.key.prompt, opener, scope=ex.key.scope))
+        served = await self.ask(ex, self.cache.aget_or_load_streaming(
+            ex.key.prompt, opener, scope=ex.key.scope, refresh=refresh))
         if isinstance(served, Outcome):
             return served
         meta, usage = relay.meta, ex.key.include_usage
@@ -289,10 +290,16 @@ class Proxy:
         return Loaded(headers=headers, stream=streams.closing(streams.relayed(first, pieces, relay), pieces),
                       refused=refused)
 
-    async def refresh(self, ex: Exchange, later: bool = False) -> Outcome:
-        """The upstream answers, and a complete answer is stored for later requests: for
-        ``no-cache``, ``max-age=0``, a hit older than the request's ``max-age``, and a lookup
-        that timed out (``later``: stored in the background, not before the answer goes)."""
+    async def refresh(self, ex: Exchange) -> Outcome:
+        """The upstream answers, and its answer replaces the stored one as a miss's is stored
+        (policy and admission permitting; a concurrent request for the prompt joins it): for
+        ``no-cache``, ``max-age=0`` and a hit older than the request's ``max-age``."""
+        return await (self.run_stream(ex, refresh=True) if ex.key.stream else self.run_json(ex, refresh=True))
+
+    async def past_the_cache(self, ex: Exchange) -> Outcome:
+        """A lookup that timed out: the upstream answers at once, and a complete answer is
+        stored after it has gone (``put``: its embedding waits on the embedder that is slow,
+        which a lookup before the load would wait on again), so the cache still warms."""
         try:
             if ex.key.stream:
                 relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
@@ -307,10 +314,7 @@ class Proxy:
             return Unavailable(down.status, str(down))
         keeping = self.keeping(ex, response)
         if isinstance(keeping, Keep) and keeping.text is not None:
-            if later:
-                self.store_later(ex.key, keeping.text, keeping.ttl)
-            else:
-                await self.store(ex.key, keeping.text, keeping.ttl)
+            self.store_later(ex.key, keeping.text, keeping.ttl)
         return self.loaded(response)
 
     def keeping(
@@ -367,7 +371,7 @@ class Proxy:
         if isinstance(exc, LookupTimeout):
             # the cache is slow (a load spike), not broken: the answer is still kept, so the cache warms
             # under load; stored after the answer is sent (storing embeds: the embedder is what is slow)
-            return await self.refresh(ex, later=True)
+            return await self.past_the_cache(ex)
         forwarded = await self.forward_exchange(ex)
         return forwarded if isinstance(forwarded, Unavailable) else FailedOpen(exc, forwarded)
 

@@ -127,9 +127,9 @@ class Streams:
             await response.aclose()
 
     async def storing(self, pieces: UpstreamPieces, key: RequestKey) -> AsyncGenerator[str, None]:
-        """A refresh's pieces passed on, and their text stored where the stream's last word
-        says so: "load and store, without a lookup" (a lookup would serve what the request
-        asked not to be served, or wait on the slow embedder the refresh is working around)."""
+        """The pieces of a stream asked past the cache (its lookup timed out) passed on, and
+        their text stored where the stream's last word says so, without a lookup (it would wait
+        again on the slow embedder)."""
         parts: list[str] = []
         try:
             async for piece in pieces:

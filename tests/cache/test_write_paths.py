@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from gpucache import AdmissionPolicy, SemanticCache, ThresholdOnly
+from gpucache import AdmissionPolicy, Found, Keep, Loaded, SemanticCache, Stream, ThresholdOnly
 
 SECRET = "Use AKIAIOSFODNN7EXAMPLE as the key"
 
@@ -136,6 +136,66 @@ def test_admission_is_keyed_on_exact_text_not_similarity(make):
     cache.get_or_put("reset my password", lambda p: "a")
     cache.get_or_put("Reset my password!", lambda p: "b")  # similar, but another text
     assert len(cache) == 0
+
+
+# --------------------------------------------------------------------- refresh
+
+
+def test_a_refresh_is_served_nothing_stored_and_its_answer_replaces_the_entry(make):
+    cache = make()
+    cache.put("who won the cup", "old")
+    served = cache.get_or_load("who won the cup", lambda p: Keep("new", "new"), refresh=True)
+    assert isinstance(served, Loaded) and served.value == "new"
+    assert cache.get("who won the cup").response == "new" and len(cache) == 1
+    assert isinstance(cache.get_or_load("who won the cup", lambda p: Keep("newer", "newer")), Found)
+
+
+def test_a_refresh_is_admitted_as_a_miss_is(make):
+    cache = make(admission=AdmissionPolicy(min_sightings=2))
+    cache.get_or_load("rare question", lambda p: Keep("one", "one"), refresh=True)
+    assert len(cache) == 0 and cache.stats().admissions_deferred == 1  # seen once: not stored
+    cache.get_or_load("rare question", lambda p: Keep("two", "two"), refresh=True)
+    assert cache.get("rare question").response == "two"
+
+
+def test_a_refresh_by_an_async_or_streamed_load_replaces_the_entry(make):
+    cache = make()
+    cache.put("a", "old a")
+    cache.put("b", "old b")
+
+    async def both():
+        await cache.aget_or_load("a", _async_const(Keep("new a", "new a")), refresh=True)
+        loaded = await cache.aget_or_load_streaming(
+            "b", lambda p: Stream("v", _async_chunks(["new ", "b"])(p)), refresh=True)
+        return "".join([c async for c in loaded.pieces])
+
+    assert run(both()) == "new b"
+    assert (cache.get("a").response, cache.get("b").response) == ("new a", "new b")
+
+
+def test_while_a_refresh_loads_other_callers_are_served_the_stored_answer(make):
+    cache = make()
+    cache.put("the weather in Oslo", "old")
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(prompt):
+        inside.set()
+        assert release.wait(10)
+        return Keep("new", "new")
+
+    refreshing = threading.Thread(target=cache.get_or_load, args=("the weather in Oslo", slow),
+                                  kwargs={"refresh": True})
+    refreshing.start()
+    assert inside.wait(10)
+    assert cache.get("the weather in Oslo").response == "old"
+    release.set()
+    refreshing.join(10)
+    assert cache.get("the weather in Oslo").response == "new"
+
+
+def test_refresh_must_be_a_bool(make):
+    with pytest.raises(TypeError, match="refresh must be a bool"):
+        make().get_or_load("q", lambda p: Keep("a", "a"), refresh="yes")
 
 
 # --------------------------------------------------------------------- streaming

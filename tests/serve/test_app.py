@@ -135,6 +135,25 @@ def test_a_client_asking_no_cache_is_answered_afresh_and_the_entry_refreshed(pro
     assert upstream.completions == ["Who painted the Night Watch?"] * 2
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_no_cache_answer_is_stored_as_a_misss_is_admission_included(upstream, stream):
+    """A refresh is a load that is served nothing stored, not a store past the cache's rules:
+    under an admission policy a prompt seen once is not kept, refreshed or not."""
+    from gpucache import AdmissionPolicy
+
+    config = ServeSettings(upstream="http://model-server.invalid/v1", namespace_secret=b"a-secret-for-these-tests")
+    app = create_app(config, cache_factory=lambda: SemanticCache(
+        FakeEmbedder(), device="cpu", admission=AdmissionPolicy(min_sightings=2)),
+        upstream_transport=httpx.MockTransport(upstream))
+    with TestClient(app) as proxy:
+        prompt = "Who composed the Goldberg Variations?"
+        fresh = ask(proxy, prompt, stream=stream, **{"cache-control": "no-cache"})
+        assert fresh.status_code == 200 and "Goldberg" in fresh.text
+        assert ask(proxy, prompt).headers["x-gpucache"] == "miss"  # seen once: not kept
+        assert ask(proxy, prompt).headers["x-gpucache"] == "exact"  # the second sighting was
+    assert upstream.completions == [prompt] * 2
+
+
 def test_an_answer_to_a_client_asking_no_store_is_never_kept(proxy, upstream):
     """RFC 9111's request ``no-store``: nothing of this exchange is kept (a stored answer may
     still serve it)."""
