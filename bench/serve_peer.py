@@ -43,9 +43,21 @@ def executable() -> str | None:
 
 
 def version() -> str:
+    """The version of the LiteLLM that runs: this Python's, or, where LiteLLM lives in an
+    environment of its own (its command on PATH), that environment's."""
     import importlib.metadata
 
-    return importlib.metadata.version("litellm")
+    try:
+        return importlib.metadata.version("litellm")
+    except importlib.metadata.PackageNotFoundError:
+        command = executable()
+        if command is None:
+            raise
+        environment = Path(command).resolve().parent.parent
+        found = sorted(environment.glob("lib/python*/site-packages/litellm-*.dist-info"))
+        if not found:
+            raise
+        return found[-1].name.removeprefix("litellm-").removesuffix(".dist-info")
 
 
 def command(up_port: int, port: int) -> tuple[list[str], dict[str, str]]:

@@ -108,7 +108,7 @@ def _numeral_word(m: re.Match[str], text: str) -> str:
     number comes before it ("chapter 2 the ending", "1, 2 the ...")."""
     before = text[: m.start()].rstrip()
     last = before.rsplit(None, 1)[-1].casefold() if before else ""
-    if last.rstrip(",") in _NUMBERED or last[-1:].isdigit() or last.endswith(","):
+    if last in _NUMBERED or last.isdigit() or last.endswith(","):  # "chapter,": a list too
         return m.group(1)
     return "for" if m.group(1) == "4" else "to"
 

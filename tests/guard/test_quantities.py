@@ -21,6 +21,9 @@ from gpucache.guard.lexical import LexicalNearMissVerifier
     ("at 4pm", "at 16:00"), ("at 9:15 a.m.", "at 09:15"), ("at 12am", "at 00:00"), ("by noon", "by 12:00"),
     ("10 miles", "10 miles"), ("2 cups", "2 cups"), ("the 1960s", "the 1960s"),  # no exact ratio; decades
     ("at 13pm", "at 13pm"), ("3 m/s", "3 m/s"), ("v1.5 km", "v1.5 km"),
+    ("at 1pm", "at 13:00"), ("at Midnight", "at 00:00"),  # the clock's first hour; midnight is no noon
+    ("1250 mg", "1.25 grams"),  # two places
+    ("0.000000000000000000000000000001 kg", "0.000000000000000000000000001 grams"),  # past a double's digits
 ])
 def test_an_amount_is_written_in_one_unit_per_quantity(written, read):
     assert quantities.canonical(written) == read

@@ -150,6 +150,11 @@ def test_a_prompt_of_the_memos_length_is_kept_and_one_longer_is_not():
     ("add 4 cups of stock", "add 4 cups of stock"),  # no word that takes "to" before it
     ("read chapter 2 the night before", "read chapter 2 the night before"),  # a label's number
     ("pick 1, 2 the rest later", "pick 1, 2 the rest later"),  # a list of numbers
+    ("we won 3 2 the first leg", "we won 3 2 the first leg"),  # a score
+    ("chapter 2 the ending", "chapter 2 the ending"), ("please read chapter 2 the night before",
+                                                       "please read chapter 2 the night before"),
+    ("4 the record, who won", "for the record, who won"),  # at the start
+    ("buy a ps5 4 the kids", "buy a ps5 for the kids"),  # a name ending in a digit is no number
 ])
 def test_a_number_typed_for_a_word_is_read_as_the_word_only_where_no_count_can_stand(typed, read):
     assert request.expand_shorthand(typed) == read
