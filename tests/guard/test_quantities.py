@@ -57,3 +57,11 @@ def test_the_units_reading_is_kept_only_where_it_makes_the_numbers_agree():
     guard = LexicalNearMissVerifier()
     verdict = guard.explain("proof it for 2 hours", "proof it for 3 hours")
     assert verdict.rule == "numbers" and verdict.words == ("2", "3")  # told as written, not in seconds
+
+
+def test_the_units_reading_keeps_the_verifiers_own_reading_of_words():
+    """A verifier without the table of interchangeable words reads both sides without it, the
+    units reading too: "purchase" is "purchase" on both, not "buy" on one."""
+    guard = LexicalNearMissVerifier(table=False)
+    assert not guard.explain("purchase 2 kg of rice", "purchase 2000 g of rice").rejected
+    assert not guard.explain("purchase 2000 g of rice", "purchase 2 kg of rice").rejected
