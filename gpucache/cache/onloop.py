@@ -87,7 +87,7 @@ class LoopLookups:
         thread, at once where no batch is computing, else in the next batch with the requests
         that gathered behind it (where ``lookup_window_seconds`` is above 0), and bounded by
         ``lookup_timeout_seconds`` (``LookupTimeout``)."""
-        found = self.exact(request, wait=False)
+        found = None if request.refresh else self.exact(request, wait=False)  # a refresh skips the tier
         held = self.core.table.may_hold
         if isinstance(found, LockBusy) and all(held(request.scope, p) for p in request.prompts):
             # a scan or a store holds the lock, and every prompt looks stored: wait for the lock
