@@ -31,6 +31,7 @@ on torch and keeps the error in ``errors``, so it is not retried on every lookup
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import statistics
@@ -78,6 +79,8 @@ def wall_timer(
     ``before()`` is called ahead of each run, outside its timing."""
     def once() -> float:
         before()
+        if _EXITING.is_set():
+            raise MeasurementStopped("the interpreter is exiting")
         start = clock()
         run()
         if device.type == "cuda":
@@ -88,9 +91,44 @@ def wall_timer(
     return statistics.median(once() for _ in range(TIMED_RUNS))
 
 
+class MeasurementStopped(Exception):
+    """The interpreter is exiting: a measurement gives up between two runs (``at_exit``)."""
+
+
+_EXITING = threading.Event()
+_MEASURING: set[threading.Thread] = set()
+_MEASURING_LOCK = threading.Lock()
+EXIT_WAIT = 30.0  # seconds the interpreter's exit waits for a measurement's run in progress
+
+
 def in_a_thread(measure: Callable[[], None]) -> None:
-    """Run ``measure`` in a daemon thread of its own: how a chooser measures by default."""
-    threading.Thread(target=measure, name="gpucache-kernel-choice", daemon=True).start()
+    """Run ``measure`` in a daemon thread of its own: how a chooser measures by default. The
+    thread is known to ``at_exit``, which lets it end before the interpreter does."""
+    def tracked() -> None:
+        try:
+            measure()
+        finally:
+            with _MEASURING_LOCK:
+                _MEASURING.discard(threading.current_thread())
+
+    thread = threading.Thread(target=tracked, name="gpucache-kernel-choice", daemon=True)
+    with _MEASURING_LOCK:
+        _MEASURING.add(thread)
+    thread.start()
+
+
+@atexit.register
+def at_exit() -> None:
+    """Stop the measurements still running, at their next run, and wait for them. Why: a
+    daemon thread still inside a torch product when the interpreter finalizes ends the process
+    with "terminate called without an active exception" (SIGABRT, status 134): a script that
+    exits right after its first large scan would fail for a measurement it never asked for."""
+    _EXITING.set()
+    with _MEASURING_LOCK:
+        running = list(_MEASURING)
+    deadline = time.monotonic() + EXIT_WAIT
+    for thread in running:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class ScanKernelChooser:

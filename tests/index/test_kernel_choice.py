@@ -392,3 +392,25 @@ def test_a_measurement_waits_for_callers_scans_and_never_runs_beside_one():
         assert chooser.wait_for(lambda c: c.idle_waits >= 1, timeout=30)  # the measurement waits
         assert not ran.is_set()  # and has run nothing beside the caller's scan
     assert chooser.wait_measured(timeout=60) and ran.is_set()  # after it, the measurement ran
+
+
+def test_a_process_that_exits_while_a_measurement_runs_exits_cleanly():
+    """A measurement runs in a daemon thread; a script that ends right after its first large
+    scan must not die with it (a torch product still running as the interpreter finalizes
+    aborts the process: "terminate called without an active exception", status 134)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import math, torch\n"
+        "from gpucache.index.store import ExactScanStore, PATH_CHOICE_MIN_ROWS\n"
+        "n, d = 4 * PATH_CHOICE_MIN_ROWS, 384\n"
+        "store = ExactScanStore(d, device='cpu', quantization='int8')\n"
+        "gen = torch.Generator().manual_seed(1)\n"
+        "store.add(torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1), 0, [math.inf] * n)\n"
+        "store.search(torch.nn.functional.normalize(torch.randn(64, d, generator=gen), dim=1), 4, 0)\n"
+        "assert store.path_chooser is not None and store.path_chooser._pending  # measuring now\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
