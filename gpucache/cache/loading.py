@@ -26,6 +26,7 @@ from gpucache.cache.served import Keep, Loaded, Pieces, Served, ServeOnly, Strea
 from gpucache.cache.validation import (
     check_answer,
     check_batch,
+    check_flag,
     check_loaded,
     check_loader,
     check_prompt,
@@ -80,7 +81,7 @@ class GetOrLoad:
         permitting; calls without it are served the stored answer meanwhile."""
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         check_loader(loader, "loader(prompt) -> Keep(text, value) or ServeOnly(value)")
-        flowing = flow.get_or_load([prompt], scope, self._threshold, ttl, _flag(refresh))
+        flowing = flow.get_or_load([prompt], scope, self._threshold, ttl, check_flag(refresh, "refresh"))
         served = drivers.run(self._core, flowing, lambda missed: [check_answer(loader(given(missed[0])))])
         return served[0]
 
@@ -96,8 +97,8 @@ class GetOrLoad:
         async def load(missed: list[str]) -> list[Any]:
             return [check_answer(await loader(given(missed[0])))]
 
-        served = await drivers.arun(
-            self._core, flow.get_or_load([prompt], scope, self._threshold, ttl, _flag(refresh)), load)
+        flowing = flow.get_or_load([prompt], scope, self._threshold, ttl, check_flag(refresh, "refresh"))
+        served = await drivers.arun(self._core, flowing, load)
         return served[0]
 
     async def aget_or_load_streaming(
@@ -123,7 +124,7 @@ class GetOrLoad:
                                 f"got {type(opened).__name__}")
             return opened
 
-        flowing = flow.stream(prompt, scope, self._threshold, ttl, _flag(refresh))
+        flowing = flow.stream(prompt, scope, self._threshold, ttl, check_flag(refresh, "refresh"))
         return await drivers.arun(self._core, flowing, open_=open_)
 
     # ---------------------------------------------------------------------------- text
@@ -245,9 +246,3 @@ class GetOrLoad:
                 await pieces.aclose()
 
         return chunks()
-
-
-def _flag(refresh: object) -> bool:
-    if not isinstance(refresh, bool):
-        raise TypeError(f"refresh must be a bool, got {type(refresh).__name__}")
-    return refresh

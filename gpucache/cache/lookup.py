@@ -120,16 +120,18 @@ class Lookup:
                         need.setdefault((request.scope, prompt), []).append(i)
                     else:
                         hits[i][prompt] = _exact_hit(entry, now)
-        if any(not requests[i].refresh for wanting in need.values() for i in wanting):
-            # exact repeats another replica stored and this one has not applied yet
-            for shared in self.fetched([key for key, wanting in need.items()
-                                        if any(not requests[i].refresh for i in wanting)]):
-                wanting = need.get((shared.scope, shared.prompt), [])
-                for i in [i for i in wanting if not requests[i].refresh]:
+        # the requests each missing prompt is looked up for: all but the refreshes, which are
+        # served nothing stored but still need the prompt embedded, for the store
+        looking = {key: [i for i in wanting if not requests[i].refresh] for key, wanting in need.items()}
+        looking = {key: wanting for key, wanting in looking.items() if wanting}
+        if looking:  # exact repeats another replica stored and this one has not applied yet
+            for shared in self.fetched(list(looking)):
+                key = (shared.scope, shared.prompt)
+                for i in looking.pop(key, []):
                     hits[i][shared.prompt] = Hit(shared.response, given(shared.prompt), 1.0, exact=True)
-                    wanting.remove(i)
-                if not wanting:
-                    need.pop((shared.scope, shared.prompt), None)
+                    need[key].remove(i)
+                if not need.get(key, True):
+                    del need[key]
         texts = list(dict.fromkeys(prompt for _, prompt in need))
         dim = self.embedder.dim
         began = time.perf_counter()
@@ -139,25 +141,23 @@ class Lookup:
         row_of = {text: i for i, text in enumerate(texts)}
         vectors = [_rows(embedded, u, h, row_of) for u, h in zip(unique, hits)]
         by_scope: dict[str, list[str]] = {}
-        for (scope, prompt), wanting in need.items():
-            if any(not requests[i].refresh for i in wanting):  # a refresh is served nothing found
-                by_scope.setdefault(scope, []).append(prompt)
+        for scope, prompt in looking:
+            by_scope.setdefault(scope, []).append(prompt)
         found: dict[tuple[str, str], list[Candidate]] = {}
         with self.lock:
             if texts:
                 self.counters().embedding(embed_seconds, len(texts))
             now = self.now()
             for scope, prompts in by_scope.items():
-                least = min(requests[i].threshold for p in prompts for i in need[(scope, p)]
-                            if not requests[i].refresh)
+                least = min(requests[i].threshold for p in prompts for i in looking[(scope, p)])
                 found.update(self._search(scope, prompts, embedded[[row_of[p] for p in prompts]], now, least))
         # no lock held: the verifier (pure, about 0.1 ms a candidate with the guard) judges what the
         # scan found, so many candidates never hold up the other lookups, stores and exact repeats
         chosen: dict[tuple[int, str], Candidate | Verdict | None] = {}
         rejections: dict[str, int] = {}
         for (scope, prompt), wanting in need.items():
-            for i in wanting:
-                candidates = found.get((scope, prompt), []) if not requests[i].refresh else []
+            for i in wanting:  # a refresh is a miss: it is verified against nothing
+                candidates = [] if requests[i].refresh else found[(scope, prompt)]
                 chosen[(i, prompt)] = self._verify(prompt, candidates, requests[i].threshold, rejections)
         refused: list[dict[str, str]] = [{} for _ in requests]
         with self.lock:

@@ -87,6 +87,12 @@ def check_positive_int(value: object, what: str) -> int:
     return value
 
 
+def check_flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def check_loaded(response: object) -> Keep[str]:
     """A text loader's one answer (the ``get_or_put`` family): a str, kept and served."""
     return Keep(check_response(response, "loader's response"))

@@ -193,6 +193,20 @@ def test_while_a_refresh_loads_other_callers_are_served_the_stored_answer(make):
     assert cache.get("the weather in Oslo").response == "new"
 
 
+def test_in_one_batch_a_refresh_misses_what_a_plain_lookup_of_the_same_prompt_finds(make):
+    from gpucache.cache.lookup import LookupRequest
+
+    cache = make()
+    cache.put("the capital of Peru", "Lima")
+    plain = LookupRequest(("the capital of Peru", "The capital of Peru?"), "default", 0.8, claim=False)
+    refresh = LookupRequest(("the capital of Peru", "The capital of Peru?"), "default", 0.8, claim=False,
+                            refresh=True)
+    found_plain, found_refresh = cache._core.lookup.find([plain, refresh])
+    assert found_plain.hits["the capital of Peru"].response == "Lima"
+    assert found_refresh.hits == {"the capital of Peru": None, "The capital of Peru?": None}
+    assert found_refresh.vectors.shape[0] == 2 and bool(found_refresh.vectors.abs().sum(1).all())  # for the store
+
+
 def test_refresh_must_be_a_bool(make):
     with pytest.raises(TypeError, match="refresh must be a bool"):
         make().get_or_load("q", lambda p: Keep("a", "a"), refresh="yes")
