@@ -17,7 +17,7 @@ from gpucache.keys import DEFAULT_SCOPE, prompt_key
 if TYPE_CHECKING:
     from gpucache.cache.batching import LookupTimeout
     from gpucache.cache.semantic import Hit, LoadAbandoned, SemanticCache
-    from gpucache.cache.served import Found, Joined, Keep, Loaded, Served, ServeOnly, Stream
+    from gpucache.cache.served import Found, Framed, Joined, Keep, Loaded, Served, ServeOnly, Stream
     from gpucache.cache.settings import CacheSettings
     from gpucache.cache.snapshot import SnapshotError
     from gpucache.cache.stats import CacheStats
@@ -47,6 +47,7 @@ _LAZY = {
     "ExactScanStore": "gpucache.index.store",
     "ExplainingVerifier": "gpucache.guard.verifier",
     "Found": "gpucache.cache.served",
+    "Framed": "gpucache.cache.served",
     "Hit": "gpucache.cache.semantic",
     "HitVerifier": "gpucache.guard.verifier",
     "Joined": "gpucache.cache.served",
@@ -83,6 +84,7 @@ __all__ = [
     "ExactScanStore",
     "ExplainingVerifier",
     "Found",
+    "Framed",
     "Hit",
     "HitVerifier",
     "Joined",

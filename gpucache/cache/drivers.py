@@ -40,7 +40,7 @@ from gpucache.cache.flow import (
     WaitShared,
 )
 from gpucache.cache.lookup import LookupRequest
-from gpucache.cache.served import Found, Joined, Keep, Loaded, LoaderAnswer, ServeOnly, Stream
+from gpucache.cache.served import Found, Framed, Joined, Keep, Loaded, LoaderAnswer, ServeOnly, Stream
 from gpucache.cache.validation import check_response, check_ttl
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ def _loading(step: _Stepper, relay: Relay, pieces: Any) -> Loaded[Any]:
                   refused=relay.refused)
 
 
-def _pieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> Iterator[str]:
+def _pieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> Iterator[object]:
     """A stream's chunks for a sync consumer, then the rest of the flow (the store). A
     consumer that stops reading raises GeneratorExit at a ``yield``; thrown into the flow, it
     releases the claim, and the flow re-raises it."""
@@ -253,7 +253,7 @@ def _pieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> Iterator[str
     _raise_failed(step)
 
 
-async def _apieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> AsyncGenerator[str, None]:
+async def _apieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> AsyncGenerator[object, None]:
     """``_pieces`` for an async consumer: the chunks may be an async iterable or a plain one."""
     iterator: AsyncGenerator[object, None] | None = None
     text = _Text()
@@ -306,7 +306,7 @@ class _AsyncPieces:
     def __aiter__(self) -> _AsyncPieces:
         return self
 
-    def __anext__(self) -> Awaitable[str]:
+    def __anext__(self) -> Awaitable[object]:
         self._started = True
         return self._pieces.__anext__()
 
@@ -344,11 +344,15 @@ class _Text:
         self.parts: list[str] = []
         self.last: LoaderAnswer[Any] | None = None
 
-    def take(self, chunk: object) -> str | None:
-        """The piece to pass on, or None for the loader's last word (``Keep``/``ServeOnly``)."""
+    def take(self, chunk: object) -> object | None:
+        """The piece to pass on (the chunk as the loader gave it, its text gathered), or None
+        for the loader's last word (``Keep``/``ServeOnly``)."""
         if isinstance(chunk, (Keep, ServeOnly)):
             self.last = chunk
             return None
+        if isinstance(chunk, Framed):
+            self.parts.append(check_response(chunk.text, "stream chunk's text"))
+            return chunk
         piece = check_response(chunk, "stream chunk")
         self.parts.append(piece)
         return piece

@@ -22,7 +22,7 @@ from typing import Any, TypeVar, cast
 
 from gpucache.cache import drivers, flow
 from gpucache.cache.core import CacheCore
-from gpucache.cache.served import Keep, Loaded, Pieces, Served, ServeOnly, Stream, text_of
+from gpucache.cache.served import Keep, Loaded, Pieces, Served, ServeOnly, Stream, text_of, text_of_chunk
 from gpucache.cache.validation import (
     check_answer,
     check_batch,
@@ -199,7 +199,8 @@ class GetOrLoad:
         checked when this is called; the lookup and the load start at the first ``next()``, so
         an iterator that is never started holds nothing and blocks no one. ``ttl`` as in
         ``get_or_put``. A loader whose last item is ``ServeOnly()`` (not passed on) has its
-        chunks served and nothing stored."""
+        chunks served and nothing stored. A ``Framed`` chunk is served as its text (a hit has
+        no frames to give)."""
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         check_loader(loader, "loader(prompt) -> iterable of str chunks")
         core = self._core
@@ -208,7 +209,7 @@ class GetOrLoad:
             served = drivers.run(core, flow.stream(prompt, scope, self._threshold, ttl),
                               open_=lambda: Stream(None, loader(given(prompt))))
             if isinstance(served, Loaded):
-                yield from cast(Iterator[str], served.pieces)
+                yield from map(text_of_chunk, cast(Iterator[object], served.pieces))
             else:
                 yield from core.replay(text_of(served))
 
@@ -238,10 +239,10 @@ class GetOrLoad:
                 for piece in core.replay(text_of(served)):
                     yield piece
                 return
-            pieces = cast(Pieces, served.pieces)
+            pieces = cast("Pieces[object]", served.pieces)
             try:
-                async for piece in pieces:
-                    yield piece
+                async for chunk in pieces:
+                    yield text_of_chunk(chunk)
             finally:
                 await pieces.aclose()
 

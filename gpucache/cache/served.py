@@ -18,11 +18,15 @@ The loader answers, for the prompt it was given:
                           answer: nothing another caller should be handed)
 
 A streaming loader opens its source and answers ``Stream(value, chunks)`` or
-``ServeOnly(value)`` (the source refused before any chunk). The chunks are str pieces; the last
-item may be ``ServeOnly()`` (serve what streamed, keep none of it) or ``Keep(ttl=...)`` (keep
-the text that streamed, for that long); without either the text is kept for the call's ttl.
-The call then answers ``Loaded(value, pieces)``: the chunks as they come, for the caller to
-pass on; the text is stored when they end, and a caller that stops reading stores nothing.
+``ServeOnly(value)`` (the source refused before any chunk). The chunks are str pieces, or
+``Framed(text, frame)`` where the caller passes something on beside each piece's text (an
+event's bytes as the source sent them, say); the last item may be ``ServeOnly()`` (serve what
+streamed, keep none of it) or ``Keep(ttl=...)`` (keep the text that streamed, for that long);
+without either the text is kept for the call's ttl.
+The call then answers ``Loaded(value, pieces)``: the chunks as they come, each as the loader
+gave it, for the caller to pass on; the text is stored when they end, and a caller that stops
+reading stores nothing. Because a ``Framed`` chunk carries its frame through the cache, the
+caller needs no side channel kept in step with the pieces by hand.
 
 Why values and not callbacks or exceptions: vLLM's serving handlers return an error, a
 response or a stream, and the route matches on the type; a reader can follow each case to its
@@ -34,11 +38,13 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from gpucache.conversation.value import Conversation
 
 T = TypeVar("T")
+F = TypeVar("F")
+C_co = TypeVar("C_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -80,23 +86,32 @@ class ServeOnly(Generic[T]):
     value: T | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Framed(Generic[F]):
+    """A stream's chunk that carries, beside the ``text`` the cache keeps, a ``frame`` the
+    cache never reads: the caller reads the chunk back whole, in its place among the others."""
+
+    text: str
+    frame: F
+
+
 @dataclass(frozen=True)
 class Stream(Generic[T]):
     """A streaming loader's open source: ``value`` for its call (the response's headers, say),
-    ``chunks`` the str pieces, sync or async, optionally ending with a ``Keep`` or a
-    ``ServeOnly``."""
+    ``chunks`` the str or ``Framed`` pieces, sync or async, optionally ending with a ``Keep``
+    or a ``ServeOnly``."""
 
     value: T | None
     chunks: AsyncIterable[object] | Iterable[object]
 
 
-class Pieces(Protocol):
-    """A streamed load's chunks for an async caller: iterate them, or close them (started or
-    not) to give the load up."""
+class Pieces(Protocol[C_co]):
+    """A streamed load's chunks for an async caller, each as the loader gave it (``str`` or
+    ``Framed``): iterate them, or close them (started or not) to give the load up."""
 
-    def __aiter__(self) -> AsyncIterator[str]: ...
+    def __aiter__(self) -> AsyncIterator[C_co]: ...
 
-    def __anext__(self) -> Awaitable[str]: ...
+    def __anext__(self) -> Awaitable[C_co]: ...
 
     async def aclose(self) -> None: ...
 
@@ -120,7 +135,7 @@ class Loaded(Generic[T]):
     that did (``Verdict.rule``); empty where none reached it."""
 
     value: T | None
-    pieces: Pieces | Iterator[str] | None = None
+    pieces: Pieces[Any] | Iterator[Any] | None = None
     failed: Exception | None = field(default=None, compare=False)
     lookup_seconds: float = field(default=0.0, compare=False)
     refused: str = ""
@@ -148,3 +163,9 @@ def text_of(served: Found | Loaded[str] | Joined) -> str:
         raise served.failed
     assert isinstance(served.value, str)
     return served.value
+
+
+def text_of_chunk(chunk: object) -> str:
+    """A streamed chunk's text, for the ``get_or_put_streaming`` family: a ``Framed`` chunk's
+    ``text``, a str as it is."""
+    return chunk.text if isinstance(chunk, Framed) else str(chunk)

@@ -46,7 +46,7 @@ except ImportError as exc:  # the serve extra
 
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.semantic import SemanticCache
-from gpucache.cache.served import Found, Keep, Pieces, Served, ServeOnly, Stream
+from gpucache.cache.served import Found, Framed, Keep, Pieces, Served, ServeOnly, Stream
 from gpucache.cache.served import Joined as JoinedLoad
 from gpucache.serve import answers, wire
 from gpucache.serve.exchange import (
@@ -71,7 +71,7 @@ from gpucache.serve.intake import Intake, disconnected, leaves_body_unread
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
-from gpucache.serve.streams import Relay, Streams, UpstreamPieces
+from gpucache.serve.streams import Streams, UpstreamPieces
 from gpucache.serve.tenancy import Identity
 from gpucache.serve.upstream import Upstream, UpstreamUnavailable, calling_upstream
 
@@ -238,16 +238,14 @@ class Proxy:
         return self.loaded(served.value, served.refused)
 
     async def run_stream(self, ex: Exchange, refresh: bool = False) -> Outcome:
-        relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
-
         async def opener(text: Prompt) -> Stream[Any] | ServeOnly[PassedThrough]:
-            return await self.open_stream(ex, relay)
+            return await self.open_stream(ex)
 
         served = await self.ask(ex, self.cache.aget_or_load_streaming(
             ex.key.prompt, opener, scope=ex.key.scope, refresh=refresh))
         if isinstance(served, Outcome):
             return served
-        meta, usage = relay.meta, ex.key.include_usage
+        meta, usage = wire.StreamMeta(ex.kind, ex.body["model"]), ex.key.include_usage
         ex.timing["lookup"] = served.lookup_seconds
         if isinstance(served, Found):
             if not ex.control.fresh(served.hit):
@@ -259,7 +257,7 @@ class Proxy:
         if served.pieces is None:  # the upstream refused: its answer, kept from everyone
             assert isinstance(served.value, PassedThrough)
             return served.value
-        return await self.relaying(ex, served.value, cast(Pieces, served.pieces), relay, served.refused)
+        return await self.relaying(served.value, cast("Pieces[Framed[bytes]]", served.pieces), served.refused)
 
     async def ask(self, ex: Exchange, call: Awaitable[Served[Any]]) -> Served[Any] | Outcome:
         """What the cache served, or how asking it ended: the upstream unreachable (the loader's
@@ -271,12 +269,10 @@ class Proxy:
         except Exception as exc:
             return await self.fail_open(ex, exc)
 
-    async def relaying(
-        self, ex: Exchange, headers: Any, pieces: Pieces, relay: Relay, refused: str = ""
-    ) -> Outcome:
+    async def relaying(self, headers: Any, pieces: Pieces[Framed[bytes]], refused: str = "") -> Outcome:
         """This call's streamed load to its client, once its first event is in (an upstream that
         fails before it is a 502, after it an error event in the stream)."""
-        first: str | None = None
+        first: Framed[bytes] | None = None
         try:
             first = await pieces.__anext__()
         except StopAsyncIteration:
@@ -287,7 +283,7 @@ class Proxy:
             log.exception("gpucache: a streamed load failed before its first event")
             return Unavailable(502, f"the upstream stream failed: {type(exc).__name__}")
         streams = self.streams
-        return Loaded(headers=headers, stream=streams.closing(streams.relayed(first, pieces, relay), pieces),
+        return Loaded(headers=headers, stream=streams.closing(streams.relayed(first, pieces), pieces),
                       refused=refused)
 
     async def refresh(self, ex: Exchange) -> Outcome:
@@ -302,13 +298,12 @@ class Proxy:
         which a lookup before the load would wait on again), so the cache still warms."""
         try:
             if ex.key.stream:
-                relay = Relay(wire.StreamMeta(ex.kind, ex.body["model"]))
-                opened = await self.open_stream(ex, relay)
+                opened = await self.open_stream(ex)
                 if isinstance(opened, ServeOnly):
                     assert opened.value is not None
                     return opened.value
                 pieces = cast(UpstreamPieces, opened.chunks)
-                return await self.relaying(ex, opened.value, self.streams.storing(pieces, ex.key), relay)
+                return await self.relaying(opened.value, self.streams.storing(pieces, ex.key))
             response = await self.send_upstream(ex)
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
@@ -333,7 +328,7 @@ class Proxy:
         with calling_upstream(ex.waited_upstream, "the upstream request"):
             return await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
 
-    async def open_stream(self, ex: Exchange, relay: Relay) -> Stream[Any] | ServeOnly[PassedThrough]:
+    async def open_stream(self, ex: Exchange) -> Stream[Any] | ServeOnly[PassedThrough]:
         """The exchange's stream opened upstream: its headers and pieces (``Streams.pieces``),
         or, where the upstream answered with an error status, that answer, served only."""
         begun = time.perf_counter()  # the stream's first event is timed from here too
@@ -346,7 +341,7 @@ class Proxy:
                 await response.aclose()
             return ServeOnly(PassedThrough(response.status_code, response.headers, content))
         lifetime = self.shorter_lived(response.headers)
-        pieces = self.streams.pieces(relay, response, ex, begun, lifetime)
+        pieces = self.streams.pieces(response, ex, begun, lifetime)
         return Stream(response.headers, UpstreamPieces(pieces, response))
 
     def shorter_lived(self, headers: Any) -> float | None:

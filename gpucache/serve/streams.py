@@ -9,9 +9,7 @@ import asyncio
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpucache.extras import missing
@@ -21,7 +19,7 @@ try:
 except ImportError as exc:  # the serve extra
     raise missing("serve", __name__, exc) from exc
 
-from gpucache.cache.served import Keep, ServeOnly
+from gpucache.cache.served import Framed, Keep, ServeOnly
 from gpucache.serve import wire
 from gpucache.serve.exchange import Exchange, may_store
 from gpucache.serve.keying import RequestKey
@@ -29,9 +27,10 @@ from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.upstream import UpstreamUnavailable
 
 log = logging.getLogger("gpucache.serve")
-# What a streamed load's pieces are: a text ("" for an event with none), and last, whether
-# the text may be kept
-Piece = str | Keep[None] | ServeOnly[None]
+# What a streamed load's pieces are: each upstream event's text ("" for an event with none)
+# framed by its bytes for the client, then the stream's end (its ``[DONE]`` in the same way),
+# and last, whether the text may be kept
+Piece = Framed[bytes] | Keep[None] | ServeOnly[None]
 
 
 async def upstream_events(response: Any) -> AsyncIterator[tuple[dict[str, Any], bytes]]:
@@ -53,22 +52,6 @@ async def upstream_events(response: Any) -> AsyncIterator[tuple[dict[str, Any], 
                 yield event, f"data: {data}\n\n".encode()
     except httpx.TransportError as exc:
         raise UpstreamUnavailable(502, f"the upstream connection failed mid-stream: {exc!r}") from exc
-
-
-@dataclass
-class Relay:
-    """A streamed load's events waiting to be relayed to the client, one per piece the cache
-    hands back (so the two stay in step), what the stream said of itself, and whether an error
-    event ended it."""
-
-    meta: wire.StreamMeta
-    events: deque[bytes] = field(default_factory=deque)
-    error_event: bool = False
-
-    def drain(self) -> list[bytes]:
-        out = list(self.events)
-        self.events.clear()
-        return out
 
 
 class UpstreamPieces:
@@ -100,33 +83,32 @@ class Streams:
         self.metrics, self.keep = metrics, keep
 
     async def pieces(
-        self, relay: Relay, response: Any, ex: Exchange, begun: float, lifetime: float | None
+        self, response: Any, ex: Exchange, begun: float, lifetime: float | None
     ) -> AsyncGenerator[Piece, None]:
-        """The one streamed load, for a miss (through the cache) and a refresh alike: one piece
-        per upstream event (its text, or ""), each event queued in ``relay``; last, whether the
-        text may be kept (``may_store``) and for how long. An error event is relayed, and
-        nothing is kept."""
+        """The one streamed load, for a miss (through the cache), a refresh and a request past
+        the cache alike: one piece per upstream event, its text (or "") framed by the event's
+        bytes; then ``[DONE]``; last, whether the text may be kept (``may_store``) and for how
+        long. An error event is relayed and ends the stream, and nothing is kept."""
+        meta = wire.StreamMeta(ex.kind, ex.body["model"])
         waited = False
         try:
             async for event, line in upstream_events(response):
                 if not waited:  # the answer's headers go out after the first event
                     waited = True
                     ex.waited_upstream(time.perf_counter() - begun)
-                relay.events.append(line)
                 if "error" in event:
-                    relay.error_event = True
-                    yield ""
+                    yield Framed("", line)
                     yield ServeOnly()
                     return
-                yield wire.delta_of(ex.kind, event, relay.meta) or ""
+                yield Framed(wire.delta_of(ex.kind, event, meta) or "", line)
             self.metrics.upstream_seconds.observe(time.perf_counter() - begun)
-            meta = relay.meta
+            yield Framed("", wire.DONE)
             keep = may_store(meta.finish_reason, not meta.unreplayable, ex.control, response.headers)
             yield Keep(ttl=lifetime) if keep else ServeOnly()
         finally:
             await response.aclose()
 
-    async def storing(self, pieces: UpstreamPieces, key: RequestKey) -> AsyncGenerator[str, None]:
+    async def storing(self, pieces: UpstreamPieces, key: RequestKey) -> AsyncGenerator[Framed[bytes], None]:
         """The pieces of a stream asked past the cache (its lookup timed out) passed on, and
         their text stored where the stream's last word says so, without a lookup (it would wait
         again on the slow embedder)."""
@@ -135,8 +117,8 @@ class Streams:
             async for piece in pieces:
                 if isinstance(piece, Keep):
                     await self.keep(key, "".join(parts), piece.ttl)
-                elif isinstance(piece, str):
-                    parts.append(piece)
+                elif isinstance(piece, Framed):
+                    parts.append(piece.text)
                     yield piece
         finally:  # a client gone mid-stream closes this generator: the upstream's response too
             await pieces.aclose()
@@ -154,31 +136,22 @@ class Streams:
             await pieces.aclose()
 
     async def relayed(
-        self, first: str | None, pieces: AsyncIterator[str], relay: Relay
+        self, first: Framed[bytes] | None, pieces: AsyncIterator[Framed[bytes]]
     ) -> AsyncIterator[bytes]:
-        """This call's own load: the upstream's events as it sent them, one per piece; then its
-        ``[DONE]``, unless an error event ended it; a cut or failed upstream ends it with an
-        error event made here."""
-        for line in relay.drain():
-            yield line
-        if first is not None:
-            try:
-                async for _ in pieces:
-                    for line in relay.drain():
-                        yield line
-            except UpstreamUnavailable as exc:
-                for line in relay.drain():
-                    yield line
-                yield self.cut(exc)
-                return
-            except Exception as exc:  # past the first event: an error event, never a traceback
-                log.exception("gpucache: a streamed load failed mid-stream")
-                yield self.cut(exc)
-                return
-        for line in relay.drain():
-            yield line
-        if not relay.error_event:
-            yield wire.DONE
+        """This call's own load: the upstream's events as it sent them, each framed with its
+        piece, and its end (``[DONE]``, or the error event that ended it); a cut or failed
+        upstream ends it with an error event made here."""
+        if first is None:
+            return
+        yield first.frame
+        try:
+            async for piece in pieces:
+                yield piece.frame
+        except UpstreamUnavailable as exc:
+            yield self.cut(exc)
+        except Exception as exc:  # past the first event: an error event, never a traceback
+            log.exception("gpucache: a streamed load failed mid-stream")
+            yield self.cut(exc)
 
     @staticmethod
     async def replay(

@@ -9,7 +9,7 @@ import pytest
 
 from gpucache import SemanticCache, StoreEverything, ThresholdOnly
 from gpucache.cache import drivers, flow
-from gpucache.cache.served import Found, Joined, Keep, Loaded, ServeOnly, Stream
+from gpucache.cache.served import Found, Framed, Joined, Keep, Loaded, ServeOnly, Stream
 from gpucache.guard.verifier import Verdict
 
 
@@ -159,6 +159,32 @@ def test_a_streamed_typed_call_hands_its_caller_the_pieces_and_stores_them_once_
 
     pieces, again = asyncio.run(main())
     assert pieces == ["once ", "upon"] and isinstance(again, Found) and again.hit.response == "once upon"
+
+
+def test_framed_chunks_reach_the_caller_whole_and_in_place_and_only_their_text_is_kept(cache):
+    """A chunk that carries its frame (the event's bytes the client is sent) passes through the
+    cache as it was given, so the caller needs nothing kept in step with the pieces beside it;
+    the sync family serves a framed chunk as its text."""
+    chunks = [Framed("once ", b"e1"), Framed("", b"keep-alive"), "upon", Framed(" a time", b"e3")]
+
+    async def main():
+        served = await cache.aget_or_load_streaming("tell me a story", lambda p: Stream(None, chunks))
+        assert isinstance(served, Loaded)
+        return [piece async for piece in served.pieces]
+
+    assert asyncio.run(main()) == chunks
+    assert cache.get("tell me a story").response == "once upon a time"
+    plain = list(cache.get_or_put_streaming("tell me another", lambda p: iter(chunks)))
+    assert plain == ["once ", "", "upon", " a time"] and cache.get("tell me another").response == "once upon a time"
+
+
+def test_a_framed_chunk_whose_text_is_not_a_str_is_the_loaders_error(cache):
+    def framed_bytes(prompt):
+        yield Framed(b"once", b"e1")
+
+    with pytest.raises(TypeError, match="stream chunk's text"):
+        list(cache.get_or_put_streaming("tell me a story", framed_bytes))
+    assert cache.get("tell me a story") is None and len(cache._core.flights) == 0
 
 
 def test_pieces_closed_before_any_is_read_release_the_claim_and_close_the_source(cache):

@@ -9,7 +9,11 @@ import json
 import httpx
 import pytest
 
-from gpucache.serve.streams import upstream_events
+from gpucache.cache.served import Framed, Keep, ServeOnly
+from gpucache.serve import wire
+from gpucache.serve.exchange import CacheControl, Exchange
+from gpucache.serve.metrics import ProxyMetrics
+from gpucache.serve.streams import Streams, upstream_events
 from gpucache.serve.upstream import UpstreamUnavailable
 
 
@@ -18,6 +22,10 @@ class Lines:
 
     def __init__(self, lines, cut=False):
         self.lines, self.cut = lines, cut
+        self.headers, self.closed = {}, False
+
+    async def aclose(self):
+        self.closed = True
 
     async def aiter_lines(self):
         for line in self.lines:
@@ -46,3 +54,38 @@ def test_a_cut_connection_is_an_unavailable_upstream_never_a_transport_traceback
     with pytest.raises(UpstreamUnavailable) as raised:
         read_events(Lines(['data: {"choices": []}'], cut=True))
     assert raised.value.status == 502
+
+
+def load_pieces(lines):
+    """``Streams.pieces`` over an upstream answering ``lines``: what the cache is handed."""
+    ex = Exchange(kind="chat", method="POST", headers={}, query={}, raw=b"{}", body={"model": "smol"},
+                  key=None, control=CacheControl())  # type: ignore[arg-type]
+    response = Lines(lines)
+
+    async def collect():
+        return [piece async for piece in Streams(ProxyMetrics(), keep=None).pieces(response, ex, 0.0, None)]
+
+    pieces = asyncio.run(collect())
+    assert response.closed
+    return pieces
+
+
+def delta(text, finish=None):
+    return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+
+
+def test_each_event_travels_as_one_piece_its_text_for_the_cache_framed_by_its_bytes_for_the_client():
+    events = [delta("Hi"), {"choices": []}, delta(" there", "stop")]
+    pieces = load_pieces([f"data: {json.dumps(e)}" for e in events] + ["data: [DONE]"])
+    assert pieces[:-1] == [Framed("Hi", f"data: {json.dumps(events[0])}\n\n".encode()),
+                           Framed("", f"data: {json.dumps(events[1])}\n\n".encode()),
+                           Framed(" there", f"data: {json.dumps(events[2])}\n\n".encode()),
+                           Framed("", wire.DONE)]
+    assert pieces[-1] == Keep(ttl=None)
+
+
+def test_an_error_event_is_the_streams_last_frame_and_nothing_of_it_is_kept():
+    error = {"error": {"message": "out of memory", "type": "server_error"}}
+    pieces = load_pieces([f"data: {json.dumps(delta('Hi'))}", f"data: {json.dumps(error)}", "data: [DONE]"])
+    assert [p.frame for p in pieces[:-1]][1:] == [f"data: {json.dumps(error)}\n\n".encode()]
+    assert pieces[-1] == ServeOnly()
