@@ -14,16 +14,16 @@ try:
 except ImportError as exc:  # the serve extra
     raise missing("serve", __name__, exc) from exc
 
-from gpucache.cache.served import Hit as CacheHit
+from gpucache.cache.served import Hit
 from gpucache.serve import wire
 from gpucache.serve.exchange import (
     Bypassed,
+    Cached,
+    Coalesced,
     Exchange,
     FailedOpen,
+    Fetched,
     Forwarded,
-    Hit,
-    Joined,
-    Loaded,
     Outcome,
     PassedThrough,
     Refused,
@@ -87,12 +87,12 @@ def respond(ex: Exchange | None, outcome: Outcome, max_concurrency: int) -> Resp
             outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "refused"}
         )
     assert isinstance(ex, Exchange)
-    if isinstance(outcome, Hit):
+    if isinstance(outcome, Cached):
         headers = hit_headers(outcome.hit)
         if outcome.stream is not None:
             return StreamingResponse(outcome.stream, media_type="text/event-stream", headers=headers)
         return wire.JSON(wire.completion(ex.kind, ex.body["model"], outcome.answer), headers=headers)
-    if isinstance(outcome, Joined):
+    if isinstance(outcome, Coalesced):
         if outcome.stream is not None:
             return StreamingResponse(
                 outcome.stream, media_type="text/event-stream", headers={"x-gpucache": "miss"}
@@ -100,7 +100,7 @@ def respond(ex: Exchange | None, outcome: Outcome, max_concurrency: int) -> Resp
         return wire.JSON(
             wire.completion(ex.kind, ex.body["model"], outcome.answer), headers={"x-gpucache": "miss"}
         )
-    assert isinstance(outcome, Loaded)
+    assert isinstance(outcome, Fetched)
     # why a stored prompt was not served: the rule, never the prompt (only the caller's own
     # scope was scanned, so it tells nothing of another tenant)
     refused = {"x-gpucache-refused": outcome.refused} if outcome.refused else {}
@@ -129,7 +129,7 @@ def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome, ex: Exchange 
     if isinstance(outcome, Refused):
         m.errors.labels(outcome.kind).inc()
         return
-    if isinstance(outcome, Hit):
+    if isinstance(outcome, Cached):
         tier = "exact" if outcome.hit.exact else "semantic"
         m.requests.labels(endpoint, tier).inc()
         m.hits.labels(tier).inc()
@@ -152,7 +152,7 @@ def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome, ex: Exchange 
         m.errors.labels("upstream_timeout" if outcome.status == 504 else "upstream_unavailable").inc()
         m.requests.labels(endpoint, "error").inc()
         return
-    m.requests.labels(endpoint, "miss").inc()  # Loaded, Joined, PassedThrough, FailedOpen
+    m.requests.labels(endpoint, "miss").inc()  # Fetched, Coalesced, PassedThrough, FailedOpen
 
 def relayed(answer: Forwarded, tier: str) -> Response:
     """A forwarded answer as it came back, marked with the tier it went by."""
@@ -163,7 +163,7 @@ def relayed(answer: Forwarded, tier: str) -> Response:
     return StreamingResponse(answer.stream, status_code=answer.status, headers=headers, background=close)
 
 
-def hit_headers(hit: CacheHit) -> dict[str, str]:
+def hit_headers(hit: Hit) -> dict[str, str]:
     headers = {"x-gpucache": "exact" if hit.exact else "semantic"}
     if math.isfinite(hit.age):  # RFC 9111's Age: how long ago the served answer was stored
         headers["age"] = str(max(0, int(hit.age)))

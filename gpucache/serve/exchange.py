@@ -4,15 +4,18 @@ HTTP, one records its metrics, and ``may_store`` alone decides what the cache ke
 OpenAI server is the model: a request object, a function that serves it, typed results.
 
 Outcomes:
-    Hit          answered from the cache (a stored answer, JSON or replayed as a stream)
-    Loaded       this call's own upstream answer, stored where ``may_store`` allowed it
-    Joined       another request's load of the same prompt, in the same tenant
+    Cached       answered from the cache (a stored answer, JSON or replayed as a stream)
+    Fetched      this call's own upstream answer, stored where ``may_store`` allowed it
+    Coalesced    another request's load of the same prompt, in the same tenant
     PassedThrough an upstream answer served as it came and not kept (an error status, say)
     Unauthorized the credential may not be served (the upstream's own 401/403, or the key file's)
     Bypassed     forwarded without the cache (a request it cannot stand for, a passthrough path)
     FailedOpen   the cache failed; the request went upstream without it
     Unavailable  the upstream could not be reached (502) or did not answer in time (504)
     Refused      the request itself was refused (400, 401, 413, 499)
+
+Their names differ from the cache's own (``Hit``, ``Loaded``, ``Joined``: served.py), which the
+proxy matches on first: one name per type, so no module imports either under an alias.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from gpucache.cache.served import Hit as CacheHit
+from gpucache.cache.served import Hit
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.tenancy import Refusal
 
@@ -76,7 +79,7 @@ class CacheControl:
         """Whether a stored answer may be served at all."""
         return not self.no_cache
 
-    def fresh(self, hit: CacheHit) -> bool:
+    def fresh(self, hit: Hit) -> bool:
         """Whether ``hit`` is young enough for this request."""
         return self.max_age is None or hit.age <= self.max_age
 
@@ -173,14 +176,14 @@ class Exchange:
 
 
 @dataclass(frozen=True)
-class Hit:
-    hit: CacheHit
+class Cached:
+    hit: Hit
     answer: str
     stream: AsyncIterator[bytes] | None = None  # the replay, for a streamed request
 
 
 @dataclass(frozen=True)
-class Loaded:
+class Fetched:
     """This call's upstream answer: the upstream's own response (JSON), or its events as it
     sent them (a stream)."""
 
@@ -192,7 +195,7 @@ class Loaded:
 
 
 @dataclass(frozen=True)
-class Joined:
+class Coalesced:
     answer: str
     stream: AsyncIterator[bytes] | None = None
 
@@ -267,7 +270,7 @@ class Shed:
     reason: str = "concurrency"
 
 
-Outcome = (Hit | Loaded | Joined | PassedThrough | Unauthorized | Bypassed | FailedOpen | Unavailable
+Outcome = (Cached | Fetched | Coalesced | PassedThrough | Unauthorized | Bypassed | FailedOpen | Unavailable
            | Refused | Shed)
 
 
@@ -275,7 +278,7 @@ def upstream_answer(outcome: Outcome) -> PassedThrough | None:
     """The upstream's own answer where ``outcome`` relays one (its status, headers and body: a
     streamed one's body is not read here), else None (a hit, a refusal, an unreachable
     upstream)."""
-    if isinstance(outcome, (Loaded, PassedThrough)):
+    if isinstance(outcome, (Fetched, PassedThrough)):
         return PassedThrough(outcome.status, outcome.headers, outcome.content)
     if isinstance(outcome, (Bypassed, FailedOpen)) and outcome.answer is not None:
         return PassedThrough(outcome.answer.status, outcome.answer.headers, outcome.answer.content)

@@ -46,19 +46,18 @@ except ImportError as exc:  # the serve extra
 
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.semantic import SemanticCache
-from gpucache.cache.served import Found, Framed, Keep, Pieces, Served, ServeOnly, Stream
-from gpucache.cache.served import Joined as JoinedLoad
+from gpucache.cache.served import Found, Framed, Joined, Keep, Pieces, Served, ServeOnly, Stream
 from gpucache.serve import answers, wire
 from gpucache.serve.exchange import (
     PATHS,
     Bypassed,
     CacheControl,
+    Cached,
+    Coalesced,
     Exchange,
     FailedOpen,
+    Fetched,
     Forwarded,
-    Hit,
-    Joined,
-    Loaded,
     Outcome,
     PassedThrough,
     Refused,
@@ -197,7 +196,7 @@ class Proxy:
             return earlier
         return await (self.run_stream(ex) if ex.key.stream else self.run_json(ex))
 
-    async def stored_before(self, ex: Exchange) -> Hit | None:
+    async def stored_before(self, ex: Exchange) -> Cached | None:
         """The answer an earlier version stored for exactly this conversation, where it holds
         one: before a conversation's turns were carried as its context, every one was in the scope
         (``RequestKey.legacy_scope``), and such an entry stays served for its exact repeat until
@@ -209,10 +208,10 @@ class Proxy:
         if found is None or not found.exact or not ex.control.fresh(found):
             return None
         if not ex.key.stream:
-            return Hit(found, found.response)
+            return Cached(found, found.response)
         meta = wire.StreamMeta(ex.kind, ex.body["model"])
         replay = self.streams.replay(meta, self.cache.replay_chunks(found.response), ex.key.include_usage)
-        return Hit(found, "", stream=replay)
+        return Cached(found, "", stream=replay)
 
     async def run_json(self, ex: Exchange, refresh: bool = False) -> Outcome:
         async def loader(text: Prompt) -> Keep[httpx.Response] | ServeOnly[httpx.Response]:
@@ -228,9 +227,9 @@ class Proxy:
         if isinstance(served, Found):
             if not ex.control.fresh(served.hit):
                 return await self.refresh(ex)
-            return Hit(served.hit, served.hit.response)
-        if isinstance(served, JoinedLoad):
-            return Joined(served.text)
+            return Cached(served.hit, served.hit.response)
+        if isinstance(served, Joined):
+            return Coalesced(served.text)
         if served.failed is not None:  # the upstream answered; keeping it failed: served, counted
             log.error("gpucache: storing an answer failed", exc_info=served.failed)
             ex.notes.append("cache")
@@ -251,9 +250,10 @@ class Proxy:
             if not ex.control.fresh(served.hit):
                 return await self.refresh(ex)
             replay = self.streams.replay(meta, self.cache.replay_chunks(served.hit.response), usage)
-            return Hit(served.hit, "", stream=replay)
-        if isinstance(served, JoinedLoad):
-            return Joined("", stream=self.streams.replay(meta, self.cache.replay_chunks(served.text), usage))
+            return Cached(served.hit, "", stream=replay)
+        if isinstance(served, Joined):
+            replay = self.streams.replay(meta, self.cache.replay_chunks(served.text), usage)
+            return Coalesced("", stream=replay)
         if served.pieces is None:  # the upstream refused: its answer, kept from everyone
             assert isinstance(served.value, PassedThrough)
             return served.value
@@ -283,7 +283,7 @@ class Proxy:
             log.exception("gpucache: a streamed load failed before its first event")
             return Unavailable(502, f"the upstream stream failed: {type(exc).__name__}")
         streams = self.streams
-        return Loaded(headers=headers, stream=streams.closing(streams.relayed(first, pieces), pieces),
+        return Fetched(headers=headers, stream=streams.closing(streams.relayed(first, pieces), pieces),
                       refused=refused)
 
     async def refresh(self, ex: Exchange) -> Outcome:
@@ -380,8 +380,8 @@ class Proxy:
         if ex is not None:
             self.intake.heard(ex.holder, outcome)
 
-    def loaded(self, response: httpx.Response, refused: str = "") -> Loaded:
-        return Loaded(response.status_code, response.headers, response.content, refused=refused)
+    def loaded(self, response: httpx.Response, refused: str = "") -> Fetched:
+        return Fetched(response.status_code, response.headers, response.content, refused=refused)
 
     async def store(self, key: RequestKey, answer: str, ttl: float | None = None) -> None:
         """``answer`` kept for ``key``, for ``ttl`` seconds (None: the cache's own ttl)."""

@@ -11,15 +11,15 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from gpucache.cache.served import Hit as CacheHit  # noqa: E402
+from gpucache.cache.served import Hit  # noqa: E402
 from gpucache.serve import answers  # noqa: E402
 from gpucache.serve.exchange import (  # noqa: E402
     Bypassed,
     CacheControl,
+    Cached,
+    Coalesced,
     Exchange,
-    Hit,
-    Joined,
-    Loaded,
+    Fetched,
     PassedThrough,
     Refused,
     Shed,
@@ -67,8 +67,8 @@ def test_shedding_says_when_to_come_back_and_names_the_limit():
 
 
 def test_a_semantic_hit_says_its_tier_age_and_similarity_and_carries_a_completion():
-    hit = CacheHit("Paris.", "What is the capital of France?", 0.93456, exact=False, age=12.7)
-    response = answers.respond(exchange(), Hit(hit, "Paris."), 512)
+    hit = Hit("Paris.", "What is the capital of France?", 0.93456, exact=False, age=12.7)
+    response = answers.respond(exchange(), Cached(hit, "Paris."), 512)
     assert response.headers["x-gpucache"] == "semantic" and response.headers["age"] == "12"
     assert response.headers["x-gpucache-similarity"] == "0.9346"
     completion = body(response)
@@ -76,17 +76,17 @@ def test_a_semantic_hit_says_its_tier_age_and_similarity_and_carries_a_completio
 
 
 def test_an_exact_hit_of_unknown_age_sends_no_age_and_no_similarity():
-    headers = answers.hit_headers(CacheHit("a", "q", 1.0, exact=True, age=math.inf))
+    headers = answers.hit_headers(Hit("a", "q", 1.0, exact=True, age=math.inf))
     assert headers == {"x-gpucache": "exact"}
 
 
 def test_an_upstream_answer_passes_with_its_status_and_says_miss():
-    loaded = Loaded(status=201, headers={"content-type": "application/json", "x-request-id": "r1"},
+    loaded = Fetched(status=201, headers={"content-type": "application/json", "x-request-id": "r1"},
                     content=b'{"ok": true}')
     response = answers.respond(exchange(), loaded, 512)
     assert response.status_code == 201 and response.body == b'{"ok": true}'
     assert response.headers["x-gpucache"] == "miss" and response.headers["x-request-id"] == "r1"
-    joined = answers.respond(exchange(), Joined("Paris."), 512)
+    joined = answers.respond(exchange(), Coalesced("Paris."), 512)
     assert joined.headers["x-gpucache"] == "miss"
     assert body(joined)["choices"][0]["message"]["content"] == "Paris."
     passed = answers.respond(None, PassedThrough(418, {}, b"teapot"), 512)
@@ -95,10 +95,10 @@ def test_an_upstream_answer_passes_with_its_status_and_says_miss():
 
 def test_each_outcome_is_counted_once_under_its_own_name():
     metrics = ProxyMetrics()
-    hit = CacheHit("a", "q", 0.95, exact=False)
-    answers.record(metrics, "chat", Hit(hit, "a"))
-    answers.record(metrics, "chat", Hit(CacheHit("a", "q", 1.0, exact=True), "a"))
-    answers.record(metrics, "chat", Loaded())
+    hit = Hit("a", "q", 0.95, exact=False)
+    answers.record(metrics, "chat", Cached(hit, "a"))
+    answers.record(metrics, "chat", Cached(Hit("a", "q", 1.0, exact=True), "a"))
+    answers.record(metrics, "chat", Fetched())
     answers.record(metrics, "chat", Bypassed("tools", None))
     answers.record(metrics, "chat", Shed(1))
     answers.record(metrics, "chat", Unavailable(504, "slow"))
@@ -127,11 +127,11 @@ def test_what_the_exchange_met_on_its_way_is_counted_with_its_outcome():
     ex = exchange()
     ex.notes.append("cache")
     ex.timing.update(lookup=0.002, answer=0.5)
-    answers.record(metrics, "chat", Loaded(), ex)
+    answers.record(metrics, "chat", Fetched(), ex)
     assert sample(metrics, "gpucache_errors_total", kind="cache") == 1
     assert sample(metrics, "gpucache_lookup_seconds_count") == 1
     assert sample(metrics, "gpucache_lookup_seconds_sum") == 0.002
     assert sample(metrics, "gpucache_upstream_seconds_sum") == 0.5
-    answers.record(metrics, "chat", Loaded(), exchange())  # an exchange that timed nothing
+    answers.record(metrics, "chat", Fetched(), exchange())  # an exchange that timed nothing
     assert sample(metrics, "gpucache_lookup_seconds_count") == 1
     assert sample(metrics, "gpucache_requests_total", endpoint="chat", outcome="miss") == 2
