@@ -86,6 +86,7 @@ TIERS: dict[str, str] = {
     "gpucache.guard.payload": VALUES,
     "gpucache.guard.quantities": VALUES,
     "gpucache.guard.request": VALUES,
+    "gpucache.guard.roles": VALUES,
     "gpucache.guard.settings": VALUES,
     "gpucache.guard.shapes": VALUES,
     "gpucache.guard.verifier": VALUES,

@@ -58,7 +58,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from gpucache.guard import differences, parsing, payload, quantities, request, shapes
+from gpucache.guard import differences, parsing, payload, quantities, request, roles, shapes
 from gpucache.guard.parsing import EXPOSITION, FRAMING_READ, Parsed, exchanged, numbers_of, parse
 from gpucache.guard.payload import grouping, operators, split
 from gpucache.guard.request import dictionary, request_text
@@ -280,11 +280,11 @@ class LexicalNearMissVerifier:
             if in_tokens:
                 # word for word the same prompt but for "A or B" / "B or A"
                 return Verdict(False, "rewording")
-        roles = differences.voice_roles(a, b) if "voice" not in skip else None
-        if roles:
-            return Verdict(True, "voice", f"who does what to whom: {roles[0]} / {roles[1]} "
-                           "exchanged across the voice of the verb", roles)
-        role = differences.roles_changed(a, b) if "roles" not in skip else None
+        voice = roles.voice_roles(a, b) if "voice" not in skip else None
+        if voice:
+            return Verdict(True, "voice", f"who does what to whom: {voice[0]} / {voice[1]} "
+                           "exchanged across the voice of the verb", voice)
+        role = roles.roles_changed(a, b) if "roles" not in skip else None
         if role:
             return Verdict(True, "roles", f"{role[0]} hangs from {role[1]} in the cached prompt and "
                            f"from {role[2]} in the new one", (role[0],))
