@@ -50,7 +50,7 @@ def test_info_reports_device_and_no_gpu_without_error_with_no_extra_installed():
     assert "fp32 cpu scan" in result.stdout and "sleeps when idle" in result.stdout
     assert "int8 cpu scan batches" in result.stdout and "one query" in result.stdout
     from gpucache.devices import resolve_device
-    from gpucache.index.store import resolve_quantization
+    from gpucache.index.paths import resolve_quantization
 
     device = resolve_device("auto")
     expected = resolve_quantization("auto", device, 384)

@@ -98,6 +98,7 @@ TIERS: dict[str, str] = {
     "gpucache.index.fallback": ENGINE,
     "gpucache.index.kernel_choice": ENGINE,
     "gpucache.index.probes": ENGINE,
+    "gpucache.index.paths": ENGINE,
     "gpucache.index.refine": ENGINE,
     "gpucache.index.rows": ENGINE,
     "gpucache.index.scratch": ENGINE,

@@ -35,53 +35,17 @@ from gpucache.index.engines.base import RowsView, ScanEngine, ScanJob
 from gpucache.index.engines.choose import default_engine, engine_for
 from gpucache.index.fallback import OomFallback
 from gpucache.index.interface import (
-    AUTO,
     DEFAULT_SCAN_BUDGET_BYTES,
     SCAN_KERNELS,
     check_quantization,
 )
-from gpucache.index.kernel_choice import STORE_PATHS, ScanKernelChooser, bucket, bucket_top
-from gpucache.index.probes import CpuPaths
+from gpucache.index.kernel_choice import STORE_PATHS, ScanKernelChooser, bucket_top
+from gpucache.index.paths import PATH_CHOICE_MIN_ROWS, resolve_quantization, unmeasured_path
 from gpucache.index.refine import FullCopy, RefinePolicy, matmul_is_exact, overfetch, rescore_rows
 from gpucache.index.rows import RowTable
 from gpucache.index.scratch import BufferSource, ScanScratch, host_buffer
 
-# A quantized CPU store measures its two scan paths from this size on (``path_chooser``): a
-# scan of fewer rows takes milliseconds either way, and every 4x of growth is measured again.
-PATH_CHOICE_MIN_ROWS = 16_384
 TopK = tuple[torch.Tensor, torch.Tensor]  # (scores, rows), each (Q, K)
-
-
-def resolve_quantization(quantization: str | None, device: torch.device, dim: int,
-                         max_device_bytes: int | None = None, scan_kernel: str = "auto") -> str:
-    """The storage mode a store takes: None is "fp32"; "auto" is "int8" on a CPU whose torch
-    has the int8 GEMV for ``dim`` (``probes.CpuPaths.int8_gemv_for``) and "fp32" elsewhere.
-
-    Why int8 on a CPU: a single lookup, what a proxy at low concurrency waits on, streams every
-    stored row once, and int8 rows are a quarter of fp32's bytes; batches are faster too
-    (``bench/reports/bench.md``). Scores stay exact (the candidates are rescored from the fp32
-    copy), so int8 can cost a miss, never cause a hit. But that copy lives in the same memory
-    on a CPU, so an int8 CPU store holds more bytes per entry than fp32: under a memory cap
-    (``max_device_bytes``) "auto" stays fp32, which fits the most entries, and so it does for
-    the Triton kernel, which scans no int8. On CUDA the fp32 scan is already a fraction of the
-    embedding and needs no host copy, so "auto" is fp32."""
-    if quantization is None:
-        return "fp32"
-    if quantization != AUTO:
-        return quantization
-    if (device.type == "cpu" and max_device_bytes is None and scan_kernel != "triton"
-            and CpuPaths.detect().int8_gemv_for(dim)):
-        return "int8"
-    return "fp32"
-
-
-def unmeasured_path(queries: int, rows: int) -> str:
-    """A quantized CPU store's path before (or without) a measurement: one query scans the
-    quantized rows (int8's GEMV streams a quarter of fp32's bytes, the reason "auto" takes
-    int8, and was the faster on every CPU measured); a batch scans the exact copy, whose fp32
-    product is never far from the best, where an int8 batch product on a CPU without VNNI was
-    reported far slower than it."""
-    return "quantized" if queries <= 1 else "copy"
 
 
 class ExactScanStore:
@@ -423,25 +387,3 @@ class ExactScanStore:
 
     def _view(self, vectors: torch.Tensor) -> RowsView:
         return RowsView(vectors, self.codec.scales, self.rows.scopes, self.rows.expires, self.rows.high)
-
-
-def measure_scan_paths(rows: int = 65_536, dim: int = 384, queries: Sequence[int] = (1, 64),
-                       mode: str = "int8") -> dict[int, tuple[str, dict[str, float]]]:
-    """Measure here, on random unit rows, what a quantized CPU store of ``rows`` chooses for
-    each query count: {Q: (path, {path: seconds})}. What ``gpucache info`` and the bench
-    report; a cache measures its own store the same way as it grows."""
-    gen = torch.Generator().manual_seed(0)
-    store = ExactScanStore(dim, device="cpu", quantization=mode, initial_rows=rows)
-    if store.path_chooser is None:
-        return {}
-    store.path_chooser = ScanKernelChooser(store.device, min_rows=1, options=STORE_PATHS,
-                                           unmeasured=unmeasured_path, start=lambda measure: measure())
-    store.add(torch.nn.functional.normalize(torch.randn(rows, dim, generator=gen), dim=1), 0,
-              [math.inf] * rows)
-    found = {}
-    for q in queries:
-        batch = torch.nn.functional.normalize(torch.randn(q, dim, generator=gen), dim=1)
-        store.search(batch, 1, 0)
-        shape = next(s for s in store.path_chooser.choices if s[0] == bucket(q))
-        found[q] = (store.path_chooser.choices[shape], store.path_chooser.timings.get(shape, {}))
-    return found

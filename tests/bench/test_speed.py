@@ -57,7 +57,7 @@ def test_bench_quick_writes_a_report(tmp_path, real_embedder):
     for name, ms in latency["ms"].items():
         assert ms["p50"] > 0 and f"| {name} | {ms['p50']:.2f} | {ms['p99']:.2f} |" in text, name
     assert "### One lookup at a time" in text
-    from gpucache.index.store import resolve_quantization
+    from gpucache.index.paths import resolve_quantization
 
     assert latency["quantization"] == resolve_quantization("auto", torch.device("cpu"), 384)
     if latency["quantization"] != "fp32":  # the default's storage beside a full-precision one

@@ -268,7 +268,7 @@ class CountingEngine:
 
 def measured_int8_store(n: int, seconds: dict[str, float]):
     from gpucache.index.kernel_choice import STORE_PATHS
-    from gpucache.index.store import PATH_CHOICE_MIN_ROWS, unmeasured_path
+    from gpucache.index.paths import PATH_CHOICE_MIN_ROWS, unmeasured_path
 
     store = ExactScanStore(32, device="cpu", quantization="int8")
     assert store.path_chooser is not None and store.path_chooser.min_rows == PATH_CHOICE_MIN_ROWS
@@ -403,7 +403,7 @@ def test_a_process_that_exits_while_a_measurement_runs_exits_cleanly():
 
     script = (
         "import math, torch\n"
-        "from gpucache.index.store import ExactScanStore, PATH_CHOICE_MIN_ROWS\n"
+        "from gpucache.index.paths import PATH_CHOICE_MIN_ROWS\nfrom gpucache.index.store import ExactScanStore\n"
         "n, d = 4 * PATH_CHOICE_MIN_ROWS, 384\n"
         "store = ExactScanStore(d, device='cpu', quantization='int8')\n"
         "gen = torch.Generator().manual_seed(1)\n"

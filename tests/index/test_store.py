@@ -288,12 +288,12 @@ CUDA = torch.device("cuda")  # a device object only: resolving a mode touches no
 ])
 def test_auto_quantization_is_int8_on_a_cpu_and_fp32_elsewhere(
         monkeypatch, given, device, dim, cap, kernel, gemv, mode):
-    from gpucache.index import store as store_module
+    from gpucache.index.paths import resolve_quantization
     from gpucache.index.probes import CpuPaths
 
     paths = CpuPaths(fp32_via_numpy=False, int8_matmul=True, int8_gemv=gemv)
-    monkeypatch.setattr(store_module.CpuPaths, "detect", staticmethod(lambda: paths))
-    assert store_module.resolve_quantization(given, device, dim, cap, kernel) == mode
+    monkeypatch.setattr(CpuPaths, "detect", staticmethod(lambda: paths))
+    assert resolve_quantization(given, device, dim, cap, kernel) == mode
 
 
 def test_an_auto_store_says_which_mode_it_took_and_scans_exactly():
