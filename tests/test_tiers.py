@@ -37,6 +37,7 @@ ENGINE = "engine"
 
 TIERS: dict[str, str] = {
     "gpucache": VALUES,
+    "gpucache.calibrate": VALUES,
     "gpucache.cli": VALUES,
     "gpucache.extras": VALUES,
     "gpucache.fields": VALUES,
