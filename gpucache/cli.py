@@ -32,7 +32,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from gpucache.embedding.lean import packing_available
     from gpucache.index.blas_pool import blas_pool_quiet
     from gpucache.index.codecs import INT8_SCALE_BLOCK
-    from gpucache.index.paths import measure_scan_paths, resolve_quantization
+    from gpucache.index.measure import measure_scan_paths
+    from gpucache.index.paths import resolve_quantization
     from gpucache.index.probes import INT8_GEMV_DIM, CpuPaths
     from gpucache.telemetry import gpu_readings
 

@@ -99,6 +99,7 @@ TIERS: dict[str, str] = {
     "gpucache.index.fallback": ENGINE,
     "gpucache.index.kernel_choice": ENGINE,
     "gpucache.index.probes": ENGINE,
+    "gpucache.index.measure": ENGINE,
     "gpucache.index.paths": ENGINE,
     "gpucache.index.refine": ENGINE,
     "gpucache.index.rows": ENGINE,

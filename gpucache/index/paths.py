@@ -1,18 +1,13 @@
 """Which storage mode a store takes on its device, and which path a quantized CPU store scans
 by before it has measured its own: the choices ``ExactScanStore`` (store.py) makes at
-construction and before its first measurement, and the measurement ``gpucache info`` and the
-benchmarks report (``measure_scan_paths``, the one a store makes of itself as it grows).
+construction and before its first measurement (measure.py measures as a store does).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
 import torch
 
 from gpucache.index.interface import AUTO
-from gpucache.index.kernel_choice import STORE_PATHS, ScanKernelChooser, bucket
 from gpucache.index.probes import CpuPaths
 
 # A quantized CPU store measures its two scan paths from this size on (``path_chooser``): a
@@ -49,27 +44,3 @@ def unmeasured_path(queries: int, rows: int) -> str:
     product is never far from the best, where an int8 batch product on a CPU without VNNI was
     reported far slower than it."""
     return "quantized" if queries <= 1 else "copy"
-
-
-def measure_scan_paths(rows: int = 65_536, dim: int = 384, queries: Sequence[int] = (1, 64),
-                       mode: str = "int8") -> dict[int, tuple[str, dict[str, float]]]:
-    """Measure here, on random unit rows, what a quantized CPU store of ``rows`` chooses for
-    each query count: {Q: (path, {path: seconds})}. What ``gpucache info`` and the bench
-    report; a cache measures its own store the same way as it grows."""
-    from gpucache.index.store import ExactScanStore  # the store imports this module's choices
-
-    gen = torch.Generator().manual_seed(0)
-    store = ExactScanStore(dim, device="cpu", quantization=mode, initial_rows=rows)
-    if store.path_chooser is None:
-        return {}
-    store.path_chooser = ScanKernelChooser(store.device, min_rows=1, options=STORE_PATHS,
-                                           unmeasured=unmeasured_path, start=lambda measure: measure())
-    store.add(torch.nn.functional.normalize(torch.randn(rows, dim, generator=gen), dim=1), 0,
-              [math.inf] * rows)
-    found = {}
-    for q in queries:
-        batch = torch.nn.functional.normalize(torch.randn(q, dim, generator=gen), dim=1)
-        store.search(batch, 1, 0)
-        shape = next(s for s in store.path_chooser.choices if s[0] == bucket(q))
-        found[q] = (store.path_chooser.choices[shape], store.path_chooser.timings.get(shape, {}))
-    return found
