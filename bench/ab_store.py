@@ -45,10 +45,14 @@ def store_class_at(revision: str) -> type:
     revisions, so one file would not do)."""
     root = Path(tempfile.mkdtemp())
     # before 2026-12 the kernels lived in a top-level kernels/ folder installed as gpucache.kernels
-    older = subprocess.run(["git", "cat-file", "-e", f"{revision}:kernels"],
-                           capture_output=True).returncode == 0
-    archive = subprocess.run(["git", "archive", revision, "gpucache", *(["kernels"] if older else [])],
-                             check=True, capture_output=True).stdout
+    older = (
+        subprocess.run(["git", "cat-file", "-e", f"{revision}:kernels"], capture_output=True).returncode == 0
+    )
+    archive = subprocess.run(
+        ["git", "archive", revision, "gpucache", *(["kernels"] if older else [])],
+        check=True,
+        capture_output=True,
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(root, filter="data")
     package = root / "gpucache_base"
@@ -90,8 +94,9 @@ def main() -> None:
     print(f"{args.mode}, N = {args.n}, k = {args.k}: median ms per batch (recall@k vs exact)")
     for q in (int(x) for x in args.q.split(",")):
         queries = torch.nn.functional.normalize(
-            data[torch.randint(0, args.n, (q,), generator=gen)]
-            + 0.2 * torch.randn(q, 384, generator=gen), dim=1)
+            data[torch.randint(0, args.n, (q,), generator=gen)] + 0.2 * torch.randn(q, 384, generator=gen),
+            dim=1,
+        )
         exact = (queries @ data.T).topk(args.k, dim=1).indices.tolist()
         times: dict[str, list[float]] = {name: [] for name in built}
         recall = {}
@@ -104,8 +109,7 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
                 found = sum(len(set(a) & set(b)) for a, b in zip(rows.tolist(), exact))
                 recall[name] = found / (q * args.k)
-        cells = ", ".join(f"{name} {median_ms(t):.1f} ({recall[name]:.4f})"
-                          for name, t in times.items())
+        cells = ", ".join(f"{name} {median_ms(t):.1f} ({recall[name]:.4f})" for name, t in times.items())
         print(f"Q = {q}: {cells}")
 
 

@@ -26,14 +26,22 @@ from gpucache.guard.lexical import clear_caches  # noqa: E402
 
 # an exchange of a long support chat, repeated about other parcels to make 64 messages
 EXCHANGES = [
-    ("my parcel {n} hasn't arrived, it was supposed to come on the {i}th",
-     "I'm sorry about that. Parcel {n} left our warehouse on the {i}th and is with the courier."),
-    ("can you check which courier has parcel {n} and when they expect to deliver",
-     "Parcel {n} is with Parcelway; their latest scan was in Leeds at 0{i}:40 this morning."),
-    ("also I want parcel {n} delivered to my office at {i} Mill Lane",
-     "Done: the courier will deliver parcel {n} to {i} Mill Lane instead."),
-    ("thanks! is the blender in parcel {n} covered by a warranty",
-     "Yes, the Vortex {i}00 blender in parcel {n} has a two-year warranty from the delivery date."),
+    (
+        "my parcel {n} hasn't arrived, it was supposed to come on the {i}th",
+        "I'm sorry about that. Parcel {n} left our warehouse on the {i}th and is with the courier.",
+    ),
+    (
+        "can you check which courier has parcel {n} and when they expect to deliver",
+        "Parcel {n} is with Parcelway; their latest scan was in Leeds at 0{i}:40 this morning.",
+    ),
+    (
+        "also I want parcel {n} delivered to my office at {i} Mill Lane",
+        "Done: the courier will deliver parcel {n} to {i} Mill Lane instead.",
+    ),
+    (
+        "thanks! is the blender in parcel {n} covered by a warranty",
+        "Yes, the Vortex {i}00 blender in parcel {n} has a two-year warranty from the delivery date.",
+    ),
 ]
 FINAL = "how do I register it for the warranty?"
 
@@ -60,8 +68,9 @@ def timed(call, rounds: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
@@ -83,18 +92,33 @@ def main() -> None:
             clear_caches()
             matcher.explain(stored, asked)  # noqa: B023
 
-        rows.append((messages, lookup, lookup - single, timed(cold, args.rounds),
-                     timed(lambda: matcher.explain(stored, asked), args.rounds)))  # noqa: B023
-    lines = ["# What matching a conversation costs a lookup", "",
-             f"Command: `python bench/conversation_cost.py`; {run_label(cache.embedder)}; timed on 1 "
-             "thread; embedder "
-             f"{cache.embedder.name}; medians of {args.rounds} runs. A semantic hit each time: the "
-             "stored conversation is found by the final request, and the matcher judges its turns.",
-             "", f"Single-turn semantic lookup: {single:.2f} ms.", "",
-             "| earlier messages | lookup (ms) | added to a single-turn lookup (ms) | matcher, cold (ms) "
-             "| matcher, warm (ms) |", "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {m} | {lookup:.2f} | {added:+.2f} | {cold:.2f} | {warm:.2f} |"
-              for m, lookup, added, cold, warm in rows]
+        rows.append(
+            (
+                messages,
+                lookup,
+                lookup - single,
+                timed(cold, args.rounds),
+                timed(lambda: matcher.explain(stored, asked), args.rounds),  # noqa: B023
+            )
+        )
+    lines = [
+        "# What matching a conversation costs a lookup",
+        "",
+        f"Command: `python bench/conversation_cost.py`; {run_label(cache.embedder)}; timed on 1 "
+        "thread; embedder "
+        f"{cache.embedder.name}; medians of {args.rounds} runs. A semantic hit each time: the "
+        "stored conversation is found by the final request, and the matcher judges its turns.",
+        "",
+        f"Single-turn semantic lookup: {single:.2f} ms.",
+        "",
+        "| earlier messages | lookup (ms) | added to a single-turn lookup (ms) | matcher, cold (ms) "
+        "| matcher, warm (ms) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {m} | {lookup:.2f} | {added:+.2f} | {cold:.2f} | {warm:.2f} |"
+        for m, lookup, added, cold, warm in rows
+    ]
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text, "utf-8")

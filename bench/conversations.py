@@ -75,28 +75,42 @@ def share(rows: list[tuple[dict[str, Any], bool]]) -> str:
     return f"{100 * sum(s for _, s in rows) / len(rows):.1f}% ({sum(s for _, s in rows)}/{len(rows)})"
 
 
-def report(path: Path, results: dict[str, list[tuple[dict[str, Any], bool]]], cache: SemanticCache,
-           explain: bool, seconds: float) -> str:
+def report(
+    path: Path,
+    results: dict[str, list[tuple[dict[str, Any], bool]]],
+    cache: SemanticCache,
+    explain: bool,
+    seconds: float,
+) -> str:
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-    lines = [f"# Conversations served: `{path.name}`", "",
-             f"Command: `python bench/conversations.py {shown}`"
-             f"; {run_label(cache.embedder)}; "
-             f"embedder {cache.embedder.name}, threshold {cache.threshold}, guard "
-             f"{cache.verifier.name}; {seconds:.0f} s.", "",
-             "| pairs | " + " | ".join(WAYS) + " |", "|---|" + "---:|" * len(WAYS)]
+    lines = [
+        f"# Conversations served: `{path.name}`",
+        "",
+        f"Command: `python bench/conversations.py {shown}`"
+        f"; {run_label(cache.embedder)}; "
+        f"embedder {cache.embedder.name}, threshold {cache.threshold}, guard "
+        f"{cache.verifier.name}; {seconds:.0f} s.",
+        "",
+        "| pairs | " + " | ".join(WAYS) + " |",
+        "|---|" + "---:|" * len(WAYS),
+    ]
     for label, name in ((1, "should share an answer: served"), (0, "should not: served (wrong answers)")):
         cells = [share([(p, s) for p, s in results[w] if p["label"] == label]) for w in WAYS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "| kind | label | " + " | ".join(WAYS) + " |", "|---|---:|" + "---:|" * len(WAYS)]
     kinds = sorted({(p["label"], p["kind"]) for p, _ in results["conversation"]}, key=lambda k: (-k[0], k[1]))
     for label, kind in kinds:
-        cells = [share([(p, s) for p, s in results[w] if p["kind"] == kind and p["label"] == label])
-                 for w in WAYS]
+        cells = [
+            share([(p, s) for p, s in results[w] if p["kind"] == kind and p["label"] == label]) for w in WAYS
+        ]
         lines.append(f"| {kind} | {label} | " + " | ".join(cells) + " |")
     for length in ("short", "long"):
         for label in (1, 0):
-            rows = [(p, s) for p, s in results["conversation"]
-                    if p.get("length") == length and p["label"] == label]
+            rows = [
+                (p, s)
+                for p, s in results["conversation"]
+                if p.get("length") == length and p["label"] == label
+            ]
             lines.append(f"\n{length}, label {label}: conversation {share(rows)}")
     if explain:
         matcher = ContextMatcher()  # the cache's default
@@ -112,8 +126,9 @@ def report(path: Path, results: dict[str, list[tuple[dict[str, Any], bool]]], ca
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("pairs", type=Path)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--explain", action="store_true")

@@ -47,8 +47,9 @@ def build(n: int, data: torch.Tensor) -> dict[str, ExactScanStore]:
     stores = {
         "fp32": ExactScanStore(DIM, device="cpu", quantization="fp32", initial_rows=n),
         "bf16": ExactScanStore(DIM, device="cpu", quantization="bf16", initial_rows=n),
-        "int8 rows": ExactScanStore(DIM, device="cpu", quantization="int8", initial_rows=n,
-                                    refine=RefinePolicy()),
+        "int8 rows": ExactScanStore(
+            DIM, device="cpu", quantization="int8", initial_rows=n, refine=RefinePolicy()
+        ),
         "auto": ExactScanStore(DIM, device="cpu", quantization="auto", initial_rows=n),
     }
     for store in stores.values():
@@ -87,26 +88,42 @@ def main() -> None:
                 for name, store in stores.items():
                     times[name].append(best_ms(store, queries))
             best = {name: min(t) for name, t in times.items()}
-            path = next((p for shape, p in auto.scan_paths.items() if shape.startswith(
-                {1: "1 "}.get(q, "<=64 " if q <= 64 else ">64 "))), "-")
+            path = next(
+                (
+                    p
+                    for shape, p in auto.scan_paths.items()
+                    if shape.startswith({1: "1 "}.get(q, "<=64 " if q <= 64 else ">64 "))
+                ),
+                "-",
+            )
             rows.append((n, q, best, path))
             print(n, q, {k: round(v, 1) for k, v in best.items()}, path, file=sys.stderr, flush=True)
         del stores, auto, data
     lines = [
-        "# CPU storage paths: quantization=\"auto\" against each explicit mode", "",
-        "Reproduce: `" + (f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} "
-                          if os.environ.get("ONEDNN_MAX_CPU_ISA") else "")
-        + f"python3 bench/cpu_paths.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`", "",
+        '# CPU storage paths: quantization="auto" against each explicit mode',
+        "",
+        "Reproduce: `"
+        + (
+            f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} "
+            if os.environ.get("ONEDNN_MAX_CPU_ISA")
+            else ""
+        )
+        + f"python3 bench/cpu_paths.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`",
+        "",
         f"{run_label()}; "
         f"CPU {cpu_vendor() or 'unknown'} with {' '.join(cpu_features()) or 'no AVX2'}, "
         f"{torch.get_num_threads()} threads; D = {DIM}, k = 4, best of {args.rounds} runs, ms per search."
-        + (f" oneDNN capped at ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}."
-           if os.environ.get("ONEDNN_MAX_CPU_ISA") else ""),
+        + (
+            f" oneDNN capped at ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}."
+            if os.environ.get("ONEDNN_MAX_CPU_ISA")
+            else ""
+        ),
         "",
-        "\"int8 rows\": an int8 store that answers every batch from its int8 rows (the path \"auto\" "
-        "took before it measured). \"auto\": the default store, after it measured the shape. "
-        "\"auto path\": what it measured faster, its int8 rows or its exact fp32 copy. "
-        "\"auto / best\": auto against the faster of fp32 and int8 rows.", "",
+        '"int8 rows": an int8 store that answers every batch from its int8 rows (the path "auto" '
+        'took before it measured). "auto": the default store, after it measured the shape. '
+        '"auto path": what it measured faster, its int8 rows or its exact fp32 copy. '
+        '"auto / best": auto against the faster of fp32 and int8 rows.',
+        "",
         "| N | Q | fp32 | bf16 | int8 rows | auto | auto path | auto / best |",
         "|---|---|---|---|---|---|---|---|",
     ]

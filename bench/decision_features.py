@@ -32,14 +32,18 @@ CAP = 16
 
 NAMES = (
     "similarity",  # the request texts' cosine, in thousandths
-    "substitution", "added", "reordered", "crossed",  # the soft rule fired, either way round
+    "substitution",
+    "added",
+    "reordered",
+    "crossed",  # the soft rule fired, either way round
     "identical",  # the requests read the same (framing, shorthand and spelling aside)
     "shared",  # content words matched
     "unmatched",  # content words either side has that the other does not match
     "unmatched_fewer",  # ... on the side with fewer of them
     "unknown",  # unmatched words no dictionary knows (names, jargon, codes)
     "kinds",  # unmatched words of a named kind (categories.txt) the vetoes let pass
-    "content_fewer", "content_more",  # content words of the shorter and the longer request
+    "content_fewer",
+    "content_more",  # content words of the shorter and the longer request
     "overlap",  # shared / (shared + unmatched), in hundredths
 )
 
@@ -72,8 +76,13 @@ class Reader:
             verdict = self.vetoes.explain(x, y)
             if verdict.rejected:
                 return Reading(verdict, ())
-        soft = sorted({v.rule for v in (self.rules.explain(a, b), self.rules.explain(b, a))
-                       if v.rejected and v.rule in SOFT_RULES})
+        soft = sorted(
+            {
+                v.rule
+                for v in (self.rules.explain(a, b), self.rules.explain(b, a))
+                if v.rejected and v.rule in SOFT_RULES
+            }
+        )
         return Reading(None, values(a, b, rounded(similarity), tuple(soft)), tuple(soft))
 
 

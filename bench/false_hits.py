@@ -58,15 +58,18 @@ def render_report(
             "defaults were tuned on the tuning half (`bench/guard_tuning.py`). The report half "
             "is not strictly out of sample: earlier rounds read its figures while the rules "
             "changed. Only the files marked *held apart* (never used for tuning, measured whole) "
-            "and the blind exam (`bench/reports/guard-exam.md`) are.", "",
+            "and the blind exam (`bench/reports/guard-exam.md`) are.",
+            "",
         ]
     out += [
         "A pair is served when its cosine similarity is at or above the threshold and, with the",
         "verifier, `LexicalNearMissVerifier` accepts it (`a` plays the cached prompt, `b` the new",
         "one). False hits = served label-0 pairs / label-0 pairs; hits = served label-1 pairs /",
         f"label-1 pairs; near-miss = label-0 pairs with word-set Jaccard >= {NEAR_MISS_JACCARD}.",
-        "Texts are used as given (PAWS stays tokenised).", "",
-        f"## At the defaults (threshold {threshold}, top_k {top_k})", "",
+        "Texts are used as given (PAWS stays tokenised).",
+        "",
+        f"## At the defaults (threshold {threshold}, top_k {top_k})",
+        "",
         "| set | pairs | threshold only: false hits / hits | with verifier: false hits / hits "
         "| near-miss false hits (only / verifier) | threshold-only at the same hit rate: "
         "threshold, false hits | ratio | verify median |",
@@ -82,35 +85,49 @@ def render_report(
             f"{guarded.near_miss_false_hit:.1%} (of {r.near_misses}) | {t_eq:.3f}, "
             f"{fh_eq:.1%} | {ratio:.2f}x | {r.verify_us_cold:.0f} / {r.verify_us_warm:.0f} us |"
         )
-    out += ["", "ratio = threshold-only false hits / verifier false hits at the same hit rate "
-            "(above 1: the verifier buys fewer false hits than a higher threshold would). "
-            "verify: median microseconds per call, cold = neither prompt parsed before, warm = "
-            "the cached prompt parsed before (as in a running cache).", ""]
+    out += [
+        "",
+        "ratio = threshold-only false hits / verifier false hits at the same hit rate "
+        "(above 1: the verifier buys fewer false hits than a higher threshold would). "
+        "verify: median microseconds per call, cold = neither prompt parsed before, warm = "
+        "the cached prompt parsed before (as in a running cache).",
+        "",
+    ]
     out += _kinds_section(results, threshold)
     out += _rule_yield_section(results, threshold)
     out += _ablation_section(results, threshold)
     for r in results:
-        out += [f"## {r.name}: by threshold", "",
-                "| threshold | only: false hits | only: hits | verifier: false hits | "
-                "verifier: hits | near-miss: only | near-miss: verifier |",
-                "|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            f"## {r.name}: by threshold",
+            "",
+            "| threshold | only: false hits | only: hits | verifier: false hits | "
+            "verifier: hits | near-miss: only | near-miss: verifier |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for t in THRESHOLDS:
             p, g = r.rates(t, False), r.rates(t, True)
-            out.append(f"| {t:g} | {p.false_hit:.1%} | {p.hit:.1%} | {g.false_hit:.1%} | "
-                       f"{g.hit:.1%} | {p.near_miss_false_hit:.1%} | {g.near_miss_false_hit:.1%} |")
-        rules = ", ".join(f"{k} {v}" for k, v in sorted(r.rejected_by_rule.items(),
-                                                         key=lambda kv: -kv[1]))
+            out.append(
+                f"| {t:g} | {p.false_hit:.1%} | {p.hit:.1%} | {g.false_hit:.1%} | "
+                f"{g.hit:.1%} | {p.near_miss_false_hit:.1%} | {g.near_miss_false_hit:.1%} |"
+            )
+        rules = ", ".join(f"{k} {v}" for k, v in sorted(r.rejected_by_rule.items(), key=lambda kv: -kv[1]))
         out += ["", f"Verifier rejections over all {r.pairs} pairs, by rule: {rules or 'none'}.", ""]
     if replay:
-        out += ["## Intent replay", "",
-                "Half of each intent's queries fill a real `SemanticCache`; the other half ask. "
-                "Wrong = served an answer stored for another intent.", "",
-                "| threshold | top_k | verifier | asked | served (hit rate) | wrong / served |",
-                "|---:|---:|---|---:|---:|---:|"]
+        out += [
+            "## Intent replay",
+            "",
+            "Half of each intent's queries fill a real `SemanticCache`; the other half ask. "
+            "Wrong = served an answer stored for another intent.",
+            "",
+            "| threshold | top_k | verifier | asked | served (hit rate) | wrong / served |",
+            "|---:|---:|---|---:|---:|---:|",
+        ]
         for point in replay:
-            out.append(f"| {point.threshold:g} | {point.top_k} | "
-                       f"{'yes' if point.guarded else 'no'} | {point.asked} | {point.served} "
-                       f"({point.hit_rate:.1%}) | {point.wrong} ({point.wrong_share:.1%}) |")
+            out.append(
+                f"| {point.threshold:g} | {point.top_k} | "
+                f"{'yes' if point.guarded else 'no'} | {point.asked} | {point.served} "
+                f"({point.hit_rate:.1%}) | {point.wrong} ({point.wrong_share:.1%}) |"
+            )
         out.append("")
     if plot:
         out += [f"![hit rate against false-hit rate]({plot})", ""]
@@ -125,9 +142,12 @@ def _kinds_section(results: Sequence[PairResult], threshold: float) -> list[str]
         kinds = sorted(set(r.kinds) - {""})
         if not kinds:
             continue
-        out += [f"## {r.name}: by kind of pair (threshold {threshold})", "",
-                "| kind | label | pairs | served by threshold only | served with verifier "
-                "| rejected by |", "|---|---:|---:|---:|---:|---|"]
+        out += [
+            f"## {r.name}: by kind of pair (threshold {threshold})",
+            "",
+            "| kind | label | pairs | served by threshold only | served with verifier | rejected by |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
         for kind in kinds:
             rows = [i for i, k in enumerate(r.kinds) if k == kind]
             above = [i for i in rows if r.similarity[i] >= threshold]
@@ -138,8 +158,7 @@ def _kinds_section(results: Sequence[PairResult], threshold: float) -> list[str]
                     rules[r.rule[i]] = rules.get(r.rule[i], 0) + 1
             shown = ", ".join(f"{k} {v}" for k, v in sorted(rules.items(), key=lambda kv: -kv[1]))
             label = r.labels[rows[0]]
-            out.append(f"| {kind} | {label} | {len(rows)} | {len(above)} | {len(served)} | "
-                       f"{shown or '-'} |")
+            out.append(f"| {kind} | {label} | {len(rows)} | {len(above)} | {len(served)} | {shown or '-'} |")
         out.append("")
     return out
 
@@ -147,22 +166,29 @@ def _kinds_section(results: Sequence[PairResult], threshold: float) -> list[str]
 def _rule_yield_section(results: Sequence[PairResult], threshold: float) -> list[str]:
     """What each rule stops at the default threshold, against what a higher threshold stops
     for the same hits: the evidence for keeping a rule, file by file."""
-    out = [f"## What each rule stops at threshold {threshold}", "",
-           "Pairs at or above the threshold that a rule rejected, as label-0 (false hits "
-           "prevented) / label-1 (hits lost). The last column is what raising the threshold "
-           "to the same hit rate stops instead: a rule whose label-0 share is higher than that "
-           "band's earns its place on that file; one whose share is lower acts worse than a "
-           "higher threshold there.", ""]
+    out = [
+        f"## What each rule stops at threshold {threshold}",
+        "",
+        "Pairs at or above the threshold that a rule rejected, as label-0 (false hits "
+        "prevented) / label-1 (hits lost). The last column is what raising the threshold "
+        "to the same hit rate stops instead: a rule whose label-0 share is higher than that "
+        "band's earns its place on that file; one whose share is lower acts worse than a "
+        "higher threshold there.",
+        "",
+    ]
     names = sorted({k for r in results for k in r.rule_yield(threshold)})
-    out += ["| set | " + " | ".join(names) + " | threshold raised to the same hit rate |",
-            "|---|" + "---:|" * (len(names) + 1)]
+    out += [
+        "| set | " + " | ".join(names) + " | threshold raised to the same hit rate |",
+        "|---|" + "---:|" * (len(names) + 1),
+    ]
     for r in results:
         got = r.rule_yield(threshold)
         t_eq, _ = r.threshold_only_at_hit_rate(r.rates(threshold, True).hit)
         band = r.threshold_yield(threshold, t_eq)
         cells = [f"{got[n][0]} / {got[n][1]}" if n in got else "-" for n in names]
-        out.append(f"| {r.name} | " + " | ".join(cells) + f" | {band[0]} / {band[1]} "
-                   f"({threshold:g} to {t_eq:.3f}) |")
+        out.append(
+            f"| {r.name} | " + " | ".join(cells) + f" | {band[0]} / {band[1]} ({threshold:g} to {t_eq:.3f}) |"
+        )
     return out + [""]
 
 
@@ -172,17 +198,20 @@ def _ablation_section(results: Sequence[PairResult], threshold: float) -> list[s
     with_ablation = [r for r in results if r.ablation]
     if not with_ablation:
         return []
-    out = [f"## Each rule switched off (threshold {threshold})", "",
-           "Guarded false hits / hits, and the ratio to threshold-only at the same hit rate, "
-           "with one rule switched off (`LexicalNearMissVerifier(skip=(rule,))`), without the "
-           "table of interchangeable words (`table=False`), or with every addition off (the "
-           "founding rules alone, without the table). A rule whose removal raises a file's ratio "
-           "acts worse than a higher threshold on that file.", "",
-           "| verifier | " + " | ".join(r.name for r in with_ablation) + " |",
-           "|---|" + "---|" * len(with_ablation)]
+    out = [
+        f"## Each rule switched off (threshold {threshold})",
+        "",
+        "Guarded false hits / hits, and the ratio to threshold-only at the same hit rate, "
+        "with one rule switched off (`LexicalNearMissVerifier(skip=(rule,))`), without the "
+        "table of interchangeable words (`table=False`), or with every addition off (the "
+        "founding rules alone, without the table). A rule whose removal raises a file's ratio "
+        "acts worse than a higher threshold on that file.",
+        "",
+        "| verifier | " + " | ".join(r.name for r in with_ablation) + " |",
+        "|---|" + "---|" * len(with_ablation),
+    ]
     variants: list[tuple[str, dict[str, list[bool]]]] = [("all rules (the default)", {})]
-    variants += [(v, {r.name: r.ablation[v] for r in with_ablation}) for v in
-                 with_ablation[0].ablation]
+    variants += [(v, {r.name: r.ablation[v] for r in with_ablation}) for v in with_ablation[0].ablation]
     for label, accepted in variants:
         cells = []
         for r in with_ablation:
@@ -205,8 +234,13 @@ def plot_curves(results: Sequence[PairResult], path: str | Path) -> bool:
     for ax, r in zip(axes[0], results):
         for guarded, style in ((False, "o--"), (True, "s-")):
             pts = [r.rates(t, guarded) for t in THRESHOLDS]
-            ax.plot([p.false_hit for p in pts], [p.hit for p in pts], style,
-                    label="threshold + verifier" if guarded else "threshold only", markersize=3)
+            ax.plot(
+                [p.false_hit for p in pts],
+                [p.hit for p in pts],
+                style,
+                label="threshold + verifier" if guarded else "threshold only",
+                markersize=3,
+            )
         ax.set_title(r.name)
         ax.set_xlabel("false-hit rate")
         ax.set_ylabel("hit rate")
@@ -234,13 +268,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="false-hit benchmark over labelled pairs and intents")
     parser.add_argument("pairs", nargs="*", help="JSONL files of {a, b, label} pairs")
     parser.add_argument("--replay", default=None, help="JSONL file of {text, label} intent queries")
-    parser.add_argument("--half", default="report", choices=["report", "tune", "all"],
-                        help="which half of each file to measure (default: report, the half no "
-                        "rule or default was tuned on)")
-    parser.add_argument("--held-apart", nargs="*", default=[], metavar="PAIRS",
-                        help="JSONL pair files kept apart from all tuning, measured whole")
-    parser.add_argument("--out", default="bench/reports/semantic-false-hits.md",
-                        help="report path (a PNG plot is written beside it)")
+    parser.add_argument(
+        "--half",
+        default="report",
+        choices=["report", "tune", "all"],
+        help="which half of each file to measure (default: report, the half no rule or default was tuned on)",
+    )
+    parser.add_argument(
+        "--held-apart",
+        nargs="*",
+        default=[],
+        metavar="PAIRS",
+        help="JSONL pair files kept apart from all tuning, measured whole",
+    )
+    parser.add_argument(
+        "--out",
+        default="bench/reports/semantic-false-hits.md",
+        help="report path (a PNG plot is written beside it)",
+    )
     parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     args = parser.parse_args(argv)
     quiet_blas_pool()
@@ -252,8 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         name = Path(path).stem + (" (held apart)" if half == "all" and args.half != "all" else "")
         results.append(evaluate_pairs(path, embedder, verifier, name=name, half=half))
-        print(f"{path}: {results[-1].pairs} pairs in {time.perf_counter() - started:.0f} s",
-              file=sys.stderr)
+        print(f"{path}: {results[-1].pairs} pairs in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     replay = []
     if args.replay:
         grid = sorted({0.80, 0.85, DEFAULT_THRESHOLD, 0.90})
@@ -278,8 +322,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         command += f" --half {args.half}"
     command += f" --out {shlex.quote(str(args.out))}"
     text = render_report(
-        results, replay, threshold=DEFAULT_THRESHOLD, top_k=DEFAULT_TOP_K, command=command,
-        about=about, plot=plot.name if plotted else None, half=args.half,
+        results,
+        replay,
+        threshold=DEFAULT_THRESHOLD,
+        top_k=DEFAULT_TOP_K,
+        command=command,
+        about=about,
+        plot=plot.name if plotted else None,
+        half=args.half,
     )
     out.write_text(text, encoding="utf-8")
     print(text)

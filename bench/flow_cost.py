@@ -36,8 +36,14 @@ class HashEmbedder:
 
 async def measure(calls: int) -> tuple[float, float]:
     """Microseconds per miss and per exact hit, each the mean over ``calls`` in a row."""
-    cache = SemanticCache(HashEmbedder(), device="cpu", verifier=ThresholdOnly(), threshold=0.99,
-                          cache_policy=StoreEverything(), capacity=calls + 1000)
+    cache = SemanticCache(
+        HashEmbedder(),
+        device="cpu",
+        verifier=ThresholdOnly(),
+        threshold=0.99,
+        cache_policy=StoreEverything(),
+        capacity=calls + 1000,
+    )
 
     async def loader(prompt: str) -> str:
         return "an answer to " + prompt

@@ -24,10 +24,16 @@ from labelled_pairs import read_jsonl, select_half
 from gpucache.cache.settings import DEFAULT_THRESHOLD
 from gpucache.guard.lexical import LexicalNearMissVerifier
 
-WHOLE = [Path("data/llm_prompts_chat_tuning.jsonl"), Path("data/llm_prompts_tuning.jsonl"),
-         Path("data/llm_prompts_natural_tuning.jsonl")]
-HALVED = [Path("data/llm_prompts.jsonl"), Path("../shared/data/qqp.jsonl"),
-          Path("../shared/data/paws_wiki.jsonl")]
+WHOLE = [
+    Path("data/llm_prompts_chat_tuning.jsonl"),
+    Path("data/llm_prompts_tuning.jsonl"),
+    Path("data/llm_prompts_natural_tuning.jsonl"),
+]
+HALVED = [
+    Path("data/llm_prompts.jsonl"),
+    Path("../shared/data/qqp.jsonl"),
+    Path("../shared/data/paws_wiki.jsonl"),
+]
 
 
 def similarities(texts_a: list[str], texts_b: list[str], cache: Path) -> list[float]:
@@ -45,7 +51,7 @@ def similarities(texts_a: list[str], texts_b: list[str], cache: Path) -> list[fl
 
         embedder = TransformerEmbedder(device="cpu")
         for i in range(0, len(todo), 512):
-            chunk = todo[i:i + 512]
+            chunk = todo[i : i + 512]
             v = embedder.encode([x for x, _ in chunk] + [y for _, y in chunk])
             n = len(chunk)
             for (x, y), s in zip(chunk, (v[:n] * v[n:]).sum(dim=1).clamp(max=1.0).tolist()):
@@ -59,18 +65,25 @@ def main() -> None:
     parser.add_argument("--whole", nargs="*", type=Path, default=WHOLE)
     parser.add_argument("--halved", nargs="*", type=Path, default=HALVED)
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
-    parser.add_argument("--show", action="append", default=[],
-                        help="print the pairs above the threshold this rule decided wrongly "
-                        "('rewording' for near-misses let through)")
+    parser.add_argument(
+        "--show",
+        action="append",
+        default=[],
+        help="print the pairs above the threshold this rule decided wrongly "
+        "('rewording' for near-misses let through)",
+    )
     parser.add_argument("--kind", action="append", default=[], help="only print pairs of these kinds")
     parser.add_argument("--cache", type=Path, default=Path(".cache/guard-tuning"))
     parser.add_argument("--skip", action="append", default=[], help="rules to switch off")
     args = parser.parse_args()
     guard = LexicalNearMissVerifier(skip=args.skip)
     files = [(p, read_jsonl(p)) for p in args.whole] + [
-        (p, select_half(read_jsonl(p), "tune", p)) for p in args.halved if p.exists()]
-    print(f"| file | label | pairs | defaults served | threshold alone at {args.threshold} | "
-          "threshold alone at the defaults' rewordings: near-misses |")
+        (p, select_half(read_jsonl(p), "tune", p)) for p in args.halved if p.exists()
+    ]
+    print(
+        f"| file | label | pairs | defaults served | threshold alone at {args.threshold} | "
+        "threshold alone at the defaults' rewordings: near-misses |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for path, rows in files:
         a = [str(r["a"]) for r in rows]
@@ -92,8 +105,10 @@ def main() -> None:
         alone1 = sum(s >= args.threshold and lab == 1 for s, lab in zip(raw, labels))
         alone0 = sum(s >= args.threshold and lab == 0 for s, lab in zip(raw, labels))
         print(f"| {path.name} | 1 | {n1} | {hits / max(n1, 1):.1%} | {alone1 / max(n1, 1):.1%} | |")
-        print(f"| {path.name} | 0 | {n0} | {wrong / max(n0, 1):.1%} | {alone0 / max(n0, 1):.1%} | "
-              f"{alone_wrong / max(n0, 1):.1%} (at {t_same:.3f}) |")
+        print(
+            f"| {path.name} | 0 | {n0} | {wrong / max(n0, 1):.1%} | {alone0 / max(n0, 1):.1%} | "
+            f"{alone_wrong / max(n0, 1):.1%} (at {t_same:.3f}) |"
+        )
         kinds: dict[tuple[str, int], list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
             kinds[(str(r.get("kind", "-")), labels[i])].append(i)
@@ -101,16 +116,20 @@ def main() -> None:
             for (kind, lab), idx in sorted(kinds.items(), key=lambda kv: (kv[0][1], kv[0][0])):
                 above = [i for i in idx if sims[i] >= args.threshold]
                 rules = Counter(verdicts[i].rule for i in above if verdicts[i].rejected)
-                print(f"|   {kind} | {lab} | {len(idx)} | {sum(served[i] for i in idx)} served, "
-                      f"{len(above)} above | {dict(rules)} | |")
+                print(
+                    f"|   {kind} | {lab} | {len(idx)} | {sum(served[i] for i in idx)} served, "
+                    f"{len(above)} above | {dict(rules)} | |"
+                )
         for i, r in enumerate(rows):
             rule = verdicts[i].rule if verdicts[i].rejected else "rewording"
             if args.kind and str(r.get("kind")) not in args.kind:
                 continue
             is_wrong = (verdicts[i].rejected and labels[i] == 1) or (served[i] and labels[i] == 0)
             if rule in args.show and sims[i] >= args.threshold and is_wrong:
-                print(f"    [{rule}] {sims[i]:.3f} {r.get('kind', '')}: {r['a']!r} / {r['b']!r}"
-                      f" -- {verdicts[i]}")
+                print(
+                    f"    [{rule}] {sims[i]:.3f} {r.get('kind', '')}: {r['a']!r} / {r['b']!r}"
+                    f" -- {verdicts[i]}"
+                )
 
 
 if __name__ == "__main__":

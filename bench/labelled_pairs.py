@@ -35,7 +35,7 @@ HALVES = ("tune", "report", "all")
 
 
 def half_of(row_id: str) -> str:
-    """"tune" or "report": the half a row with this id belongs to."""
+    """ "tune" or "report": the half a row with this id belongs to."""
     digest = hashlib.blake2b(row_id.encode("utf-8"), key=SPLIT_KEY, digest_size=8).digest()
     return "tune" if digest[0] & 1 == 0 else "report"
 
@@ -115,8 +115,10 @@ class PairResult:
     def threshold_only_at_hit_rate(self, hit_rate: float) -> tuple[float, float]:
         """The threshold at which similarity alone serves as many label-1 pairs as
         ``hit_rate`` does, and the false-hit rate it has there."""
-        positives = sorted((s for s, lab in zip(self.raw_similarity or self.similarity, self.labels)
-                            if lab == 1), reverse=True)
+        positives = sorted(
+            (s for s, lab in zip(self.raw_similarity or self.similarity, self.labels) if lab == 1),
+            reverse=True,
+        )
         k = round(hit_rate * len(positives))
         threshold = positives[k - 1] if k > 0 else 1.0 + 1e-6
         return threshold, self.rates(threshold, guarded=False).false_hit
@@ -145,17 +147,18 @@ class PairResult:
 
 
 def evaluate_pairs(
-    path: str | Path, embedder: Embedder, verifier: HitVerifier, name: str | None = None,
-    half: str = "all",
+    path: str | Path, embedder: Embedder, verifier: HitVerifier, name: str | None = None, half: str = "all"
 ) -> PairResult:
     """The pairs of one file (of one half of it, ``half``), embedded and verified."""
     rows = select_half(read_jsonl(path), half, path)
     if not rows:
         raise ValueError(f"{path}: no pairs in the {half!r} half")
     for n, row in enumerate(rows, 1):
-        if not isinstance(row.get("a"), str) or not isinstance(row.get("b"), str) or row.get(
-            "label"
-        ) not in (0, 1):
+        if (
+            not isinstance(row.get("a"), str)
+            or not isinstance(row.get("b"), str)
+            or row.get("label") not in (0, 1)
+        ):
             raise ValueError(f"{path}:{n}: a pair needs str 'a', str 'b' and 'label' 0 or 1")
     a = [str(r["a"]) for r in rows]
     b = [str(r["b"]) for r in rows]
@@ -164,7 +167,7 @@ def evaluate_pairs(
     sims = raw
     if isinstance(verifier, ReadsRequests):  # what the cache embeds with this verifier
         read = embedder.encode([verifier.request(x) for x in a] + [verifier.request(y) for y in b])
-        sims = (read[: len(a)] * read[len(a):]).sum(dim=1).clamp(max=1.0).cpu().tolist()
+        sims = (read[: len(a)] * read[len(a) :]).sum(dim=1).clamp(max=1.0).cpu().tolist()
     explain = getattr(verifier, "explain", None)
     accepted: list[bool] = []
     rules: dict[str, int] = {}
@@ -186,8 +189,9 @@ def evaluate_pairs(
     ablation: dict[str, list[bool]] = {}
     if isinstance(verifier, LexicalNearMissVerifier) and not verifier.skip:
         for variant, without in ablation_variants().items():
-            ablation[variant] = [without.verify(x, y, s) and without.verify(y, x, s)
-                                 for x, y, s in zip(a, b, sims)]
+            ablation[variant] = [
+                without.verify(x, y, s) and without.verify(y, x, s) for x, y, s in zip(a, b, sims)
+            ]
     labels = [int(r["label"]) for r in rows]  # type: ignore[call-overload]
     near = [lab == 0 and word_jaccard(x, y) >= NEAR_MISS_JACCARD for x, y, lab in zip(a, b, labels)]
     return PairResult(
@@ -315,14 +319,24 @@ def replay_intents(
     points = []
     for threshold, top_k, guarded in settings:
         cache = SemanticCache(
-            table, threshold=threshold, top_k=top_k, device=table.device,
-            verifier=verifier if guarded else ThresholdOnly(), capacity=len(fill) + 1,
+            table,
+            threshold=threshold,
+            top_k=top_k,
+            device=table.device,
+            verifier=verifier if guarded else ThresholdOnly(),
+            capacity=len(fill) + 1,
         )
         cache.warm([(t, intent) for t, intent in fill.items()])
         hits = cache.get_all([t for t, _ in ask])
         served = [(h, intent) for h, (_, intent) in zip(hits, ask) if h is not None]
         points.append(
-            ReplayPoint(threshold, top_k, guarded, len(ask), len(served),
-                        sum(h.response != intent for h, intent in served))
+            ReplayPoint(
+                threshold,
+                top_k,
+                guarded,
+                len(ask),
+                len(served),
+                sum(h.response != intent for h, intent in served),
+            )
         )
     return points

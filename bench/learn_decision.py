@@ -49,8 +49,9 @@ def fit(x: np.ndarray, y: np.ndarray, w: np.ndarray, l2: float) -> np.ndarray:
     penalty[-1] = 0.0
     for _ in range(50):
         p = 1.0 / (1.0 + np.exp(-(z @ beta)))
-        step = np.linalg.solve((z * (w * p * (1 - p))[:, None]).T @ z + np.diag(penalty),
-                               z.T @ (w * (p - y)) + penalty * beta)
+        step = np.linalg.solve(
+            (z * (w * p * (1 - p))[:, None]).T @ z + np.diag(penalty), z.T @ (w * (p - y)) + penalty * beta
+        )
         beta -= step
         if np.abs(step).max() < 1e-9:
             break
@@ -68,10 +69,17 @@ def load(floor: float, reader: Reader) -> list[dict]:
         sims, raw = similarities(ra, rb, cache), similarities(a, b, cache)
         for r, x, y, qa, qb, s, s_raw in zip(rows, a, b, ra, rb, sims, raw):
             old = reader.rules.explain(x, y), reader.rules.explain(y, x)
-            pairs.append({"file": path.name, "id": str(r.get("id", f"{x}\x00{y}")), "label": int(r["label"]),
-                          "requests": (qa, qb), "raw": s_raw,
-                          "reading": reader.read(x, y, s) if s >= floor else None,
-                          "rules": s >= DEFAULT_THRESHOLD and not any(v.rejected for v in old)})
+            pairs.append(
+                {
+                    "file": path.name,
+                    "id": str(r.get("id", f"{x}\x00{y}")),
+                    "label": int(r["label"]),
+                    "requests": (qa, qb),
+                    "raw": s_raw,
+                    "reading": reader.read(x, y, s) if s >= floor else None,
+                    "rules": s >= DEFAULT_THRESHOLD and not any(v.rejected for v in old),
+                }
+            )
     return pairs
 
 
@@ -97,8 +105,13 @@ def maxsim(pairs: list[dict]) -> np.ndarray:
     for p in pairs:
         m = states(p["requests"][0]) @ states(p["requests"][1]).T
         ra, rb = m.max(dim=1).values, m.max(dim=0).values
-        out.append([float(ra.mean() + rb.mean()) / 2, float(min(ra.min(), rb.min())),
-                    int((ra < 0.6).sum() + (rb < 0.6).sum())])
+        out.append(
+            [
+                float(ra.mean() + rb.mean()) / 2,
+                float(min(ra.min(), rb.min())),
+                int((ra < 0.6).sum() + (rb < 0.6).sum()),
+            ]
+        )
     return np.array(out)
 
 
@@ -134,31 +147,45 @@ def main() -> None:
         score[folds == k] = x[folds == k] @ beta[:-1] + beta[-1]
     scores = {id(p): s for p, s in zip(decided, score)}
     flags = f"{'--maxsim ' if args.maxsim else ''}--floor {args.floor}"
-    lines = ["# A decision learned from tuning data, beside the guard's rules", "",
-             f"`python3 bench/learn_decision.py {flags}`; {label()}", "",
-             "Rewordings / near-misses served, five-fold cross-validated on tuning data. *cut c*: the "
-             "model serves a pair the vetoes let pass whose score is above c logits. *rules*: today's "
-             f"guard at {DEFAULT_THRESHOLD}. *T*: near-misses a threshold alone serves at the model's "
-             "rewordings (cut 2). *ceiling*: rewordings at or above the floor that no veto refuses.", "",
-             "| file | pairs (1/0) | " + " | ".join(f"cut {c}" for c in CUTS)
-             + " | rules | T at cut 2 | ceiling |",
-             "|---|---:|" + "---:|" * (len(CUTS) + 3)]
+    lines = [
+        "# A decision learned from tuning data, beside the guard's rules",
+        "",
+        f"`python3 bench/learn_decision.py {flags}`; {label()}",
+        "",
+        "Rewordings / near-misses served, five-fold cross-validated on tuning data. *cut c*: the "
+        "model serves a pair the vetoes let pass whose score is above c logits. *rules*: today's "
+        f"guard at {DEFAULT_THRESHOLD}. *T*: near-misses a threshold alone serves at the model's "
+        "rewordings (cut 2). *ceiling*: rewordings at or above the floor that no veto refuses.",
+        "",
+        "| file | pairs (1/0) | "
+        + " | ".join(f"cut {c}" for c in CUTS)
+        + " | rules | T at cut 2 | ceiling |",
+        "|---|---:|" + "---:|" * (len(CUTS) + 3),
+    ]
     for f in sorted({p["file"] for p in pairs}):
         rows = [p for p in pairs if p["file"] == f]
         pos, neg = [p for p in rows if p["label"] == 1], [p for p in rows if p["label"] == 0]
+
         def share(served: list[bool], of: list[dict]) -> str:
             return f"{sum(served) / len(of):.1%}"
 
-        cells = [share([scores.get(id(p), -99) > c for p in pos], pos) + " / "
-                 + share([scores.get(id(p), -99) > c for p in neg], neg) for c in CUTS]
+        cells = [
+            share([scores.get(id(p), -99) > c for p in pos], pos)
+            + " / "
+            + share([scores.get(id(p), -99) > c for p in neg], neg)
+            for c in CUTS
+        ]
         rules = share([p["rules"] for p in pos], pos) + " / " + share([p["rules"] for p in neg], neg)
         h2 = sum(scores.get(id(p), -99) > 2 for p in pos)
         ranked = sorted((p["raw"] for p in pos), reverse=True)
         t = ranked[h2 - 1] if h2 else 1.0
         alone = sum(p["raw"] >= t for p in neg) / len(neg)
         ceiling = sum(id(p) in scores for p in pos) / len(pos)
-        lines.append(f"| {f} | {len(pos)}/{len(neg)} | " + " | ".join(cells)
-                     + f" | {rules} | {alone:.1%} (at {t:.3f}) | {ceiling:.1%} |")
+        lines.append(
+            f"| {f} | {len(pos)}/{len(neg)} | "
+            + " | ".join(cells)
+            + f" | {rules} | {alone:.1%} (at {t:.3f}) | {ceiling:.1%} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

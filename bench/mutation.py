@@ -31,8 +31,13 @@ from pathlib import Path
 from provenance import run_label
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ("gpucache/guard/parsing.py", "gpucache/guard/payload.py", "gpucache/policy/admission.py",
-           "gpucache/policy/content.py", "gpucache/cache/entries.py")
+TARGETS = (
+    "gpucache/guard/parsing.py",
+    "gpucache/guard/payload.py",
+    "gpucache/policy/admission.py",
+    "gpucache/policy/content.py",
+    "gpucache/cache/entries.py",
+)
 TESTS = ("tests/guard/", "tests/policy/", "tests/cache/test_cache.py", "tests/cache/test_entries.py")
 
 # mutmut puts the mutated copy first on sys.path; an editable install's import hook would still
@@ -47,33 +52,43 @@ cli()
 """
 
 
-def prepare(work: Path, targets: tuple[str, ...], tests: tuple[str, ...],
-            timeout_multiplier: float = 15.0) -> None:
+def prepare(
+    work: Path, targets: tuple[str, ...], tests: tuple[str, ...], timeout_multiplier: float = 15.0
+) -> None:
     """The committed tree, unpacked into ``work``, with mutmut's settings in its pyproject."""
     paths = ["gpucache", "tests", "data", "bench", "pyproject.toml"]
-    archive = subprocess.run(["git", "archive", "HEAD", *paths], cwd=ROOT, check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", "HEAD", *paths], cwd=ROOT, check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(work, filter="data")
-    settings = ("\n[tool.mutmut]\n"
-                'source_paths = ["gpucache/"]\n'
-                f"only_mutate = {json.dumps([str(Path(t)) for t in targets])}\n"
-                f"pytest_add_cli_args_test_selection = {json.dumps(list(tests))}\n"
-                'also_copy = ["data/", "bench/"]\n'  # tests of the data read bench's modules
-                "use_git_change_detection = false\n"
-                # a mutant's CPU time limit: (its tests' estimated time + 1 s) x this x 2
-                f"timeout_multiplier = {timeout_multiplier}\n"
-                # torch's thread pools do not survive a fork: each worker is forked from a
-                # server that has imported the tests but run nothing
-                'process_isolation = "forkserver"\n')
+    settings = (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["gpucache/"]\n'
+        f"only_mutate = {json.dumps([str(Path(t)) for t in targets])}\n"
+        f"pytest_add_cli_args_test_selection = {json.dumps(list(tests))}\n"
+        'also_copy = ["data/", "bench/"]\n'  # tests of the data read bench's modules
+        "use_git_change_detection = false\n"
+        # a mutant's CPU time limit: (its tests' estimated time + 1 s) x this x 2
+        f"timeout_multiplier = {timeout_multiplier}\n"
+        # torch's thread pools do not survive a fork: each worker is forked from a
+        # server that has imported the tests but run nothing
+        'process_isolation = "forkserver"\n'
+    )
     with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
         f.write(settings)
 
 
 def mutmut(work: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one core a worker
-    return subprocess.run([sys.executable, "-c", BOOT, *args], cwd=work, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", BOOT, *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def outcomes(work: Path, targets: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -94,9 +109,13 @@ def main() -> None:
     parser.add_argument("--tests", nargs="+", default=list(TESTS))
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--out", default=None, help="the report to write (markdown)")
-    parser.add_argument("--timeout-multiplier", type=float, default=15.0,
-                        help="mutmut's: a mutant slower than (its tests' time + 1 s) x this x 2 is a "
-                        "timeout (15, mutmut's default, lets a mutant that loops run for minutes)")
+    parser.add_argument(
+        "--timeout-multiplier",
+        type=float,
+        default=15.0,
+        help="mutmut's: a mutant slower than (its tests' time + 1 s) x this x 2 is a "
+        "timeout (15, mutmut's default, lets a mutant that loops run for minutes)",
+    )
     args = parser.parse_args()
     targets, tests = tuple(args.targets), tuple(args.tests)
     label = run_label()
@@ -110,8 +129,12 @@ def main() -> None:
             print(run.stdout[-4000:], run.stderr[-4000:], sep="\n", file=sys.stderr)
             raise SystemExit(f"mutmut run failed ({run.returncode})")
         found = outcomes(work, targets)
-        diffs = {name: mutmut(work, "show", name).stdout.strip()
-                 for per_file in found.values() for name, status in per_file.items() if status != "killed"}
+        diffs = {
+            name: mutmut(work, "show", name).stdout.strip()
+            for per_file in found.values()
+            for name, status in per_file.items()
+            if status != "killed"
+        }
     shown = Path(args.out).resolve() if args.out else None
     if shown is not None and shown.is_relative_to(ROOT):
         shown = shown.relative_to(ROOT)
@@ -122,18 +145,29 @@ def main() -> None:
         command += " --tests " + " ".join(tests)
     if args.timeout_multiplier != 15.0:
         command += f" --timeout-multiplier {args.timeout_multiplier:g}"
-    lines = ["# Mutation testing: the rules that decide", "",
-             f"Command: `{command}` ({label}; mutmut's run took {seconds / 60:.0f} min on "
-             f"{args.max_children} processes). Every mutant of each target below, and the tests "
-             f"that cover it among {', '.join(f'`{t}`' for t in tests)}.", "",
-             "| module | mutants | killed | survived | other |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "# Mutation testing: the rules that decide",
+        "",
+        f"Command: `{command}` ({label}; mutmut's run took {seconds / 60:.0f} min on "
+        f"{args.max_children} processes). Every mutant of each target below, and the tests "
+        f"that cover it among {', '.join(f'`{t}`' for t in tests)}.",
+        "",
+        "| module | mutants | killed | survived | other |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for target, per_file in found.items():
         counts = Counter(per_file.values())
         other = sum(n for status, n in counts.items() if status not in ("killed", "survived"))
-        lines.append(f"| `{target}` | {len(per_file)} | {counts['killed']} | {counts['survived']} "
-                     f"| {other} |")
-    lines += ["", "## Survivors and why each is left", "",
-              "Each survivor's diff; under it, written after the run, why it is left.", ""]
+        lines.append(
+            f"| `{target}` | {len(per_file)} | {counts['killed']} | {counts['survived']} | {other} |"
+        )
+    lines += [
+        "",
+        "## Survivors and why each is left",
+        "",
+        "Each survivor's diff; under it, written after the run, why it is left.",
+        "",
+    ]
     for per_file in found.values():
         for name, status in sorted(per_file.items()):
             if status == "killed":

@@ -51,8 +51,9 @@ def policy_of(module: ModuleType) -> Any:
 
 def load_at(rev: str) -> ModuleType:
     """``gpucache/policy/content.py`` as committed at ``rev``, as a module of its own."""
-    source = subprocess.run(["git", "show", f"{rev}:gpucache/policy/content.py"], capture_output=True,
-                            text=True, check=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{rev}:gpucache/policy/content.py"], capture_output=True, text=True, check=True
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "content_before.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("content_before", path)
@@ -103,8 +104,11 @@ def main() -> None:
             growth = f"{old[-1] / old[-2]:.1f}x" if len(old) > 1 else "-"
             lines.append(f"| &nbsp;&nbsp;before ({args.before}) | {text} | {growth} |")
         print(lines[-1] if before is None else "\n".join(lines[-2:]), flush=True)
-    command = "python3 bench/policy_cost.py" + (f" --before {args.before}" if args.before else "") \
+    command = (
+        "python3 bench/policy_cost.py"
+        + (f" --before {args.before}" if args.before else "")
         + (f" --out {args.out}" if args.out else "")
+    )
     report = [
         "# ContentPolicy.decide on adversarial text",
         "",

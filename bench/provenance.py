@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def commit() -> str:
     """The checkout's short commit, with "+changes" where tracked files differ from it."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
@@ -42,8 +43,10 @@ def machine() -> str:
     """The CPU, its threads and the software stack, in one phrase."""
     import torch
 
-    return (f"{cpu_model()} ({platform.machine()}), {os.cpu_count()} CPU threads, torch "
-            f"{torch.__version__} with {torch.get_num_threads()} threads, Python {sys.version.split()[0]}")
+    return (
+        f"{cpu_model()} ({platform.machine()}), {os.cpu_count()} CPU threads, torch "
+        f"{torch.__version__} with {torch.get_num_threads()} threads, Python {sys.version.split()[0]}"
+    )
 
 
 def precision(embedder: Any) -> str:

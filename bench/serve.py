@@ -78,8 +78,17 @@ def start(command: list[str], url: str, env: dict[str, str] | None = None) -> su
 
 def proxy_command(up_port: int, *flags: str) -> list[str]:
     """``gpucache serve`` in front of the stand-in upstream on ``up_port``, quiet, with ``flags``."""
-    return [sys.executable, "-m", "gpucache", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1",
-            "--log-level", "warning", *flags]
+    return [
+        sys.executable,
+        "-m",
+        "gpucache",
+        "serve",
+        "--upstream",
+        f"http://127.0.0.1:{up_port}/v1",
+        "--log-level",
+        "warning",
+        *flags,
+    ]
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -175,15 +184,25 @@ class Cell:
         return self.requests / self.seconds
 
 
-def start_wrk(url: str, prompts: list[str], clients: int, seconds: float, expect: str = "",
-              warm: int = 0) -> tuple[subprocess.Popen[str], str]:
+def start_wrk(
+    url: str, prompts: list[str], clients: int, seconds: float, expect: str = "", warm: int = 0
+) -> tuple[subprocess.Popen[str], str]:
     """wrk, a load generator in C (on a 2-core machine a Python one takes a core of its own),
     keeping ``clients`` connections busy for ``seconds`` and checking each answer's tier."""
     quoted = ", ".join(lua_string(json.dumps(body(p))) for p in prompts)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT % (quoted, expect, warm))
-    command = ["wrk", "-t1", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
-               "-s", script.name, url]
+    command = [
+        "wrk",
+        "-t1",
+        f"-c{clients}",
+        f"-d{max(1, round(seconds))}s",
+        "--timeout",
+        "30s",
+        "-s",
+        script.name,
+        url,
+    ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), script.name
 
 
@@ -195,8 +214,17 @@ def finish_wrk(started: tuple[subprocess.Popen[str], str]) -> Cell:
         raise RuntimeError(f"wrk failed: {err}")
     line = next(row for row in out.splitlines() if row.startswith("RESULT"))
     n, errors, duration, p50, p99, ok, wrong, late, late_hit = line.split()[1:]
-    return Cell(int(n), int(errors), float(duration), float(p50), float(p99), int(ok), int(wrong),
-                int(late), int(late_hit))
+    return Cell(
+        int(n),
+        int(errors),
+        float(duration),
+        float(p50),
+        float(p99),
+        int(ok),
+        int(wrong),
+        int(late),
+        int(late_hit),
+    )
 
 
 def wrk(url: str, prompts: list[str], clients: int, seconds: float, expect: str = "", warm: int = 0) -> Cell:
@@ -227,8 +255,14 @@ async def semantic_hits(proxy: str, items: list[tuple[str, list[str]]]) -> list[
     return hits
 
 
-def measure(url: str, prompts: list[str], clients: int, args: argparse.Namespace,
-            expect: str = "", errors_allowed: bool = False) -> tuple[int, float, float, float, str]:
+def measure(
+    url: str,
+    prompts: list[str],
+    clients: int,
+    args: argparse.Namespace,
+    expect: str = "",
+    errors_allowed: bool = False,
+) -> tuple[int, float, float, float, str]:
     """(requests, p50 s, p99 s, requests per second, verified) of ``clients`` concurrent
     clients for ``--seconds``; a prompt holding UNIQUE is made unique per request (a miss each
     time); ``verified`` says how many answers were 200s of the ``expect``ed tier. Errors fail
@@ -258,19 +292,35 @@ def miss_overhead(proxy: str, n: int = 200) -> tuple[float, float, float]:
     """(p50 of x-gpucache-overhead-ms, mean embed ms, mean scan ms) of ``n`` misses asked one
     at a time: the proxy's own time on a miss, and the part of it the embedder and the scan
     took (from /metrics, over the same requests)."""
-    before = [metric(proxy, m) for m in ("gpucache_embed_seconds_total", "gpucache_embedded_prompts_total",
-                                          "gpucache_scan_seconds_total")]
+    before = [
+        metric(proxy, m)
+        for m in (
+            "gpucache_embed_seconds_total",
+            "gpucache_embedded_prompts_total",
+            "gpucache_scan_seconds_total",
+        )
+    ]
     overheads = []
     with httpx.Client(timeout=60, headers=HEADERS) as client:
         for i in range(n):
-            response = client.post(f"{proxy}/v1/chat/completions",
-                                   json=body(f"overhead {i}: what is the sum of {i} and {i + 1}?"))
+            response = client.post(
+                f"{proxy}/v1/chat/completions",
+                json=body(f"overhead {i}: what is the sum of {i} and {i + 1}?"),
+            )
             response.raise_for_status()
             assert response.headers["x-gpucache"] == "miss"
             overheads.append(float(response.headers["x-gpucache-overhead-ms"]))
-    embed, embedded, scan = (metric(proxy, m) - b for m, b in zip(
-        ("gpucache_embed_seconds_total", "gpucache_embedded_prompts_total", "gpucache_scan_seconds_total"),
-        before))
+    embed, embedded, scan = (
+        metric(proxy, m) - b
+        for m, b in zip(
+            (
+                "gpucache_embed_seconds_total",
+                "gpucache_embedded_prompts_total",
+                "gpucache_scan_seconds_total",
+            ),
+            before,
+        )
+    )
     return percentile(overheads, 0.5), 1000 * embed / max(1, embedded), 1000 * scan / n
 
 
@@ -279,8 +329,12 @@ def warm_up(proxy: str, seconds: float) -> Cell:
     40% new ones; repeats asked after the first 10 seconds are counted as served or not."""
     prompts = []
     for k in range(200):
-        prompts.append(f"REPEAT {(k // 5 * 3 + k % 5) % 40}: what is the capital of country number "
-                       f"{(k // 5 * 3 + k % 5) % 40}?" if k % 5 < 3 else "UNIQUE: what is the sum?")
+        prompts.append(
+            f"REPEAT {(k // 5 * 3 + k % 5) % 40}: what is the capital of country number "
+            f"{(k // 5 * 3 + k % 5) % 40}?"
+            if k % 5 < 3
+            else "UNIQUE: what is the sum?"
+        )
     return wrk(f"{proxy}/v1/chat/completions", prompts, 200, seconds, warm=10)
 
 
@@ -289,8 +343,9 @@ def main() -> None:
     parser.add_argument("--out", default="bench/reports/serve.md")
     parser.add_argument("--token-delay", type=float, default=0.002, help="upstream seconds per word")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of one cell")
-    parser.add_argument("--before", default=None,
-                        help="an earlier report (a file, or REV:PATH in git) set beside this run's")
+    parser.add_argument(
+        "--before", default=None, help="an earlier report (a file, or REV:PATH in git) set beside this run's"
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("bench/serve.py needs wrk (Debian: apt-get install wrk)")
@@ -299,8 +354,7 @@ def main() -> None:
 
     up_port = free_port()
     upstream = start(
-        [sys.executable, str(STANDIN), "--port", str(up_port),
-         "--token-delay", str(args.token_delay)],
+        [sys.executable, str(STANDIN), "--port", str(up_port), "--token-delay", str(args.token_delay)],
         f"http://127.0.0.1:{up_port}/v1/models",
     )
     items = workload()
@@ -310,8 +364,9 @@ def main() -> None:
         for window in ("2", "0"):
             port = free_port()
             proxy = start(
-                proxy_command(up_port, "--port", str(port),
-                              "--lookup-window-seconds", str(float(window) / 1000)),
+                proxy_command(
+                    up_port, "--port", str(port), "--lookup-window-seconds", str(float(window) / 1000)
+                ),
                 f"http://127.0.0.1:{port}/health",
             )
             base = f"http://127.0.0.1:{port}"
@@ -348,13 +403,19 @@ def main() -> None:
             peer_url = f"http://127.0.0.1:{peer_port}/v1/chat/completions"
             prime(peer_url, repeats)
             for clients in (*CONCURRENCY, 256):
-                rows.append(("LiteLLM, exact hit", clients,
-                             *measure(peer_url, repeats, clients, args, "exact", errors_allowed=True)))
+                rows.append(
+                    (
+                        "LiteLLM, exact hit",
+                        clients,
+                        *measure(peer_url, repeats, clients, args, "exact", errors_allowed=True),
+                    )
+                )
         finally:
             stop(peer)
         port = free_port()
-        proxy = start(proxy_command(up_port, "--port", str(port), "--grace", "5"),
-                      f"http://127.0.0.1:{port}/health")
+        proxy = start(
+            proxy_command(up_port, "--port", str(port), "--grace", "5"), f"http://127.0.0.1:{port}/health"
+        )
         try:
             warm = warm_up(f"http://127.0.0.1:{port}", max(30.0, 3 * args.seconds))
         finally:
@@ -364,8 +425,10 @@ def main() -> None:
 
     info = subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True, text=True).stdout
     info = info.split("\nserve ")[0].strip()  # the machine; the server settings are the defaults
-    command = (f"python3 bench/serve.py --out {args.out} --token-delay {args.token_delay} "
-               f"--seconds {args.seconds}" + (f" --before {args.before}" if args.before else ""))
+    command = (
+        f"python3 bench/serve.py --out {args.out} --token-delay {args.token_delay} "
+        f"--seconds {args.seconds}" + (f" --before {args.before}" if args.before else "")
+    )
     lines = [
         "# Serving: proxy overhead, exact repeats, overload and batched lookups",
         "",
@@ -373,7 +436,7 @@ def main() -> None:
         f"The upstream answers after {args.token_delay} s per word",
         "(7 words an answer); proxy (`gpucache serve` with its defaults), upstream and the load",
         "generator, wrk (one thread), share this machine. Every answer counted is checked: the",
-        "\"verified\" column counts 200s whose `x-gpucache` header names the tier of the row (a",
+        '"verified" column counts 200s whose `x-gpucache` header names the tier of the row (a',
         f"lookup that timed out and went upstream is a miss, not a hit). {len(hits)} reworded demo",
         "prompts are answered by meaning and asked in turn for the semantic hits.",
         "",
@@ -431,8 +494,7 @@ def main() -> None:
         f"| {warm.requests} | {warm.errors} | {warm.rate:.0f} | {warm.late} | "
         f"{warm.late_hit} ({100 * warm.late_hit / max(1, warm.late):.1f}%) |",
         "",
-        "Non-200 answers in that run (shed or failed): "
-        f"{warm.wrong}.",
+        f"Non-200 answers in that run (shed or failed): {warm.wrong}.",
     ]
     ratio = throughput["2"] / throughput["0"]
     lines += [

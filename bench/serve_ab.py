@@ -34,10 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def extracted(revision: str, into: Path) -> str:
     """``revision``'s package unpacked into ``into``; its full commit id."""
-    commit = subprocess.run(["git", "rev-parse", revision], cwd=ROOT, check=True, capture_output=True,
-                            text=True).stdout.strip()
-    archive = subprocess.run(["git", "archive", commit, "gpucache"], cwd=ROOT, check=True,
-                             capture_output=True).stdout
+    commit = subprocess.run(
+        ["git", "rev-parse", revision], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "archive", commit, "gpucache"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return commit
@@ -84,8 +86,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpucache-serve-ab-"))
     base_commit = extracted(args.base, work)
     up_port = free_port()
-    upstream = start([sys.executable, str(STANDIN), "--port", str(up_port), "--token-delay", "0.002"],
-                     f"http://127.0.0.1:{up_port}/v1/models")
+    upstream = start(
+        [sys.executable, str(STANDIN), "--port", str(up_port), "--token-delay", "0.002"],
+        f"http://127.0.0.1:{up_port}/v1/models",
+    )
     repeats = [first for first, _ in workload()]
     runs: dict[str, list[dict[str, Cell]]] = {"base": [], "this": []}
     try:

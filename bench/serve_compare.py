@@ -44,11 +44,16 @@ def _one(pattern: re.Pattern[str], report: str) -> float | None:
 
 def before_and_after(before: str, after: str) -> list[str]:
     old, new = cells(before), cells(after)
-    lines = ["", "## Before and after", "",
-             "The earlier report given with `--before` beside this run, cell by cell (two runs).", "",
-             "| path | clients | p50 before | p50 after | p99 before | p99 after | req/s before "
-             "| req/s after | after / before req/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "",
+        "## Before and after",
+        "",
+        "The earlier report given with `--before` beside this run, cell by cell (two runs).",
+        "",
+        "| path | clients | p50 before | p50 after | p99 before | p99 after | req/s before "
+        "| req/s after | after / before req/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
 
     def show(value: float | None) -> str:
         return "–" if value is None else f"{value:g}"
@@ -56,14 +61,18 @@ def before_and_after(before: str, after: str) -> list[str]:
     for key in sorted(set(old) | set(new), key=lambda k: (k[0], k[1])):
         a, b = old.get(key), new.get(key)
         ratio = f"{b[2] / a[2]:.2f}x" if a and b and a[2] else "–"
-        lines.append(f"| {key[0]} | {key[1]} | {show(a and a[0])} | {show(b and b[0])} | "
-                     f"{show(a and a[1])} | {show(b and b[1])} | {show(a and a[2])} | {show(b and b[2])} "
-                     f"| {ratio} |")
-    lines += ["",
-              f"A miss's overhead beyond embedding and scanning (ms, p50): before "
-              f"{show(_one(BEYOND, before))}, after {show(_one(BEYOND, after))}. Semantic hits/s at 64 "
-              f"clients, batched: before {show(_one(BATCHED, before))}, after {show(_one(BATCHED, after))}.",
-              ""]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {show(a and a[0])} | {show(b and b[0])} | "
+            f"{show(a and a[1])} | {show(b and b[1])} | {show(a and a[2])} | {show(b and b[2])} "
+            f"| {ratio} |"
+        )
+    lines += [
+        "",
+        f"A miss's overhead beyond embedding and scanning (ms, p50): before "
+        f"{show(_one(BEYOND, before))}, after {show(_one(BEYOND, after))}. Semantic hits/s at 64 "
+        f"clients, batched: before {show(_one(BATCHED, before))}, after {show(_one(BATCHED, after))}.",
+        "",
+    ]
     return lines
 
 

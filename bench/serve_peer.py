@@ -70,8 +70,17 @@ def command(up_port: int, port: int) -> tuple[list[str], dict[str, str]]:
     with config:
         config.write(CONFIG.format(up_port=up_port, key=MASTER_KEY))
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
-    return [found, "--config", config.name, "--host", "127.0.0.1", "--port", str(port),
-            "--num_workers", "1"], env
+    return [
+        found,
+        "--config",
+        config.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ], env
 
 
 def health_url(port: int) -> str:

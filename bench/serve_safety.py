@@ -218,9 +218,11 @@ def withheld_bodies(url: str, path: str, n: int) -> str:
     socks = [socket.create_connection((host, int(port))) for _ in range(n)]
     begun = time.perf_counter()
     for sock in socks:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-slow\r\n"
-                     "content-type: application/json\r\ncontent-length: 1000\r\n\r\n".encode()
-                     + b'{"model": "smol", ')
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-slow\r\n"
+            "content-type: application/json\r\ncontent-length: 1000\r\n\r\n".encode()
+            + b'{"model": "smol", '
+        )
     statuses: Counter[str] = Counter()
     for sock in socks:
         sock.settimeout(60)
@@ -243,8 +245,12 @@ def concurrent_statuses(url: str, headers: dict[str, str], bodies: list[bytes]) 
 
     def send(body: bytes) -> None:
         try:
-            r = httpx.post(f"{url}/v1/chat/completions", content=body, timeout=300,
-                           headers={**headers, "content-type": "application/json"})
+            r = httpx.post(
+                f"{url}/v1/chat/completions",
+                content=body,
+                timeout=300,
+                headers={**headers, "content-type": "application/json"},
+            )
             shown = answer(r)
         except httpx.TransportError:
             shown = "closed before the body was sent"
@@ -259,40 +265,75 @@ def concurrent_statuses(url: str, headers: dict[str, str], bodies: list[bytes]) 
     return ", ".join(f"{k} x{v}" for k, v in sorted(said.items()))
 
 
-def limits_rows(serve: list[str], processes: list[subprocess.Popen[bytes]], main_url: str, main_pid: int,
-                rows: list[tuple[str, str, str]]) -> None:
+def limits_rows(
+    serve: list[str],
+    processes: list[subprocess.Popen[bytes]],
+    main_url: str,
+    main_pid: int,
+    rows: list[tuple[str, str, str]],
+) -> None:
     """What one key may take from the others: bodies held at once, its rate, its share of the
     cache, content parts past the bound."""
-    big = [b'{"model": "smol", "messages": [{"role": "user", "content": "'
-           + f"prompt {n} ".encode() + b"z" * 7_500_000 + b'"}]}' for n in range(64)]
+    big = [
+        b'{"model": "smol", "messages": [{"role": "user", "content": "'
+        + f"prompt {n} ".encode()
+        + b"z" * 7_500_000
+        + b'"}]}'
+        for n in range(64)
+    ]
     before = rss_mb(main_pid)
     said = concurrent_statuses(main_url, {"authorization": "Bearer sk-many"}, big)
-    rows.append(("limits", "64 prompts of 7.5 MB sent at once with one key (`--max-buffered-bytes`, "
-                 "128 MiB): answers; the proxy's resident memory before / after",
-                 f"{said}; {before:.0f} MB / {rss_mb(main_pid):.0f} MB"))
+    rows.append(
+        (
+            "limits",
+            "64 prompts of 7.5 MB sent at once with one key (`--max-buffered-bytes`, "
+            "128 MiB): answers; the proxy's resident memory before / after",
+            f"{said}; {before:.0f} MB / {rss_mb(main_pid):.0f} MB",
+        )
+    )
     del big
     parts = [{"type": "text", "text": "Which port?"}] * 2049
-    asked = [httpx.post(f"{main_url}/v1/chat/completions", timeout=60,
-                        headers={"authorization": "Bearer sk-parts"},
-                        json={"model": "smol", "messages": [{"role": "user", "content": parts}]})
-             for _ in range(2)]
-    rows.append(("limits", "a message of 2,049 content parts, sent twice",
-                 ", ".join(answer(r) for r in asked)))
+    asked = [
+        httpx.post(
+            f"{main_url}/v1/chat/completions",
+            timeout=60,
+            headers={"authorization": "Bearer sk-parts"},
+            json={"model": "smol", "messages": [{"role": "user", "content": parts}]},
+        )
+        for _ in range(2)
+    ]
+    rows.append(
+        ("limits", "a message of 2,049 content parts, sent twice", ", ".join(answer(r) for r in asked))
+    )
 
     port = free_port()
     rated = f"http://127.0.0.1:{port}"
-    processes.append(start(serve + ["--port", str(port), "--tenant-rate", "1", "--tenant-burst", "5"],
-                           f"{rated}/health"))
+    processes.append(
+        start(serve + ["--port", str(port), "--tenant-rate", "1", "--tenant-burst", "5"], f"{rated}/health")
+    )
     flood = {"authorization": "Bearer sk-flood"}
     said = Counter(ask(rated, flood, "What is the speed of light?") for _ in range(20))
-    rows.append(("limits", "`--tenant-rate 1 --tenant-burst 5`: one key sends the same question 20 times "
-                 "at once", ", ".join(f"{k} x{v}" for k, v in sorted(said.items()))))
-    late = raw_request(rated, "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                       "authorization: Bearer sk-flood\r\ncontent-type: application/json\r\n",
-                       chat_body("And one more?"))
+    rows.append(
+        (
+            "limits",
+            "`--tenant-rate 1 --tenant-burst 5`: one key sends the same question 20 times at once",
+            ", ".join(f"{k} x{v}" for k, v in sorted(said.items())),
+        )
+    )
+    late = raw_request(
+        rated,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        "authorization: Bearer sk-flood\r\ncontent-type: application/json\r\n",
+        chat_body("And one more?"),
+    )
     rows.append(("limits", "that key again, at once", late))
-    rows.append(("limits", "another key meanwhile",
-                 ask(rated, {"authorization": "Bearer sk-calm"}, "What is the speed of light?")))
+    rows.append(
+        (
+            "limits",
+            "another key meanwhile",
+            ask(rated, {"authorization": "Bearer sk-calm"}, "What is the speed of light?"),
+        )
+    )
 
     port = free_port()
     shared = f"http://127.0.0.1:{port}"
@@ -304,9 +345,14 @@ def limits_rows(serve: list[str], processes: list[subprocess.Popen[bytes]], main
     for n in range(25):
         ask(shared, junk, f"Summarise document {n}: " + "lorem ipsum " * 1700)
     said = Counter(ask(shared, team, q) for q in questions)
-    rows.append(("limits", "`--max-text-bytes 400000` (fair share on, the default): 20 answers of one key, "
-                 "then 25 prompts of 20,000 characters from another; the first key asks its 20 again",
-                 ", ".join(f"{k} x{v}" for k, v in sorted(said.items()))))
+    rows.append(
+        (
+            "limits",
+            "`--max-text-bytes 400000` (fair share on, the default): 20 answers of one key, "
+            "then 25 prompts of 20,000 characters from another; the first key asks its 20 again",
+            ", ".join(f"{k} x{v}" for k, v in sorted(said.items())),
+        )
+    )
 
 
 def main() -> None:
@@ -335,8 +381,16 @@ def main() -> None:
         processes.append(main_proxy)
         processes.append(
             start(
-                serve + ["--port", str(ports["gate"]), "--trust-namespace-header", "--auth", "gateway",
-                         "--gateway-token", GATE],
+                serve
+                + [
+                    "--port",
+                    str(ports["gate"]),
+                    "--trust-namespace-header",
+                    "--auth",
+                    "gateway",
+                    "--gateway-token",
+                    GATE,
+                ],
                 f"{gate}/health",
             )
         )
@@ -485,10 +539,16 @@ def main() -> None:
                 ask(gate, {"authorization": "Bearer key-two", **through_gate}, q),
             )
         )
-        rows.append(("gateway", "no credentials, no namespace",
-                     ask(gate, {"x-gpucache-gateway-token": GATE}, q)))
-        rows.append(("gateway", "tenant-7 named by a client that reached the port itself (no gateway token)",
-                     ask(gate, {"authorization": "Bearer key-one", "x-gpucache-namespace": "tenant-7"}, q)))
+        rows.append(
+            ("gateway", "no credentials, no namespace", ask(gate, {"x-gpucache-gateway-token": GATE}, q))
+        )
+        rows.append(
+            (
+                "gateway",
+                "tenant-7 named by a client that reached the port itself (no gateway token)",
+                ask(gate, {"authorization": "Bearer key-one", "x-gpucache-namespace": "tenant-7"}, q),
+            )
+        )
 
         # ------------------------------------------------------------------ ambiguity
         post = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -615,10 +675,12 @@ def main() -> None:
             ("GET", "/v1/tokenize"),
             ("POST", "/v1/files"),
         ]:
-            rows.append(("passthrough", f"`{method} {target}` (no credentials)",
-                         raw_status(proxy, method, target)))
-        rows.append(("passthrough", "`GET /v1/models` with a key",
-                     raw_status(proxy, "GET", "/v1/models", "sk-carol")))
+            rows.append(
+                ("passthrough", f"`{method} {target}` (no credentials)", raw_status(proxy, method, target))
+            )
+        rows.append(
+            ("passthrough", "`GET /v1/models` with a key", raw_status(proxy, "GET", "/v1/models", "sk-carol"))
+        )
         weather = [
             {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
         ]
@@ -849,8 +911,13 @@ def main() -> None:
             )
         )
         for path in ("/v1/chat/completions", "/v1/embeddings"):
-            rows.append(("low", f"20 connections withholding a `{path}` body (`--body-timeout 2`)",
-                         withheld_bodies(proxy, path, 20)))
+            rows.append(
+                (
+                    "low",
+                    f"20 connections withholding a `{path}` body (`--body-timeout 2`)",
+                    withheld_bodies(proxy, path, 20),
+                )
+            )
         completions = httpx.post(
             f"{proxy}/v1/completions",
             headers=hk,
@@ -872,14 +939,7 @@ def main() -> None:
         )
         processes.append(redis_process)
         snap = str(Path(work) / "rep.gpucache")
-        rep_cmd = serve + [
-            "--port",
-            str(ports["rep"]),
-            "--redis",
-            redis_url,
-            "--snapshot",
-            snap,
-        ]
+        rep_cmd = serve + ["--port", str(ports["rep"]), "--redis", redis_url, "--snapshot", snap]
         replica = start(rep_cmd, f"{rep}/health")
         rk = {"authorization": "Bearer sk-rep"}
         for n in range(12):

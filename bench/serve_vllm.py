@@ -77,19 +77,31 @@ async def replay(base_url: str, items: list[WorkloadItem], clients: int, max_tok
             started = time.perf_counter()
             try:
                 raw = await client.chat.completions.with_raw_response.create(
-                    model=vllm_upstream.SERVED_NAME, temperature=0, max_tokens=max_tokens,
-                    messages=[{"role": "system", "content": SYSTEM},
-                              {"role": "user", "content": item.prompt}])
+                    model=vllm_upstream.SERVED_NAME,
+                    temperature=0,
+                    max_tokens=max_tokens,
+                    messages=[
+                        {"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": item.prompt},
+                    ],
+                )
             except openai.APIError as exc:
                 result.failed.append(f"{item.prompt!r}: {exc}")
                 continue
             completion = raw.parse()
             overhead = raw.headers.get("x-gpucache-overhead-ms")
             choice = completion.choices[0]
-            result.answers.append(Answer(
-                item, raw.headers.get("x-gpucache", "direct"), choice.message.content or "",
-                choice.finish_reason, completion.usage.completion_tokens if completion.usage else 0,
-                time.perf_counter() - started, float(overhead) if overhead is not None else None))
+            result.answers.append(
+                Answer(
+                    item,
+                    raw.headers.get("x-gpucache", "direct"),
+                    choice.message.content or "",
+                    choice.finish_reason,
+                    completion.usage.completion_tokens if completion.usage else 0,
+                    time.perf_counter() - started,
+                    float(overhead) if overhead is not None else None,
+                )
+            )
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(clients)))
@@ -104,8 +116,11 @@ def wrong_hits(run: Replay) -> list[Answer]:
     for a in run.answers:
         if a.tier not in ("exact", "semantic"):
             sources[a.text].add(a.item.question)
-    return [a for a in run.answers if a.tier in ("exact", "semantic")
-            and a.item.question not in sources.get(a.text, {a.item.question})]
+    return [
+        a
+        for a in run.answers
+        if a.tier in ("exact", "semantic") and a.item.question not in sources.get(a.text, {a.item.question})
+    ]
 
 
 def ms(values: list[float], q: float) -> str:
@@ -130,8 +145,21 @@ def main() -> None:
     try:
         direct = asyncio.run(replay(engine.url, items, args.clients, args.max_tokens))
         port = free_port()
-        proxy = start([sys.executable, "-m", "gpucache", "serve", "--upstream", engine.url,
-                       "--port", str(port), "--log-level", "warning"], f"http://127.0.0.1:{port}/health")
+        proxy = start(
+            [
+                sys.executable,
+                "-m",
+                "gpucache",
+                "serve",
+                "--upstream",
+                engine.url,
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            f"http://127.0.0.1:{port}/health",
+        )
         try:
             cached = asyncio.run(replay(f"http://127.0.0.1:{port}/v1", items, args.clients, args.max_tokens))
             stats = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
@@ -143,21 +171,34 @@ def main() -> None:
     write(args, items, direct, cached, engine_start, versions, stats)
 
 
-def write(args: argparse.Namespace, items: list[WorkloadItem], direct: Replay, cached: Replay,
-          engine_start: float, versions: dict[str, str], metrics_text: str) -> None:
-    info = subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True,
-                          text=True).stdout.split("\nserve ")[0].strip()
+def write(
+    args: argparse.Namespace,
+    items: list[WorkloadItem],
+    direct: Replay,
+    cached: Replay,
+    engine_start: float,
+    versions: dict[str, str],
+    metrics_text: str,
+) -> None:
+    info = (
+        subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True, text=True)
+        .stdout.split("\nserve ")[0]
+        .strip()
+    )
     tiers = Counter(a.tier for a in cached.answers)
     hits = tiers["exact"] + tiers["semantic"]
     wrong = wrong_hits(cached)
     tokens_direct = sum(a.completion_tokens for a in direct.answers)
     tokens_cached = sum(a.completion_tokens for a in cached.answers)
-    overheads = [a.overhead_ms / 1000 for a in cached.answers
-                 if a.tier == "miss" and a.overhead_ms is not None]
+    overheads = [
+        a.overhead_ms / 1000 for a in cached.answers if a.tier == "miss" and a.overhead_ms is not None
+    ]
     cut = Counter(a.finish for a in direct.answers)
     kinds = Counter(i.kind for i in items)
-    command = (f"python3 bench/serve_vllm.py --out {args.out} --limit {args.limit} "
-               f"--clients {args.clients} --max-tokens {args.max_tokens}")
+    command = (
+        f"python3 bench/serve_vllm.py --out {args.out} --limit {args.limit} "
+        f"--clients {args.clients} --max-tokens {args.max_tokens}"
+    )
     lines = [
         "# gpucache serve in front of a real vLLM: the demo workload",
         "",
@@ -172,7 +213,7 @@ def write(args: argparse.Namespace, items: list[WorkloadItem], direct: Replay, c
         "",
         f"Workload: the first {len(items)} prompts of the demo workload "
         f"({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}),",
-        f"{args.clients} concurrent clients, a system line (\"{SYSTEM}\"), `max_tokens` {args.max_tokens}.",
+        f'{args.clients} concurrent clients, a system line ("{SYSTEM}"), `max_tokens` {args.max_tokens}.',
         f"Straight to vLLM, {cut['stop']} answers finished by `stop` and {cut['length']} were cut at",
         "`max_tokens` (`length`); the cache keeps only the first kind, so those prompts are asked",
         "again each time.",

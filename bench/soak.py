@@ -84,8 +84,12 @@ def main() -> None:
     rng = random.Random(42)
     cache = SemanticCache(
         HashingEmbedder(device="cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu"),
-        device=args.device, capacity=args.capacity, ttl=600.0, threshold=0.95,
-        verifier=ThresholdOnly(), cache_policy=StoreEverything(),
+        device=args.device,
+        capacity=args.capacity,
+        ttl=600.0,
+        threshold=0.95,
+        verifier=ThresholdOnly(),
+        cache_policy=StoreEverything(),
     )
     clock = [0.0]
     cache.timer = lambda: clock[0]  # simulated time: 1 ms per operation, so TTLs expire
@@ -122,32 +126,39 @@ def main() -> None:
         if done - last_done >= step or done >= args.ops:
             now = time.perf_counter()
             stats = cache.stats()
-            samples.append({
-                "ops": done,
-                "seconds": round(now - started, 2),
-                "ops_per_s": round((done - last_done) / (now - last_time)),
-                "rss_mib": round(rss_mib(), 1),
-                "device_mib": round(torch.cuda.memory_allocated() / 2**20, 1)
-                if torch.cuda.is_available() else None,
-                "entries": stats.entries,
-                "store_mib": round(cache.store.nbytes / 2**20, 1),
-                "evictions": stats.evictions,
-                "expirations": stats.expirations,
-                "hit_rate": round(stats.hit_rate, 3),
-            })
+            samples.append(
+                {
+                    "ops": done,
+                    "seconds": round(now - started, 2),
+                    "ops_per_s": round((done - last_done) / (now - last_time)),
+                    "rss_mib": round(rss_mib(), 1),
+                    "device_mib": round(torch.cuda.memory_allocated() / 2**20, 1)
+                    if torch.cuda.is_available()
+                    else None,
+                    "entries": stats.entries,
+                    "store_mib": round(cache.store.nbytes / 2**20, 1),
+                    "evictions": stats.evictions,
+                    "expirations": stats.expirations,
+                    "hit_rate": round(stats.hit_rate, 3),
+                }
+            )
             print(json.dumps(samples[-1]), flush=True)
             last_time, last_done = now, done
 
     first_full = next((s for s in samples if s["entries"] >= 0.95 * args.capacity), samples[-1])
     growth = samples[-1]["rss_mib"] - first_full["rss_mib"]
     lines = [
-        "# Soak", "",
-        f"`python bench/soak.py --ops {args.ops} --capacity {args.capacity} --out {args.out}`", "",
+        "# Soak",
+        "",
+        f"`python bench/soak.py --ops {args.ops} --capacity {args.capacity} --out {args.out}`",
+        "",
         f"{run_label()}; device {cache.device}. Hashing embedder (not the transformer); simulated "
-        "clock, 1 ms per operation, TTL 600 s.", "",
+        "clock, 1 ms per operation, TTL 600 s.",
+        "",
         f"RSS once the store was full ({first_full['ops']} ops): {first_full['rss_mib']} MiB; at "
         f"the end ({samples[-1]['ops']} ops): {samples[-1]['rss_mib']} MiB; growth "
-        f"{growth:+.1f} MiB.", "",
+        f"{growth:+.1f} MiB.",
+        "",
         "| ops | seconds | ops/s | RSS MiB | device MiB | entries | store MiB | evictions | "
         "expirations | hit rate |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -53,24 +53,19 @@ def bench_embedder(device: torch.device, prompts: list[str], repeat: int) -> dic
         st = None
     else:
         st = SentenceTransformer(str(default_model_path()), device=str(device))
-        engines["sentence_transformers"] = lambda: st.encode(
-            prompts, batch_size=64, convert_to_tensor=True
-        )
+        engines["sentence_transformers"] = lambda: st.encode(prompts, batch_size=64, convert_to_tensor=True)
     timings = dict(zip(engines, timed_together(list(engines.values()), device, repeat)))
     seconds, spread = timings["gpucache"]
     result: dict[str, Any] = {
         "prompts": len(prompts),
         "gpucache_prompts_per_s": len(prompts) / seconds,
         "gpucache_spread_s": spread,
-        "dtype": str(ours.dtype) + (
-            f", matmuls in {ours.autocast_dtype} (autocast)" if ours.autocast_dtype else ""
-        ),
+        "dtype": str(ours.dtype)
+        + (f", matmuls in {ours.autocast_dtype} (autocast)" if ours.autocast_dtype else ""),
     }
     if exact is not None:
         result["fp32_prompts_per_s"] = len(prompts) / timings["fp32"][0]
-        result["min_cosine_vs_fp32"] = float(
-            (exact.encode(prompts) * ours.encode(prompts)).sum(dim=1).min()
-        )
+        result["min_cosine_vs_fp32"] = float((exact.encode(prompts) * ours.encode(prompts)).sum(dim=1).min())
         result["probe_min_cosine_vs_fp32"] = ours.agreement
     if st is None:
         result["sentence_transformers"] = "not installed"
@@ -98,8 +93,14 @@ class _Engine:
 
 
 def bench_scan(
-    device: torch.device, ns: list[int], qs: list[int], modes: list[str], k: int, repeat: int,
-    dim: int = 384, telemetry: list[dict[str, Any]] | None = None,
+    device: torch.device,
+    ns: list[int],
+    qs: list[int],
+    modes: list[str],
+    k: int,
+    repeat: int,
+    dim: int = 384,
+    telemetry: list[dict[str, Any]] | None = None,
 ) -> list[ScanResult]:
     """Every engine on the same data and queries; for each (N, Q) the engines are timed
     together (``timed_together``) and recall is against a float64 brute force."""
@@ -117,16 +118,13 @@ def bench_scan(
             queries = queries_all[:q]
             on_device, on_host = queries.to(device), queries.numpy()
             calls: list[Callable[[], Any]] = [
-                functools.partial(e.search, on_host if e.label == "faiss" else on_device, k)
-                for e in engines
+                functools.partial(e.search, on_host if e.label == "faiss" else on_device, k) for e in engines
             ]
             # The machine's read bandwidth moved from 15.7 to 53.5 GB/s within one session on
             # a shared machine, so a figure from minutes before could make a memory-bound scan
             # look twice as good or bad: at Q = 1 a plain read of the same rows is timed with
             # the engines, and the fraction is of that.
-            read: list[Callable[[], Any]] = (
-                [functools.partial(torch.sum, data.to(device))] if q == 1 else []
-            )
+            read: list[Callable[[], Any]] = [functools.partial(torch.sum, data.to(device))] if q == 1 else []
             for engine, call in zip(engines, calls):  # an auto store measures its kernels first
                 chooser = engine.store.kernel_chooser if engine.store is not None else None
                 if chooser is not None:
@@ -143,15 +141,25 @@ def bench_scan(
                 chooser = engine.store.kernel_chooser if engine.store is not None else None
                 if chooser is not None:  # say which kernel the default chose
                     label += ":" + chooser.choices.get((bucket(q), size_class(n)), "torch")
-                results.append(ScanResult(
-                    engine.device, label, engine.mode, n, q, seconds, spread, q / seconds,
-                    n * engine.bytes_per_row / seconds / 1e9, recall, read_gb_per_s,
-                ))
+                results.append(
+                    ScanResult(
+                        engine.device,
+                        label,
+                        engine.mode,
+                        n,
+                        q,
+                        seconds,
+                        spread,
+                        q / seconds,
+                        n * engine.bytes_per_row / seconds / 1e9,
+                        recall,
+                        read_gb_per_s,
+                    )
+                )
             if telemetry is not None and device.type == "cuda":
                 from gpucache.telemetry import gpu_readings
 
-                telemetry += [{"n": n, "q": q, "mode": "all", **asdict(r)}
-                              for r in gpu_readings()[:1]]
+                telemetry += [{"n": n, "q": q, "mode": "all", **asdict(r)} for r in gpu_readings()[:1]]
         del engines
     return results
 
@@ -179,8 +187,9 @@ def _our_engines(device: torch.device, data: torch.Tensor, modes: list[str]) -> 
     engines = []
     n, dim = data.shape
     for label, mode, kernel in variants:
-        store = ExactScanStore(dim, device=device, quantization=mode, initial_rows=n,
-                               scan_kernel=kernel)  # the library's default scan budget
+        store = ExactScanStore(
+            dim, device=device, quantization=mode, initial_rows=n, scan_kernel=kernel
+        )  # the library's default scan budget
         store.add(data, 0, [float("inf")] * n)
 
         def search(queries: torch.Tensor, k: int, store: ExactScanStore = store) -> torch.Tensor:
@@ -238,8 +247,12 @@ def bench_end_to_end(device: torch.device, repeat: int) -> dict[str, Any]:
         times.append(time.perf_counter() - start)
     stats = cache.stats()
     seconds = statistics.median(times)
-    return {"prompts": len(prompts), "seconds": seconds, "prompts_per_s": len(prompts) / seconds,
-            "hit_rate": stats.hit_rate}
+    return {
+        "prompts": len(prompts),
+        "seconds": seconds,
+        "prompts_per_s": len(prompts) / seconds,
+        "hit_rate": stats.hit_rate,
+    }
 
 
 class _FillRouter:
@@ -308,12 +321,18 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
         raise ValueError(f"the demo workload has {len(base)} distinct prompts; ask for fewer")
 
     def filled(**settings: Any) -> SemanticCache:
-        cache = SemanticCache(router, device=device, capacity=n + 4 * count + 10,  # type: ignore[arg-type]
-                              cache_policy=StoreEverything(), **settings)
+        cache = SemanticCache(
+            router,
+            device=device,
+            capacity=n + 4 * count + 10,  # type: ignore[arg-type]
+            cache_policy=StoreEverything(),
+            **settings,
+        )
         cache.warm([(p, "stored answer") for p in base])
         for first in range(0, n - len(base), 50_000):
-            cache.warm([(f"{router.prefix}{i}", "x")
-                        for i in range(first, min(n - len(base), first + 50_000))])
+            cache.warm(
+                [(f"{router.prefix}{i}", "x") for i in range(first, min(n - len(base), first + 50_000))]
+            )
         return cache
 
     cache = filled()
@@ -343,15 +362,24 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
                 row = outcomes.setdefault(name, {"miss": 0, "exact": 0, "semantic": 0})
                 row[outcome] += 1
     embedder = router.real
-    out: dict[str, Any] = {"n": n, "count": count, "outcomes": outcomes,
-                           "quantization": cache.quantization,
-                           "embedder": {"lean": embedder.uses_lean, "packed": embedder.packed,
-                                        "single_text_path": embedder.single_text_path},
-                           "ms": {}}
+    out: dict[str, Any] = {
+        "n": n,
+        "count": count,
+        "outcomes": outcomes,
+        "quantization": cache.quantization,
+        "embedder": {
+            "lean": embedder.uses_lean,
+            "packed": embedder.packed,
+            "single_text_path": embedder.single_text_path,
+        },
+        "ms": {},
+    }
     for name, values in millis.items():
         values.sort()
-        out["ms"][name] = {"p50": statistics.median(values),
-                           "p99": values[min(len(values) - 1, (99 * len(values)) // 100)]}
+        out["ms"][name] = {
+            "p50": statistics.median(values),
+            "p99": values[min(len(values) - 1, (99 * len(values)) // 100)],
+        }
     return out
 
 
@@ -370,8 +398,13 @@ def bench_overhead(
     from gpucache.embedding.embedder import TransformerEmbedder
 
     router = _FillRouter(TransformerEmbedder(device=device))
-    cache = SemanticCache(router, device=device, capacity=n + 10_000,  # type: ignore[arg-type]
-                          cache_policy=StoreEverything(), quantization=quantization)
+    cache = SemanticCache(
+        router,
+        device=device,
+        capacity=n + 10_000,  # type: ignore[arg-type]
+        cache_policy=StoreEverything(),
+        quantization=quantization,
+    )
     base = list(dict.fromkeys(item.prompt for item in load_workload()))[:64]
     # Beside the random fill, entries near every prompt of the batch ("(stored 0)" beside
     # "(variant 1)"): the scan finds them above the threshold, so the verifier runs on each
@@ -379,8 +412,7 @@ def bench_overhead(
     near = [(f"{p} (stored {j})", "x") for p in base for j in range(NEAR_PER_PROMPT)]
     cache.warm(near)
     for first in range(0, n - len(near), 50_000):
-        cache.warm([(f"{router.prefix}{i}", "x")
-                    for i in range(first, min(n - len(near), first + 50_000))])
+        cache.warm([(f"{router.prefix}{i}", "x") for i in range(first, min(n - len(near), first + 50_000))])
     scope_id = cache.scope_id()  # the default scope the fill went to
     if scope_id is None:
         raise RuntimeError("gpucache bug: the fill stored nothing in the default scope")
@@ -403,11 +435,15 @@ def bench_overhead(
     # The fractions are taken per run, then the median (not a ratio of medians), so a
     # neighbour's load on one run moves that run's numerator and denominator together.
     verified = sum(cache.stats().rejections.values()) - refused_before
-    return {"n": n, "batch": len(base), "quantization": quantization or "fp32",
-            "verifier_rejections_per_batch": verified / (repeat + 1),
-            "embed_s": statistics.median(e for e, _, _ in runs),
-            "scan_s": statistics.median(sc for _, sc, _ in runs),
-            "get_or_put_all_s": statistics.median(t for _, _, t in runs),
-            "overhead_fraction": statistics.median((t - e) / e for e, _, t in runs),
-            "scan_fraction": statistics.median(sc / e for e, sc, _ in runs),
-            "runs": len(runs)}
+    return {
+        "n": n,
+        "batch": len(base),
+        "quantization": quantization or "fp32",
+        "verifier_rejections_per_batch": verified / (repeat + 1),
+        "embed_s": statistics.median(e for e, _, _ in runs),
+        "scan_s": statistics.median(sc for _, sc, _ in runs),
+        "get_or_put_all_s": statistics.median(t for _, _, t in runs),
+        "overhead_fraction": statistics.median((t - e) / e for e, _, t in runs),
+        "scan_fraction": statistics.median(sc / e for e, sc, _ in runs),
+        "runs": len(runs),
+    }

@@ -68,7 +68,9 @@ BLOCK_RUNS = 50
 
 
 def timed_together(
-    fns: Sequence[Callable[[], object]], device: torch.device, repeat: int,
+    fns: Sequence[Callable[[], object]],
+    device: torch.device,
+    repeat: int,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[float, float]]:
     """``timed`` for several functions compared with each other: each is timed in a block
@@ -104,14 +106,19 @@ def timed_together(
 def versions() -> dict[str, str]:
     import transformers
 
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "transformers": transformers.__version__, "cuda": str(torch.version.cuda),
-           "machine": platform.machine(), "processor": cpu_model(),
-           "cpu_threads": str(torch.get_num_threads()),
-           "cpu_features": " ".join(cpu_features()) or "no AVX2",
-           "blas_pool": "quiet" if blas_pool_quiet() else "spinning",
-           "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT", "unset"),
-           "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset")}
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": str(torch.version.cuda),
+        "machine": platform.machine(),
+        "processor": cpu_model(),
+        "cpu_threads": str(torch.get_num_threads()),
+        "cpu_features": " ".join(cpu_features()) or "no AVX2",
+        "blas_pool": "quiet" if blas_pool_quiet() else "spinning",
+        "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT", "unset"),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+    }
     try:
         import faiss
 
@@ -119,8 +126,9 @@ def versions() -> dict[str, str]:
         out["faiss_threads"] = str(faiss.omp_get_max_threads())
     except ImportError:
         out["faiss"] = "not installed"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     out["commit"] = commit or "unknown"
     return out
 

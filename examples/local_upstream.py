@@ -43,8 +43,10 @@ def make_app(model: LocalModel, most_tokens: int) -> Starlette:
             return model.generate([prompt])[0]
 
     def bad(message: str) -> Response:
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
-                                       "param": None, "code": None}}, status_code=400)
+        return JSONResponse(
+            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}},
+            status_code=400,
+        )
 
     async def complete(request: Request) -> Response:
         chat = request.url.path.endswith("chat/completions")
@@ -69,8 +71,16 @@ def make_app(model: LocalModel, most_tokens: int) -> Starlette:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return JSONResponse({"id": f"local-{created}", "object": kind, "created": created, "model": name,
-                             "choices": [choice], "usage": None})
+        return JSONResponse(
+            {
+                "id": f"local-{created}",
+                "object": kind,
+                "created": created,
+                "model": name,
+                "choices": [choice],
+                "usage": None,
+            }
+        )
 
     async def events(text: str, chat: bool, name: str, created: int):
         kind = "chat.completion.chunk" if chat else "text_completion"
@@ -81,8 +91,13 @@ def make_app(model: LocalModel, most_tokens: int) -> Starlette:
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": piece or "", "finish_reason": finish}
-            doc = {"id": f"local-{created}", "object": kind, "created": created, "model": name,
-                   "choices": [choice]}
+            doc = {
+                "id": f"local-{created}",
+                "object": kind,
+                "created": created,
+                "model": name,
+                "choices": [choice],
+            }
             return f"data: {json.dumps(doc)}\n\n"
 
         if chat:
@@ -94,14 +109,20 @@ def make_app(model: LocalModel, most_tokens: int) -> Starlette:
         yield "data: [DONE]\n\n"
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "smollm2", "object": "model", "created": 0,
-                                                         "owned_by": "local"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": "smollm2", "object": "model", "created": 0, "owned_by": "local"}],
+            }
+        )
 
-    return Starlette(routes=[
-        Route("/v1/chat/completions", complete, methods=["POST"]),
-        Route("/v1/completions", complete, methods=["POST"]),
-        Route("/v1/models", models),
-    ])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", complete, methods=["POST"]),
+            Route("/v1/completions", complete, methods=["POST"]),
+            Route("/v1/models", models),
+        ]
+    )
 
 
 def main() -> None:

@@ -24,8 +24,11 @@ def read_pairs(path: str) -> list[tuple[str, str, int]]:
                 a, b, label = row["a"], row["b"], row["label"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{number}: not a JSON object with a, b and label ({exc})") from None
-            if not (isinstance(a, str) and isinstance(b, str) and a.strip() and b.strip()) \
-                    or label not in (0, 1) or isinstance(label, bool):
+            if (
+                not (isinstance(a, str) and isinstance(b, str) and a.strip() and b.strip())
+                or label not in (0, 1)
+                or isinstance(label, bool)
+            ):
                 raise ValueError(f"{path}:{number}: a and b must be non-empty text and label 0 or 1")
             pairs.append((a, b, label))
     return pairs
@@ -73,41 +76,60 @@ def run(args: argparse.Namespace) -> int:
     n = len(pairs)
     sims = (vectors[:n].double() * vectors[n:].double()).sum(dim=1).tolist()
     # each pair both ways round: the cache may hold either prompt
-    scored = [Scored(label, similarity_milli(sim),
-                     {skip: v.verify(a, b, sim) and v.verify(b, a, sim) for skip, v in verifiers.items()},
-                     fold_of(a, b))
-              for (a, b, label), sim in zip(pairs, sims)]
+    scored = [
+        Scored(
+            label,
+            similarity_milli(sim),
+            {skip: v.verify(a, b, sim) and v.verify(b, a, sim) for skip, v in verifiers.items()},
+            fold_of(a, b),
+        )
+        for (a, b, label), sim in zip(pairs, sims)
+    ]
     choice = choose(scored, args.budget, args.confidence)
     positives = sum(p.label for p in scored)
     held_out = [p for p in scored if p.fold]
     negatives_out = sum(p.label == 0 for p in held_out)
     matmuls = str(embedder.autocast_dtype or embedder.dtype).removeprefix("torch.")
-    print(f"{n} pairs: {positives} same request, {n - positives} different; budget {args.budget:.2%} "
-          f"false hits on the {args.confidence:.0%} upper bound; similarities from {matmuls} embeddings "
-          "in float64, compared to 4 places")
-    print(f"the point is chosen on {n - len(held_out)} pairs and its figures and bound are those of the "
-          f"other {len(held_out)} (split by a hash of each pair's text): a bound on the pairs that "
-          "chose it would favour the luckiest of 1,280 candidates")
+    print(
+        f"{n} pairs: {positives} same request, {n - positives} different; budget {args.budget:.2%} "
+        f"false hits on the {args.confidence:.0%} upper bound; similarities from {matmuls} embeddings "
+        "in float64, compared to 4 places"
+    )
+    print(
+        f"the point is chosen on {n - len(held_out)} pairs and its figures and bound are those of the "
+        f"other {len(held_out)} (split by a hash of each pair's text): a bound on the pairs that "
+        "chose it would favour the luckiest of 1,280 candidates"
+    )
     if choice is None:
-        print("no operating point keeps the false-hit bound within the budget on the held-out half: "
-              f"with its {negatives_out} different-request pairs, the bound at 0 served is "
-              f"{upper_bound(0, negatives_out, args.confidence):.2%}; "
-              "add label-0 pairs or raise the budget", file=sys.stderr)
+        print(
+            "no operating point keeps the false-hit bound within the budget on the held-out half: "
+            f"with its {negatives_out} different-request pairs, the bound at 0 served is "
+            f"{upper_bound(0, negatives_out, args.confidence):.2%}; "
+            "add label-0 pairs or raise the budget",
+            file=sys.stderr,
+        )
         return 1
     hit_low, hit_high = interval(choice.hits, choice.positives, args.confidence)
     fh_low, fh_high = interval(choice.false_hits, choice.negatives, args.confidence)
     print(f"threshold {choice.threshold:.3f}, soft rules off: {', '.join(choice.skip_rules) or 'none'}")
     close = near(sims, choice.threshold_milli)
     if close:
-        print(f"near the threshold: {close} pairs within 0.0005 of it; a cache serving in half precision "
-              "(bf16 or fp16 matmuls) may put some on its other side")
-    print(f"expected hits       {choice.hit_rate:.1%} ({choice.hits} of {choice.positives}; "
-          f"{args.confidence:.0%} interval {hit_low:.1%} to {hit_high:.1%})")
-    print(f"expected false hits {choice.false_hit_rate:.1%} ({choice.false_hits} of {choice.negatives}; "
-          f"{args.confidence:.0%} interval {fh_low:.1%} to {fh_high:.1%}, "
-          f"upper bound {choice.false_hit_bound:.2%})")
-    command = (f"gpucache calibrate {shlex.quote(args.pairs)} --budget {args.budget} "
-               f"--confidence {args.confidence}")
+        print(
+            f"near the threshold: {close} pairs within 0.0005 of it; a cache serving in half precision "
+            "(bf16 or fp16 matmuls) may put some on its other side"
+        )
+    print(
+        f"expected hits       {choice.hit_rate:.1%} ({choice.hits} of {choice.positives}; "
+        f"{args.confidence:.0%} interval {hit_low:.1%} to {hit_high:.1%})"
+    )
+    print(
+        f"expected false hits {choice.false_hit_rate:.1%} ({choice.false_hits} of {choice.negatives}; "
+        f"{args.confidence:.0%} interval {fh_low:.1%} to {fh_high:.1%}, "
+        f"upper bound {choice.false_hit_bound:.2%})"
+    )
+    command = (
+        f"gpucache calibrate {shlex.quote(args.pairs)} --budget {args.budget} --confidence {args.confidence}"
+    )
     if args.model:
         command += f" --model {shlex.quote(args.model)}"
     with open(args.out, "w", encoding="utf-8") as f:

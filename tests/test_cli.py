@@ -15,16 +15,21 @@ from gpucache.extras import EXTRAS
 
 NO_EXTRA = sorted(name for names in EXTRAS.values() for name in names)
 # the command with each library of every extra taken away before anything imports it
-_BLOCKED_MAIN = ("import json, sys\n"
-                 "for name in json.loads(sys.argv[1]):\n"
-                 "    sys.modules[name] = None\n"
-                 "from gpucache.cli import main\n"
-                 "sys.exit(main(sys.argv[2:]))\n")
+_BLOCKED_MAIN = (
+    "import json, sys\n"
+    "for name in json.loads(sys.argv[1]):\n"
+    "    sys.modules[name] = None\n"
+    "from gpucache.cli import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
 
 
 def run_cli(*args: str, blocked: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "gpucache", *args] if blocked is None else \
-        [sys.executable, "-c", _BLOCKED_MAIN, json.dumps(blocked), *args]
+    command = (
+        [sys.executable, "-m", "gpucache", *args]
+        if blocked is None
+        else [sys.executable, "-c", _BLOCKED_MAIN, json.dumps(blocked), *args]
+    )
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
@@ -58,27 +63,35 @@ def test_info_reports_device_and_no_gpu_without_error_with_no_extra_installed():
 
 
 def test_explain_names_the_rule_that_refuses_a_near_miss_with_no_extra_installed():
-    result = run_cli("explain", "how many grams in 3 cups of flour", "how many grams in 4 cups of flour",
-                     "--no-embed", blocked=NO_EXTRA)
+    result = run_cli(
+        "explain",
+        "how many grams in 3 cups of flour",
+        "how many grams in 4 cups of flour",
+        "--no-embed",
+        blocked=NO_EXTRA,
+    )
     assert result.returncode == 0, result.stderr
     assert "guard      reject (numbers): numbers differ: 3 vs 4" in result.stdout
     assert "decision   a miss: the guard refuses (numbers)" in result.stdout
 
 
 def test_explain_embeds_the_requests_and_serves_a_rewording_above_the_threshold():
-    result = run_cli("explain", "What is the boiling point of water at sea level?",
-                     "hi! what's the boiling point of water at sea level? thanks a lot")
+    result = run_cli(
+        "explain",
+        "What is the boiling point of water at sea level?",
+        "hi! what's the boiling point of water at sea level? thanks a lot",
+    )
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(None, 1) for line in result.stdout.splitlines() if not line.startswith("  "))
     similarity = float(lines["similarity"].split()[0])
     assert similarity >= 0.875 and "(threshold 0.875)" in lines["similarity"]
-    assert "  request  \"what's the boiling point of water at sea level?\"" in result.stdout
+    assert '  request  "what\'s the boiling point of water at sea level?"' in result.stdout
     assert lines["guard"].startswith("accept") and lines["decision"] == "served"
 
 
 def test_explain_reads_the_threshold_and_the_skipped_rules_of_a_settings_file(tmp_path):
     config = tmp_path / "gpucache.toml"
-    config.write_text("[cache]\nthreshold = 0.99\n\n[guard]\nskip_rules = [\"substitution\"]\n")
+    config.write_text('[cache]\nthreshold = 0.99\n\n[guard]\nskip_rules = ["substitution"]\n')
     pair = ("which vitamins are in spinach", "which minerals are in spinach")
     plain = run_cli("explain", *pair, "--no-embed")
     assert "guard      reject (substitution)" in plain.stdout
@@ -88,10 +101,13 @@ def test_explain_reads_the_threshold_and_the_skipped_rules_of_a_settings_file(tm
     assert "decision   a miss: below the threshold" in skipped.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["  ", "what is rust"], "the stored prompt must not be empty"),
-    (["what is rust", "what is go", "--config", "/nonexistent/gpucache.toml"], "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["  ", "what is rust"], "the stored prompt must not be empty"),
+        (["what is rust", "what is go", "--config", "/nonexistent/gpucache.toml"], "cannot be read"),
+    ],
+)
 def test_explain_refuses_what_it_cannot_read_with_a_clear_error(args, message):
     result = run_cli("explain", *args, "--no-embed")
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -26,9 +26,14 @@ def test_the_readme_is_a_front_page():
 
 def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
-    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     assert (tmp_path / "serving" / "index.html").exists()
 
@@ -62,7 +67,11 @@ def test_every_script_shown_exists_and_answers_help():
     benches = [s for s in scripts if s.startswith("bench/") and s.endswith(".py")]
     # two at a time: each is mostly the interpreter importing torch
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        runs = pool.map(lambda script: subprocess.run([sys.executable, script, "--help"], cwd=ROOT,
-                                                      capture_output=True, text=True, timeout=300), benches)
+        runs = pool.map(
+            lambda script: subprocess.run(
+                [sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+            ),
+            benches,
+        )
         for script, ran in zip(benches, runs):
             assert ran.returncode == 0 and "usage" in ran.stdout.lower(), (script, ran.stderr[-500:])

@@ -115,8 +115,9 @@ def test_the_private_name_finder_finds_a_reach_in(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f(cache):\n    return cache._table\n")
     assert _private_reads(module) == ["m.py:2 cache._table"]
-    module.write_text("class A:\n    def __init__(self):\n        self._t = 1\n    def g(self, o):\n"
-                      "        return o._t\n")
+    module.write_text(
+        "class A:\n    def __init__(self):\n        self._t = 1\n    def g(self, o):\n        return o._t\n"
+    )
     assert _private_reads(module) == []  # its own class's name, on another instance
 
 
@@ -127,10 +128,13 @@ def test_no_module_reads_another_modules_private_names():
 
 def _private_imports(path: Path) -> list[str]:
     """``from gpucache.x import _name``: a name another module keeps to itself."""
-    return [f"{path.name}:{node.lineno} {node.module}.{alias.name}"
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpucache")
-            for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return [
+        f"{path.name}:{node.lineno} {node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpucache")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
 
 
 def test_no_module_imports_another_modules_private_names(tmp_path):
@@ -157,13 +161,15 @@ def test_every_package_of_the_tree_is_installed_with_the_library():
     assert in_tree == listed
     assert "package-dir" not in config  # every package where its name says
 
+
 def test_nothing_at_the_repository_root_can_be_imported_in_place_of_another_distribution():
     """Commands run from the checkout put its root first on sys.path: a package or module there
     is imported in place of an installed one of the same name. A top-level kernels/ folder did
     that to the `kernels` distribution transformers imports, and the first command failed."""
     root = PACKAGE.parent
-    importable = sorted(p.name for p in root.iterdir()
-                        if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py")
+    importable = sorted(
+        p.name for p in root.iterdir() if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"
+    )
     assert importable == ["gpucache"]
 
 
@@ -172,7 +178,7 @@ def _layout_names() -> set[str]:
     import re
 
     section = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
-    block = section[section.index("```") + 3:]
+    block = section[section.index("```") + 3 :]
     block = block[: block.index("```")]
     return set(re.findall(r"[\w-]+\.(?:py|txt)\b", block))
 
@@ -181,8 +187,11 @@ def test_the_layout_page_names_every_module_and_only_modules_that_exist():
     named = _layout_names()
     tree = {p.name for p in (PACKAGE.parent).rglob("*") if not {".git", ".venv"} & set(p.parts)}
     assert sorted(named - tree) == []  # nothing named that is gone
-    modules = {p.name for p in PACKAGE.rglob("*.py")
-               if p.name not in ("__init__.py", "__main__.py") and p.parent.name != "engines"}
+    modules = {
+        p.name
+        for p in PACKAGE.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py") and p.parent.name != "engines"
+    }
     modules |= {p.name for p in (PACKAGE.parent / "bench").glob("*.py")}
     assert sorted(modules - named) == []  # nothing in the tree left unsaid (engines are named by kind)
 
@@ -200,7 +209,9 @@ def _core_reads(path: Path) -> list[str]:
 
 def test_the_core_finder_finds_a_reach_through_the_facade(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f(self):\n    return self.cache.core.replay('x'), parsed.core, cache._core.table\n")
+    module.write_text(
+        "def f(self):\n    return self.cache.core.replay('x'), parsed.core, cache._core.table\n"
+    )
     assert sorted(_core_reads(module)) == ["m.py:2 cache._core", "m.py:2 self.cache.core"]
 
 
@@ -209,7 +220,9 @@ def test_nothing_outside_the_cache_package_reaches_into_a_caches_core():
     lifecycle and the adapters need of it is a method there (restore, may_store, replay_chunks,
     lookup_batches), so the core can change behind it."""
     outside = [path for name, path in _modules().items() if not name.startswith("gpucache.cache")]
-    outside += sorted((PACKAGE.parent / "bench").glob("*.py")) + sorted((PACKAGE.parent / "examples").rglob("*.py"))
+    outside += sorted((PACKAGE.parent / "bench").glob("*.py")) + sorted(
+        (PACKAGE.parent / "examples").rglob("*.py")
+    )
     reads = [read for path in outside for read in _core_reads(path)]
     assert reads == []
     assert not hasattr(SemanticCache, "core")  # the facade offers no door to it

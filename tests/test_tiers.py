@@ -28,8 +28,17 @@ from gpucache.extras import EXTRAS
 PACKAGE = Path(__file__).resolve().parents[1] / "gpucache"
 
 # What the engine needs beyond the standard library: the core dependencies and their own
-ENGINE_LIBRARIES = ("torch", "numpy", "transformers", "safetensors", "tokenizers", "pynvml", "tqdm",
-                    "spellchecker", "tomli")
+ENGINE_LIBRARIES = (
+    "torch",
+    "numpy",
+    "transformers",
+    "safetensors",
+    "tokenizers",
+    "pynvml",
+    "tqdm",
+    "spellchecker",
+    "tomli",
+)
 EXTRA_LIBRARIES = tuple(sorted({name for names in EXTRAS.values() for name in names}))
 
 VALUES = "values"
@@ -177,11 +186,15 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def probe(modules: list[str], blocked: tuple[str, ...] = (),
-          watched: tuple[str, ...] = ()) -> tuple[dict[str, list], list[str]]:
+def probe(
+    modules: list[str], blocked: tuple[str, ...] = (), watched: tuple[str, ...] = ()
+) -> tuple[dict[str, list], list[str]]:
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps([list(blocked), modules, list(watched)])],
-        capture_output=True, text=True, timeout=600, cwd=PACKAGE.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=PACKAGE.parent,
     )
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout.splitlines()[-1])
@@ -226,8 +239,14 @@ def test_value_modules_load_neither_the_engine_nor_any_extra_where_all_are_insta
 
 
 def test_the_settings_trees_load_neither_torch_nor_starlette():
-    settings = ["gpucache.cache.settings", "gpucache.serve.settings", "gpucache.serve.sources",
-                "gpucache.embedding.settings", "gpucache.guard.settings", "gpucache.share.settings"]
+    settings = [
+        "gpucache.cache.settings",
+        "gpucache.serve.settings",
+        "gpucache.serve.sources",
+        "gpucache.embedding.settings",
+        "gpucache.guard.settings",
+        "gpucache.share.settings",
+    ]
     outcomes, loaded = probe(settings, watched=("torch", "numpy", "starlette", "httpx", "redis"))
     assert _failed(outcomes) == {} and loaded == []
 

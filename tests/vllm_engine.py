@@ -75,9 +75,11 @@ def make_tap(target: str) -> Starlette:
         request.app.state.exchanges.append(exchange)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         upstream = await client.send(
-            client.build_request(request.method, request.url.path, params=request.query_params,
-                                 headers=headers, content=body),
-            stream=True)
+            client.build_request(
+                request.method, request.url.path, params=request.query_params, headers=headers, content=body
+            ),
+            stream=True,
+        )
         exchange.status = upstream.status_code
 
         async def chunks():
@@ -88,9 +90,11 @@ def make_tap(target: str) -> Starlette:
             finally:
                 await upstream.aclose()
 
-        return StreamingResponse(chunks(), status_code=upstream.status_code,
-                                 headers={k: v for k, v in upstream.headers.items()
-                                          if k.lower() not in HOP_BY_HOP})
+        return StreamingResponse(
+            chunks(),
+            status_code=upstream.status_code,
+            headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
+        )
 
     app = Starlette(routes=[Route("/{path:path}", relay, methods=["GET", "POST"])])
     app.state.exchanges = []

@@ -97,8 +97,11 @@ class LookupCoalescer:
     """
 
     def __init__(
-        self, run: Callable[[Sequence[LookupRequest]], list[Looked]], release: Callable[[Looked], None],
-        window: float, max_batch: int,
+        self,
+        run: Callable[[Sequence[LookupRequest]], list[Looked]],
+        release: Callable[[Looked], None],
+        window: float,
+        max_batch: int,
     ) -> None:
         self._run = run
         self._release = release

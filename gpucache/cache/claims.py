@@ -53,8 +53,13 @@ class Claims:
 
 
 def take_claims(
-    found: Findings, request: LookupRequest, table: EntryTable, flights: SingleFlight[bytes, str],
-    counters: StatsCounter, admission: AdmissionPolicy | None, now: float,
+    found: Findings,
+    request: LookupRequest,
+    table: EntryTable,
+    flights: SingleFlight[bytes, str],
+    counters: StatsCounter,
+    admission: AdmissionPolicy | None,
+    now: float,
 ) -> Claims:
     """Record the request's sightings (every request is one, hit or miss) and claim the misses
     this call is to load. The cache's lock held."""

@@ -18,7 +18,6 @@ removed while it was judged is a miss).
 Single-flight has its own lock (flight.py), so a claim can be released on the event loop.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -96,9 +95,14 @@ class CacheCore:
         self.embedder: Embedder = embedder
         s = self.settings
         self.store = ExactScanStore(
-            self.embedder.dim, device=self.device, scan_budget_bytes=s.scan_budget_bytes,
-            quantization=s.quantization, max_device_bytes=s.max_device_bytes,
-            initial_rows=min(1024, s.capacity), scan_kernel=s.scan_kernel, engine=engine,
+            self.embedder.dim,
+            device=self.device,
+            scan_budget_bytes=s.scan_budget_bytes,
+            quantization=s.quantization,
+            max_device_bytes=s.max_device_bytes,
+            initial_rows=min(1024, s.capacity),
+            scan_kernel=s.scan_kernel,
+            engine=engine,
         )
         self.lock = threading.RLock()
         self.fence = RemovalFence()  # removals, for the reads from the shared store (fetched)
@@ -106,16 +110,24 @@ class CacheCore:
         self.counters = StatsCounter()
         # the most entries kept: the capacity, or fewer where the device budget says so
         limit = min(s.capacity, self.store.max_rows or s.capacity)
-        self.table = EntryTable(self.store, limit, self.counters, s.max_text_bytes, s.tenant_capacity,
-                                fair=s.fair_share)
+        self.table = EntryTable(
+            self.store, limit, self.counters, s.max_text_bytes, s.tenant_capacity, fair=s.fair_share
+        )
         self.flights: SingleFlight[bytes, str] = SingleFlight()
         self.shared: Replication = LocalOnly()
         self.replica = ReplicaSide(self, lambda: self.shared)  # this cache among others (replicated.py)
         self.upkeep = Upkeep(self)  # removals here and everywhere, purges, counts (upkeep.py)
         self.lookup = Lookup(
-            lock=self.lock, table=self.table, store=self.store, embedder=self.embedder,
-            verifier=self.verifier, counters=lambda: self.counters, top_k=s.top_k, now=self.now,
-            embedded=self.embedded, fetched=self.replica.fetched,
+            lock=self.lock,
+            table=self.table,
+            store=self.store,
+            embedder=self.embedder,
+            verifier=self.verifier,
+            counters=lambda: self.counters,
+            top_k=s.top_k,
+            now=self.now,
+            embedded=self.embedded,
+            fetched=self.replica.fetched,
             context=ContextMatcher() if s.match_context else None,
         )
         self.onloop = LoopLookups(self)  # lookups asked from an event loop (onloop.py)

@@ -223,8 +223,9 @@ async def arun(
 
 
 def _loading(step: _Stepper, relay: Relay, pieces: Any) -> Loaded[Any]:
-    return Loaded(relay.stream.value, pieces=pieces, lookup_seconds=step.lookup_seconds or 0.0,
-                  refused=relay.refused)
+    return Loaded(
+        relay.stream.value, pieces=pieces, lookup_seconds=step.lookup_seconds or 0.0, refused=relay.refused
+    )
 
 
 def _pieces(core: FlowCore, step: _Stepper, stream: Stream[Any]) -> Iterator[object]:

@@ -65,9 +65,16 @@ class EntryTable:
     """Entries in LRU order over a ``VectorIndex``; at most ``limit`` of them, their texts at
     most ``text_limit`` bytes (None: no bound)."""
 
-    def __init__(self, index: VectorIndex, limit: int, stats: StatsCounter,
-                 text_limit: int | None = None, tenant_limit: int | None = None, *,
-                 fair: bool) -> None:
+    def __init__(
+        self,
+        index: VectorIndex,
+        limit: int,
+        stats: StatsCounter,
+        text_limit: int | None = None,
+        tenant_limit: int | None = None,
+        *,
+        fair: bool,
+    ) -> None:
         self.index = index
         self.limit = limit
         self.text_limit = text_limit
@@ -146,8 +153,7 @@ class EntryTable:
         return entry
 
     def store(
-        self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor, expires_at: float,
-        now: float,
+        self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor, expires_at: float, now: float
     ) -> int:
         """Write (prompt, response) pairs with their (M, D) vectors; an existing entry for the
         same prompt takes the new response and expiry. Evicts to stay within ``limit``.
@@ -224,8 +230,7 @@ class EntryTable:
         self.stats.evictions += len(victims)
 
     def restore(
-        self, scope: str, items: Sequence[tuple[str, str]], vectors: torch.Tensor,
-        expires_at: Sequence[float],
+        self, scope: str, items: Sequence[tuple[str, str]], vectors: torch.Tensor, expires_at: Sequence[float]
     ) -> list[Entry]:
         """Entries read back from a snapshot, in the order given (least recently used first)."""
         scope_id = self._scope_id(scope)

@@ -214,8 +214,10 @@ def get_or_load(
                 raise
             if loading:
                 failed = yield from _finish(claims, answers, ttl)
-                served.update((p, Loaded(_value(a), failed=failed, refused=claims.found.refused.get(p, "")))
-                              for p, a in zip(loading, answers))
+                served.update(
+                    (p, Loaded(_value(a), failed=failed, refused=claims.found.refused.get(p, "")))
+                    for p, a in zip(loading, answers)
+                )
         retry = []
         for key, future in claims.elsewhere.items():
             prompt = claims.prompt_of[key]

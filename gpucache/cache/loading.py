@@ -61,7 +61,12 @@ class GetOrLoad:
     # --------------------------------------------------------------------------- typed
 
     def get_or_load(
-        self, prompt: Prompt, loader: TypedLoader[T], *, scope: str | None = None, ttl: float | None = None,
+        self,
+        prompt: Prompt,
+        loader: TypedLoader[T],
+        *,
+        scope: str | None = None,
+        ttl: float | None = None,
         refresh: bool = False,
     ) -> Served[T]:
         """What ``prompt`` is served: ``Found(hit)``, or on a miss ``loader(prompt)`` run
@@ -86,8 +91,13 @@ class GetOrLoad:
         return served[0]
 
     async def aget_or_load(
-        self, prompt: Prompt, loader: AsyncTypedLoader[T], *, scope: str | None = None,
-        ttl: float | None = None, refresh: bool = False,
+        self,
+        prompt: Prompt,
+        loader: AsyncTypedLoader[T],
+        *,
+        scope: str | None = None,
+        ttl: float | None = None,
+        refresh: bool = False,
     ) -> Served[T]:
         """``get_or_load`` with an async loader: the lookup coalesced with concurrent ones, the
         cache's work in worker threads, nothing on the event loop waiting on the cache's lock."""
@@ -102,7 +112,12 @@ class GetOrLoad:
         return served[0]
 
     async def aget_or_load_streaming(
-        self, prompt: Prompt, loader: StreamOpener, *, scope: str | None = None, ttl: float | None = None,
+        self,
+        prompt: Prompt,
+        loader: StreamOpener,
+        *,
+        scope: str | None = None,
+        ttl: float | None = None,
         refresh: bool = False,
     ) -> Served[Any]:
         """``aget_or_load`` for a streamed answer. On a miss ``loader(prompt)`` opens the source
@@ -120,8 +135,10 @@ class GetOrLoad:
             if inspect.isawaitable(opened):
                 opened = await opened
             if not isinstance(opened, (Stream, ServeOnly)):
-                raise TypeError(f"a streaming loader must answer Stream(value, chunks) or ServeOnly(value), "
-                                f"got {type(opened).__name__}")
+                raise TypeError(
+                    f"a streaming loader must answer Stream(value, chunks) or ServeOnly(value), "
+                    f"got {type(opened).__name__}"
+                )
             return opened
 
         flowing = flow.stream(prompt, scope, self._threshold, ttl, check_flag(refresh, "refresh"))
@@ -139,8 +156,11 @@ class GetOrLoad:
         reaches the caller unchanged. ``get_or_load`` is this call with typed answers."""
         prompt, scope, ttl = check_prompt(prompt), check_scope(scope), check_ttl(ttl)
         check_loader(loader, "loader(prompt) -> str")
-        served = drivers.run(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl),
-                          lambda missed: [check_loaded(loader(given(missed[0])))])
+        served = drivers.run(
+            self._core,
+            flow.get_or_load([prompt], scope, self._threshold, ttl),
+            lambda missed: [check_loaded(loader(given(missed[0])))],
+        )
         return text_of(served[0])
 
     def get_or_put_all(
@@ -156,8 +176,11 @@ class GetOrLoad:
         """
         prompts, scope = check_prompts(prompts), check_scope(scope)
         check_loader(loader, "loader(prompts) -> list of responses")
-        served = drivers.run(self._core, flow.get_or_load(prompts, scope, self._threshold),
-                          lambda missed: check_batch(loader([given(p) for p in missed]), len(missed)))
+        served = drivers.run(
+            self._core,
+            flow.get_or_load(prompts, scope, self._threshold),
+            lambda missed: check_batch(loader([given(p) for p in missed]), len(missed)),
+        )
         return [text_of(s) for s in served]
 
     async def aget_or_put(
@@ -170,8 +193,7 @@ class GetOrLoad:
         async def load(missed: list[str]) -> list[Keep[str]]:
             return [check_loaded(await loader(given(missed[0])))]
 
-        served = await drivers.arun(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl),
-                                 load)
+        served = await drivers.arun(self._core, flow.get_or_load([prompt], scope, self._threshold, ttl), load)
         return text_of(served[0])
 
     async def aget_or_put_all(
@@ -206,8 +228,11 @@ class GetOrLoad:
         core = self._core
 
         def chunks() -> Iterator[str]:
-            served = drivers.run(core, flow.stream(prompt, scope, self._threshold, ttl),
-                              open_=lambda: Stream(None, loader(given(prompt))))
+            served = drivers.run(
+                core,
+                flow.stream(prompt, scope, self._threshold, ttl),
+                open_=lambda: Stream(None, loader(given(prompt))),
+            )
             if isinstance(served, Loaded):
                 yield from map(text_of_chunk, cast(Iterator[object], served.pieces))
             else:
@@ -233,8 +258,7 @@ class GetOrLoad:
             return Stream(None, source)
 
         async def chunks() -> AsyncGenerator[str, None]:
-            served = await drivers.arun(core, flow.stream(prompt, scope, self._threshold, ttl),
-                                     open_=open_)
+            served = await drivers.arun(core, flow.stream(prompt, scope, self._threshold, ttl), open_=open_)
             if not isinstance(served, Loaded):
                 for piece in core.replay(text_of(served)):
                     yield piece

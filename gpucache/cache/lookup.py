@@ -95,8 +95,16 @@ class Lookup:
     are replaced."""
 
     def __init__(
-        self, *, lock: Any, table: EntryTable, store: ExactScanStore, embedder: Embedder,
-        verifier: HitVerifier, counters: Callable[[], StatsCounter], top_k: int, now: Callable[[], float],
+        self,
+        *,
+        lock: Any,
+        table: EntryTable,
+        store: ExactScanStore,
+        embedder: Embedder,
+        verifier: HitVerifier,
+        counters: Callable[[], StatsCounter],
+        top_k: int,
+        now: Callable[[], float],
         embedded: Callable[[Sequence[str]], list[str]],
         fetched: Callable[[list[tuple[str, str]]], list[SharedEntry]],
         context: ContextMatcher | None = None,
@@ -170,8 +178,10 @@ class Lookup:
                     refused[i][prompt] = candidate.rule
                     candidate = None
                 hits[i][prompt] = self._served(candidate, now)
-            findings = [Findings(r.scope, r.prompts, u, v, MappingProxyType(h), MappingProxyType(f))
-                        for r, u, v, h, f in zip(requests, unique, vectors, hits, refused)]
+            findings = [
+                Findings(r.scope, r.prompts, u, v, MappingProxyType(h), MappingProxyType(f))
+                for r, u, v, h, f in zip(requests, unique, vectors, hits, refused)
+            ]
             for request, finding in zip(requests, findings):
                 if request.count:
                     _count(counters, finding)
@@ -210,9 +220,11 @@ class Lookup:
         self.counters().scanning(time.perf_counter() - began)
         found = {}
         for prompt, cand_scores, cand_rows in zip(prompts, scores_host, rows_host):
-            found[(scope, prompt)] = [Candidate(similarity, self.table.at_row(row))
-                                      for similarity, row in zip(cand_scores, cand_rows)
-                                      if row >= 0 and similarity >= least]
+            found[(scope, prompt)] = [
+                Candidate(similarity, self.table.at_row(row))
+                for similarity, row in zip(cand_scores, cand_rows)
+                if row >= 0 and similarity >= least
+            ]
         return found
 
     def _verify(
@@ -262,8 +274,13 @@ class Lookup:
             return None
         entry = candidate.entry
         self.table.touch(entry)
-        return Hit(entry.response, given(entry.prompt), min(candidate.similarity, 1.0), exact=False,
-                   age=now - entry.stored_at)
+        return Hit(
+            entry.response,
+            given(entry.prompt),
+            min(candidate.similarity, 1.0),
+            exact=False,
+            age=now - entry.stored_at,
+        )
 
 
 _NO_VECTORS = torch.empty((0, 0))  # the findings of the exact tier alone: nothing to store

@@ -57,8 +57,9 @@ class LoopLookups:
         # where an async exact lookup waits for the lock a scan holds: one thread of its own,
         # so a repeat never queues behind the embedder's batches in the shared pool
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpucache-exact")
-        self.coalescer = LookupCoalescer(core.looked, core.release, window=s.lookup_window_seconds,
-                                         max_batch=s.lookup_batch)
+        self.coalescer = LookupCoalescer(
+            core.looked, core.release, window=s.lookup_window_seconds, max_batch=s.lookup_batch
+        )
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)

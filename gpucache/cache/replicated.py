@@ -70,8 +70,13 @@ class ReplicaSide:
             now = core.now()
             for (scope, expires_at), group in groups.items():
                 if expires_at > now:
-                    core.table.store(scope, [(e.prompt, e.response) for e in group],
-                                     torch.stack([e.vector for e in group]), expires_at, now)
+                    core.table.store(
+                        scope,
+                        [(e.prompt, e.response) for e in group],
+                        torch.stack([e.vector for e in group]),
+                        expires_at,
+                        now,
+                    )
 
     def apply_replicated_removal(self, scope: str, prompt: str) -> None:
         core = self.core

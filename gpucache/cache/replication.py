@@ -61,8 +61,9 @@ class Replication(Protocol):
     def attach(self, replica: Replica) -> None:
         """Join as ``replica``: start applying other replicas' entries to it."""
 
-    def stored(self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor,
-               expires_at: float) -> None: ...
+    def stored(
+        self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor, expires_at: float
+    ) -> None: ...
 
     def removed(self, scope: str, prompt: str) -> None: ...
 
@@ -96,8 +97,9 @@ class LocalOnly:
     def attach(self, replica: Replica) -> None:
         pass
 
-    def stored(self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor,
-               expires_at: float) -> None:
+    def stored(
+        self, scope: str, items: list[tuple[str, str]], vectors: torch.Tensor, expires_at: float
+    ) -> None:
         pass
 
     def removed(self, scope: str, prompt: str) -> None:
@@ -125,8 +127,9 @@ class LocalOnly:
         pass
 
 
-def covers(gone_scope: str | None, gone_prompt: str | None, scope: str, prompt: str,
-           under: bool = False) -> bool:
+def covers(
+    gone_scope: str | None, gone_prompt: str | None, scope: str, prompt: str, under: bool = False
+) -> bool:
     """Whether a removal covers the entry (scope, prompt): a delete names both, a clear of a
     scope has no prompt (and with ``under`` covers the scopes below it), a clear of everything
     neither."""

@@ -32,8 +32,11 @@ def capture(core: CacheCore) -> Snapshot:
         core.table.purge_expired(core.now())
         entries = list(core.table)  # least recently used first
         rows = [e.row for e in entries]
-        vectors = (core.store.vectors(rows).cpu() if rows
-                   else torch.empty((0, core.embedder.dim), dtype=torch.float32))
+        vectors = (
+            core.store.vectors(rows).cpu()
+            if rows
+            else torch.empty((0, core.embedder.dim), dtype=torch.float32)
+        )
         return Snapshot(
             model=core.embedder.name,
             dim=core.embedder.dim,
@@ -71,8 +74,12 @@ def restore(core: CacheCore, snapshot: Snapshot) -> None:
         try:
             for scope, items in by_scope.items():
                 saved = [snapshot.entries[i] for i in items]
-                entries = core.table.restore(scope, [(e.prompt, e.response) for e in saved],
-                                             snapshot.vectors[items], [e.expires_at for e in saved])
+                entries = core.table.restore(
+                    scope,
+                    [(e.prompt, e.response) for e in saved],
+                    snapshot.vectors[items],
+                    [e.expires_at for e in saved],
+                )
                 restored.update(zip(items, entries))
         except BaseException:
             core.table.drop(list(restored.values()))

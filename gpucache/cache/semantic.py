@@ -30,13 +30,7 @@ from gpucache.cache.replication import ClearedPrefixes, Replication
 from gpucache.cache.saving import capture, restore
 from gpucache.cache.served import Found, Hit, Joined, Keep, Loaded, Served, ServeOnly, Stream
 from gpucache.cache.settings import CacheSettings, read_settings_file
-from gpucache.cache.snapshot import (
-    Snapshot,
-    check_model,
-    read_snapshot,
-    saved_policies,
-    write_snapshot,
-)
+from gpucache.cache.snapshot import Snapshot, check_model, read_snapshot, saved_policies, write_snapshot
 from gpucache.cache.stats import CacheStats
 from gpucache.cache.validation import (
     check_prompt,
@@ -57,10 +51,18 @@ from gpucache.policy.admission import AdmissionPolicy
 from gpucache.policy.content import CachePolicy
 
 __all__ = [
-    "Found", "Hit", "Joined", "Keep", "LoadAbandoned", "Loaded", "LookupTimeout", "SemanticCache",
-    "ServeOnly", "Served", "Stream",
+    "Found",
+    "Hit",
+    "Joined",
+    "Keep",
+    "LoadAbandoned",
+    "Loaded",
+    "LookupTimeout",
+    "SemanticCache",
+    "ServeOnly",
+    "Served",
+    "Stream",
 ]
-
 
 
 class SemanticCache(GetOrLoad):
@@ -89,15 +91,30 @@ class SemanticCache(GetOrLoad):
     """
 
     def __init__(
-        self, embedder: Embedder | None = None, *, verifier: HitVerifier | None = None,
-        device: DeviceLike = "auto", timer: Callable[[], float] = time.time,
-        cache_policy: CachePolicy | None = None, admission: AdmissionPolicy | None = None,
-        engine: ScanEngine | None = None, shared: Replication | None = None,
-        settings: CacheSettings | None = None, **options: Any,
+        self,
+        embedder: Embedder | None = None,
+        *,
+        verifier: HitVerifier | None = None,
+        device: DeviceLike = "auto",
+        timer: Callable[[], float] = time.time,
+        cache_policy: CachePolicy | None = None,
+        admission: AdmissionPolicy | None = None,
+        engine: ScanEngine | None = None,
+        shared: Replication | None = None,
+        settings: CacheSettings | None = None,
+        **options: Any,
     ) -> None:
         self._core = CacheCore(
-            embedder, verifier=verifier, device=device, timer=timer, cache_policy=cache_policy,
-            admission=admission, engine=engine, shared=shared, settings=settings, **options,
+            embedder,
+            verifier=verifier,
+            device=device,
+            timer=timer,
+            cache_policy=cache_policy,
+            admission=admission,
+            engine=engine,
+            shared=shared,
+            settings=settings,
+            **options,
         )
 
     # ----------------------------------------------------------------------------- views
@@ -194,8 +211,10 @@ class SemanticCache(GetOrLoad):
         return self._core.table.scope_id(check_scope(scope))
 
     def __repr__(self) -> str:
-        return (f"SemanticCache(entries={len(self._core.table)}, threshold={self.threshold}, "
-                f"verifier={self.verifier.name!r}, device={self.device})")
+        return (
+            f"SemanticCache(entries={len(self._core.table)}, threshold={self.threshold}, "
+            f"verifier={self.verifier.name!r}, device={self.device})"
+        )
 
     # ----------------------------------------------------------------------------- reads
 
@@ -368,10 +387,11 @@ class SemanticCache(GetOrLoad):
             embedder = TransformerEmbedder(model, device=collaborators.get("device", "auto"))
         return cls(embedder, settings=settings, **collaborators)
 
-    def _request(
-        self, keys: Sequence[str], scope: str | None, threshold: float | None
-    ) -> LookupRequest:
+    def _request(self, keys: Sequence[str], scope: str | None, threshold: float | None) -> LookupRequest:
         """A plain lookup's request (no claims) for prompts already checked (their keys)."""
-        return LookupRequest(tuple(keys), check_scope(scope),
-                             self.threshold if threshold is None else check_threshold(threshold),
-                             claim=False)
+        return LookupRequest(
+            tuple(keys),
+            check_scope(scope),
+            self.threshold if threshold is None else check_threshold(threshold),
+            claim=False,
+        )

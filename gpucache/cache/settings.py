@@ -51,17 +51,21 @@ class CacheSettings:
         DEFAULT_CAPACITY, "most entries kept; a full cache evicts the least recently used"
     )
     max_text_bytes: int | None = _setting(
-        2**30, "most memory the entries' prompts and responses may hold (their string sizes); past "
+        2**30,
+        "most memory the entries' prompts and responses may hold (their string sizes); past "
         "it the least recently used are evicted, and an entry larger than all of it is not stored "
-        "(`None`: entries alone bound it)", shown="`1 GiB`",
+        "(`None`: entries alone bound it)",
+        shown="`1 GiB`",
     )
     tenant_capacity: int | None = _setting(
-        None, "most entries one tenant keeps (a scope's part before its first `/`, as a server's "
+        None,
+        "most entries one tenant keeps (a scope's part before its first `/`, as a server's "
         "scopes begin with the tenant); past it that tenant's least recently used go, no one "
         "else's. `None`: one LRU for all, which keeps what is used most whoever asked it",
     )
     fair_share: bool = _setting(
-        False, "where room is needed, a tenant holding more than its share of the capacity or the "
+        False,
+        "where room is needed, a tenant holding more than its share of the capacity or the "
         "text bytes (divided among the tenants holding entries) evicts its own least recently "
         "used, not others'; a tenant alone has the whole cache. On in `gpucache serve`, where each "
         "key is a tenant",
@@ -81,7 +85,8 @@ class CacheSettings:
         None, "most device memory the store may take; the cache evicts to stay within it"
     )
     scan_budget_bytes: int = _setting(
-        DEFAULT_SCAN_BUDGET_BYTES, "most scratch memory one chunk of the similarity scan may take",
+        DEFAULT_SCAN_BUDGET_BYTES,
+        "most scratch memory one chunk of the similarity scan may take",
         shown="`64 MiB`",
     )
     lookup_window_seconds: float = _setting(
@@ -94,8 +99,9 @@ class CacheSettings:
         saved=False,
     )
     lookup_batch: int = _setting(
-        64, "most async lookups one coalesced batch holds: a full batch is sent at once. Not kept "
-        "in snapshots", saved=False,
+        64,
+        "most async lookups one coalesced batch holds: a full batch is sent at once. Not kept in snapshots",
+        saved=False,
     )
     lookup_timeout_seconds: float | None = _setting(
         None,
@@ -117,7 +123,7 @@ class CacheSettings:
         '`"auto"`: on CUDA with Triton installed, the store times the fused Triton kernel and '
         "matmul + topk on its own scans (per query bucket 1 / up to 64 / more, again each time "
         "the store grows 4x, from 65,536 rows) and keeps the faster, measuring in a thread of its "
-        "own while lookups scan with torch; elsewhere `\"torch\"`. "
+        'own while lookups scan with torch; elsewhere `"torch"`. '
         'Or `"torch"`, `"triton"`. Not kept in snapshots: it is a speed choice of this machine',
         saved=False,
     )
@@ -138,11 +144,12 @@ class CacheSettings:
         if self.max_device_bytes is not None:
             check_positive_int(self.max_device_bytes, "max_device_bytes")
         check_positive_int(self.scan_budget_bytes, "scan_budget_bytes")
-        if isinstance(self.lookup_window_seconds, bool) or not isinstance(
-                self.lookup_window_seconds, (int, float)) or not 0 <= self.lookup_window_seconds <= 1:
-            raise ValueError(
-                f"lookup_window_seconds must be in [0, 1], got {self.lookup_window_seconds!r}"
-            )
+        if (
+            isinstance(self.lookup_window_seconds, bool)
+            or not isinstance(self.lookup_window_seconds, (int, float))
+            or not 0 <= self.lookup_window_seconds <= 1
+        ):
+            raise ValueError(f"lookup_window_seconds must be in [0, 1], got {self.lookup_window_seconds!r}")
         check_positive_int(self.lookup_batch, "lookup_batch")
         if self.lookup_timeout_seconds is not None:
             check_ttl(self.lookup_timeout_seconds, "lookup_timeout_seconds")
@@ -241,5 +248,4 @@ def read_settings_file(path: str | os.PathLike[str]) -> tuple[CacheSettings, Any
     model = (doc.get("embedder") or {}).get("model") if isinstance(doc.get("embedder"), dict) else None
     if model is not None and not isinstance(model, str):
         raise ValueError(f"{path}: [embedder] model must be a string")
-    return (CacheSettings.from_options(**cache),
-            GuardSettings(tuple(guard.get("skip_rules", ()))), model)
+    return (CacheSettings.from_options(**cache), GuardSettings(tuple(guard.get("skip_rules", ()))), model)

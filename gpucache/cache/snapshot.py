@@ -132,11 +132,13 @@ class _Latest:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            raise SnapshotError(f"{where} (the record of {snapshot_path}'s generations) cannot be "
-                                f"read ({exc}): refused") from exc
+            raise SnapshotError(
+                f"{where} (the record of {snapshot_path}'s generations) cannot be read ({exc}): refused"
+            ) from exc
         if latest.generation < 1 or not hmac.compare_digest(given, latest._mac(key)):
-            raise SnapshotError(f"{where} (the record of {snapshot_path}'s generations) is not "
-                                "signed with this key: refused")
+            raise SnapshotError(
+                f"{where} (the record of {snapshot_path}'s generations) is not signed with this key: refused"
+            )
         return latest
 
     def write(self, snapshot_path: str | os.PathLike[str], key: bytes) -> None:
@@ -158,9 +160,7 @@ def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str], key: bytes 
         "model": snapshot.model,
         "dim": snapshot.dim,
         "settings": snapshot.settings,
-        "entries": [
-            [e.scope, e.prompt, e.response, _encode_float(e.expires_at)] for e in snapshot.entries
-        ],
+        "entries": [[e.scope, e.prompt, e.response, _encode_float(e.expires_at)] for e in snapshot.entries],
         "stats": snapshot.stats,
         "admission": snapshot.admission,
     }
@@ -168,8 +168,8 @@ def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str], key: bytes 
     vectors = snapshot.vectors.detach().to("cpu", torch.float32).contiguous()
     if vectors.shape != (len(snapshot.entries), snapshot.dim):
         raise RuntimeError("gpucache bug: snapshot vectors do not match its entries")
-    state_tensor = torch.frombuffer(bytearray(state), dtype=torch.uint8) if state else torch.empty(
-        0, dtype=torch.uint8
+    state_tensor = (
+        torch.frombuffer(bytearray(state), dtype=torch.uint8) if state else torch.empty(0, dtype=torch.uint8)
     )
     metadata = {
         "format": FORMAT,
@@ -256,9 +256,7 @@ def read_snapshot(path: str | os.PathLike[str], key: bytes | None = None) -> Sna
         generation, written_at = _check_signed(metadata, path, key)
     try:
         doc = json.loads(state.decode("utf-8", "surrogatepass"))
-        entries = [
-            SnapshotEntry(str(s), str(p), str(r), float(e)) for s, p, r, e in doc["entries"]
-        ]
+        entries = [SnapshotEntry(str(s), str(p), str(r), float(e)) for s, p, r, e in doc["entries"]]
         snapshot = Snapshot(
             model=str(doc["model"]),
             dim=int(doc["dim"]),

@@ -115,10 +115,19 @@ class StatsCounter:
 
     @classmethod
     def from_json(cls, doc: dict[str, object]) -> StatsCounter:
-        counts = {k: int(doc.get(k, 0)) for k in (  # type: ignore[call-overload]
-            "exact_hits", "semantic_hits", "misses", "stores", "loads", "evictions",
-            "expirations", "admissions_deferred",
-        )}
+        counts = {
+            k: int(doc.get(k, 0))  # type: ignore[call-overload]
+            for k in (
+                "exact_hits",
+                "semantic_hits",
+                "misses",
+                "stores",
+                "loads",
+                "evictions",
+                "expirations",
+                "admissions_deferred",
+            )
+        }
         return cls(
             **counts,
             rejections=Counter({str(k): int(v) for k, v in dict(doc.get("rejections", {})).items()}),  # type: ignore[call-overload]

@@ -26,8 +26,9 @@ def check_prompt(prompt: object, what: str = "prompt") -> str:
     if not prompt.strip():
         raise ValueError(f"{what} must not be empty or whitespace only")
     if prompt.startswith(MARK):  # a key only Conversation.key writes: never a caller's text
-        raise ValueError(f"{what} must not start with a NUL character followed by gpucache's "
-                         "conversation marker")
+        raise ValueError(
+            f"{what} must not start with a NUL character followed by gpucache's conversation marker"
+        )
     return prompt
 
 
@@ -74,8 +75,9 @@ def check_ttl(ttl: object, what: str = "ttl") -> float | None:
     if not (float(ttl) > 0.0 and math.isfinite(float(ttl))):
         raise ValueError(f"{what} must be a positive finite number of seconds or None, got {ttl!r}")
     if float(ttl) > MAX_TTL_SECONDS:
-        raise ValueError(f"{what} must be at most {MAX_TTL_SECONDS} seconds (ten years; None: until "
-                         f"evicted), got {ttl!r}")
+        raise ValueError(
+            f"{what} must be at most {MAX_TTL_SECONDS} seconds (ten years; None: until evicted), got {ttl!r}"
+        )
     return float(ttl)
 
 

@@ -54,13 +54,16 @@ BACK_REFERENCES = frozenset(
 # as it changes, is an edit of it (context.ContextMatcher._same)
 EDIT_SHARED_MIN, EDIT_RATIO = 3, 1
 # Words of a reaction said in passing, and words and phrases of a change of mind (``aside``)
-REACTIONS = frozenset("""lol haha hahaha ha hehe lmao omg wow ugh yay yikes oops oh ah ahh hmm cool
+REACTIONS = frozenset(
+    """lol haha hahaha ha hehe lmao omg wow ugh yay yikes oops oh ah ahh hmm cool
     awesome nice great thanks thank thx appreciate sorry excited exciting nervous glad happy phew
     gosh sweet lovely fun love hi hello hey morning afternoon evening welcome anytime rush
-    worries""".split())
+    worries""".split()
+)
 CHANGES = frozenset("actually instead rather meant change changed switch cancel scratch wait".split())
-CHANGE_PHRASES = re.compile(r"\b(?:never ?mind|on second thought|make (?:it|that)|not anymore)\b",
-                            re.IGNORECASE)
+CHANGE_PHRASES = re.compile(
+    r"\b(?:never ?mind|on second thought|make (?:it|that)|not anymore)\b", re.IGNORECASE
+)
 # A user's instruction for every later answer: its manner, language, length, audience or role
 INSTRUCTION = re.compile(
     r"\b(?:from now on|going forward|for (?:the rest|all) of|(?:always|only|never) (?:answer|reply|respond|"
@@ -68,11 +71,15 @@ INSTRUCTION = re.compile(
     r"using|only|briefly|simply)|like i'?m \w+|keep (?:it|your|answers|replies|responses)|"
     r"pretend|act as|you are (?:a|an|my)|in (?:bullet|one|two|three|a) \w+|no more than|"
     r"under \d+ words|in (?:french|spanish|german|italian|portuguese|chinese|japanese|korean|hindi|"
-    r"arabic|russian|dutch|english))\b", re.IGNORECASE)
+    r"arabic|russian|dutch|english))\b",
+    re.IGNORECASE,
+)
 # What opens an aside: a question the user marks as off the conversation's topic
-ASIDE = re.compile(r"\b(?:unrelated|random q(?:uestion)?|off[- ]topic|btw|by the way|side question|"
-                   r"different question|changing the subject|on another note|totally different)\b",
-                   re.IGNORECASE)
+ASIDE = re.compile(
+    r"\b(?:unrelated|random q(?:uestion)?|off[- ]topic|btw|by the way|side question|"
+    r"different question|changing the subject|on another note|totally different)\b",
+    re.IGNORECASE,
+)
 # Nouns that stand for something said before ("is the answer 7/8?", "will the error come back?")
 DISCOURSE_NOUNS = frozenset("answer result results solution problem issue error".split())
 # The user's own situation, described earlier ("what would my monthly payment be?", "do I need an
@@ -128,8 +135,10 @@ def _read(index: int, turn: Turn) -> list[_Read]:
     """One turn as the sentences it states, each read on its own: a statement changed in one
     sentence ("the modem is rented from you" / "I bought my own modem") is a sentence the other
     side does not state, however many of the turn's other words it shares."""
-    return [_Read(index, part, turn.role, text, *_read_text(text))
-            for part, text in enumerate(segments(turn.text[:MAX_TURN_CHARS]))]
+    return [
+        _Read(index, part, turn.role, text, *_read_text(text))
+        for part, text in enumerate(segments(turn.text[:MAX_TURN_CHARS]))
+    ]
 
 
 def points_back(request: str) -> bool:
@@ -204,8 +213,11 @@ def needed_turns(request: str, turns: list[_Read]) -> list[_Read]:
 def _asides(exchanges: list[list[_Read]]) -> set[int]:
     """The exchanges a user opened as an aside ("random q, do gift cards expire?", "unrelated,
     but...", "btw"). Only those: an exchange after one may as well be back on the topic."""
-    return {i for i, exchange in enumerate(exchanges)
-            if ASIDE.search(" ".join(t.text for t in exchange if t.role == "user"))}
+    return {
+        i
+        for i, exchange in enumerate(exchanges)
+        if ASIDE.search(" ".join(t.text for t in exchange if t.role == "user"))
+    }
 
 
 def _differing(needed: list[_Read], others: list[_Read]) -> list[str]:
@@ -230,8 +242,9 @@ class ContextMatcher:
     name = "context"
 
     def __init__(self, guard: ExplainingVerifier | None = None) -> None:
-        self.guard: ExplainingVerifier = guard if guard is not None else LexicalNearMissVerifier(
-            skip=TURN_RULES_SKIPPED)
+        self.guard: ExplainingVerifier = (
+            guard if guard is not None else LexicalNearMissVerifier(skip=TURN_RULES_SKIPPED)
+        )
 
     def explain(self, cached: Conversation, new: Conversation) -> Verdict:
         """Accept where the contexts agree on everything the final requests depend on; else
@@ -240,8 +253,11 @@ class ContextMatcher:
             return Verdict(False, "context-same")
         longest = max(len(cached.context), len(new.context))
         if longest > MAX_CONTEXT_TURNS:
-            return Verdict(True, "context-too-long", f"{longest} earlier turns: more than "
-                           f"{MAX_CONTEXT_TURNS} are matched exactly only")
+            return Verdict(
+                True,
+                "context-too-long",
+                f"{longest} earlier turns: more than {MAX_CONTEXT_TURNS} are matched exactly only",
+            )
         sides = []
         for conversation in (cached, new):
             turns = [unit for i, t in enumerate(conversation.context) for unit in _read(i, t)]
@@ -253,11 +269,16 @@ class ContextMatcher:
             return self._instructions(spoken_a, spoken_b)
         differing = _differing(needed_a, spoken_b) + _differing(needed_b, spoken_a)
         if differing:
-            return Verdict(True, "context-detail",
-                           f"the turns the request depends on differ in {', '.join(differing)}",
-                           tuple(differing))
-        for side, spoken, needed, others in (("cached", spoken_a, needed_a, spoken_b),
-                                             ("new", spoken_b, needed_b, spoken_a)):
+            return Verdict(
+                True,
+                "context-detail",
+                f"the turns the request depends on differ in {', '.join(differing)}",
+                tuple(differing),
+            )
+        for side, spoken, needed, others in (
+            ("cached", spoken_a, needed_a, spoken_b),
+            ("new", spoken_b, needed_b, spoken_a),
+        ):
             found: list[tuple[int, int]] = []
             for turn in spoken:
                 after = found[-1] if found else (-1, -1)
@@ -266,8 +287,9 @@ class ContextMatcher:
                     found.append(match)
                 elif match.rule != "context-unmatched" or (turn in needed and not aside(turn)):
                     # a statement changed, or one the request may depend on stated on one side only
-                    return Verdict(True, match.rule, f"{side} turn {turn.index + 1}: {match.detail}",
-                                   match.words)
+                    return Verdict(
+                        True, match.rule, f"{side} turn {turn.index + 1}: {match.detail}", match.words
+                    )
             if found != sorted(found):  # "it", "the second one": the order decides what they mean
                 return Verdict(True, "context-order", f"the {side} side's sentences come in another order")
         return Verdict(False, "context-agrees")
@@ -282,12 +304,17 @@ class ContextMatcher:
                 if turn.role == "user" and INSTRUCTION.search(turn.text):
                     match = self._counterpart(turn, theirs, True)
                     if isinstance(match, Verdict):
-                        return Verdict(True, "context-instruction",
-                                       f"{side} turn {turn.index + 1}: {match.detail}", match.words)
+                        return Verdict(
+                            True,
+                            "context-instruction",
+                            f"{side} turn {turn.index + 1}: {match.detail}",
+                            match.words,
+                        )
         return Verdict(False, "context-apart")
 
-    def _counterpart(self, turn: _Read, others: list[_Read], strict: bool,
-                     after: tuple[int, int] = (-1, -1)) -> tuple[int, int] | Verdict:
+    def _counterpart(
+        self, turn: _Read, others: list[_Read], strict: bool, after: tuple[int, int] = (-1, -1)
+    ) -> tuple[int, int] | Verdict:
         """The position of the sentence of ``others`` that says the same as ``turn`` (``_same``),
         the first at or after ``after`` among those sharing the most words (a sentence said
         twice, "Thanks!", is matched in order); else why there is none: no sentence shares
@@ -296,8 +323,9 @@ class ContextMatcher:
         if same:
             o = min(same, key=lambda o: ((o.index, o.part) < after, o.index, o.part))
             return o.index, o.part
-        ranked = sorted(others, key=lambda o: (-len(turn.content & o.content),
-                                               (o.index, o.part) < after, o.index, o.part))
+        ranked = sorted(
+            others, key=lambda o: (-len(turn.content & o.content), (o.index, o.part) < after, o.index, o.part)
+        )
         close = [o for o in ranked if _close(turn, o)]
         if not close:
             return Verdict(True, "context-unmatched", f'"{turn.text[:80]}" has no counterpart')
@@ -308,8 +336,9 @@ class ContextMatcher:
                 return other.index, other.part
             first = first or verdict
         assert first is not None
-        return Verdict(True, first.rule, f'"{turn.text[:80]}" / "{close[0].text[:80]}": {first.detail}',
-                       first.words)
+        return Verdict(
+            True, first.rule, f'"{turn.text[:80]}" / "{close[0].text[:80]}": {first.detail}', first.words
+        )
 
     def _same(self, a: _Read, b: _Read, strict: bool) -> Verdict | None:
         """None where two turns say the same; else the difference. The guard judges them as two
@@ -330,8 +359,9 @@ class ContextMatcher:
         kept = max(edit.shared, edit.framed)
         if altered and kept >= EDIT_SHARED_MIN and kept >= EDIT_RATIO * changed:
             words = edit.only_a + edit.only_b
-            return Verdict(True, "context-edited", f"one turn is the other edited: {' / '.join(words)}",
-                           words)
+            return Verdict(
+                True, "context-edited", f"one turn is the other edited: {' / '.join(words)}", words
+            )
         # the same words in another order: "my husband has a cold and my daughter pink eye" /
         # "my daughter has pink eye and my husband a cold" (a rewording moves words and changes
         # some: the guard has judged it)
@@ -345,8 +375,12 @@ def aside(turn: _Read) -> bool:
     hands are full", "thank you, that's kind of you") that states no number or name and changes
     nothing ("actually", "instead", "I meant")."""
     words = set(_WORD.findall(turn.text.casefold()))
-    return (not turn.details and bool(words & REACTIONS) and not words & CHANGES
-            and not CHANGE_PHRASES.search(turn.text))
+    return (
+        not turn.details
+        and bool(words & REACTIONS)
+        and not words & CHANGES
+        and not CHANGE_PHRASES.search(turn.text)
+    )
 
 
 def _close(a: _Read, b: _Read) -> bool:

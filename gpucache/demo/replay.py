@@ -104,17 +104,23 @@ class DemoReport:
         w(f"  model                 {self.model}\n")
         w(f"  verifier, threshold   {self.verifier}, {self.threshold}\n")
         w(f"  prompts replayed      {self.prompts}\n")
-        w(f"  hit rate              {self.hit_rate:.1%}  "
-          f"({self.exact_hits} exact, {self.semantic_hits} semantic, {self.misses} misses)\n")
+        w(
+            f"  hit rate              {self.hit_rate:.1%}  "
+            f"({self.exact_hits} exact, {self.semantic_hits} semantic, {self.misses} misses)\n"
+        )
         w(f"  wrong answers served  {self.false_hits}  (a different question's answer)\n")
         if self.rejections:
             rej = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejections.items()))
             w(f"  verifier rejections   {rej}\n")
-        w(f"  time                  {self.seconds:.1f} s in all: {self.model_seconds:.1f} s generating "
-          f"{self.generated} answers, {self.cache_seconds:.1f} s embedding and scanning\n")
-        w(f"  time saved            {self.saved_seconds:.1f} s of generation "
-          f"({self.exact_hits + self.semantic_hits} answers not generated, at the measured "
-          f"{self.model_seconds / max(1, self.generated):.2f} s an answer)\n")
+        w(
+            f"  time                  {self.seconds:.1f} s in all: {self.model_seconds:.1f} s generating "
+            f"{self.generated} answers, {self.cache_seconds:.1f} s embedding and scanning\n"
+        )
+        w(
+            f"  time saved            {self.saved_seconds:.1f} s of generation "
+            f"({self.exact_hits + self.semantic_hits} answers not generated, at the measured "
+            f"{self.model_seconds / max(1, self.generated):.2f} s an answer)\n"
+        )
         if self.examples:
             w("  served for a reworded prompt (similarity):\n")
             for new, cached, sim in self.examples:
@@ -140,8 +146,9 @@ def run_demo(
     model = model or StandInModel()
     items = load_workload()[:limit]
     by_prompt = {item.prompt: item for item in items}
-    report = DemoReport(device=str(cache.device), verifier=cache.verifier.name,
-                        threshold=cache.threshold, model=model.name)
+    report = DemoReport(
+        device=str(cache.device), verifier=cache.verifier.name, threshold=cache.threshold, model=model.name
+    )
     before = cache.stats()
     start = time.perf_counter()
     for offset in range(0, len(items), batch_size):
@@ -168,13 +175,15 @@ def run_demo(
     report.misses = after.misses - before.misses
     report.model_seconds = model.seconds
     report.generated = model.generated
-    report.cache_seconds = (after.embed_seconds - before.embed_seconds
-                            + after.scan_seconds - before.scan_seconds)
+    report.cache_seconds = (
+        after.embed_seconds - before.embed_seconds + after.scan_seconds - before.scan_seconds
+    )
     # what a hit saved: the model's measured time per generated answer in this run
     per_answer = model.seconds / max(1, model.generated)
     report.saved_seconds = (report.exact_hits + report.semantic_hits) * per_answer
     report.rejections = {
-        k: v - before.rejections.get(k, 0) for k, v in after.rejections.items()
+        k: v - before.rejections.get(k, 0)
+        for k, v in after.rejections.items()
         if v - before.rejections.get(k, 0)
     }
     report.false_examples = report.false_examples[:examples]

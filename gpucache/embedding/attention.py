@@ -26,8 +26,13 @@ SHORT_MAX_TOKENS = 32  # above this the fused kernel was as fast or faster
 
 
 def short_attention(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: (B, H, T, d) inputs, (B, T, H, d) output.
@@ -37,13 +42,15 @@ def short_attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if (
-        query.shape[2] > SHORT_MAX_TOKENS or query.device.type != "cpu" or dropout
-        or kwargs.get("is_causal") or getattr(module, "is_causal", False)
+        query.shape[2] > SHORT_MAX_TOKENS
+        or query.device.type != "cpu"
+        or dropout
+        or kwargs.get("is_causal")
+        or getattr(module, "is_causal", False)
         or key.shape[1] != query.shape[1]  # grouped-query attention
     ):
         return sdpa_attention_forward(  # type: ignore[no-any-return]
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-            **kwargs,
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     with torch.autocast("cpu", enabled=False):
         scores = torch.matmul(query, key.transpose(-1, -2)).float()  # (B, H, T, T)

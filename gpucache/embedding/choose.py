@@ -27,8 +27,15 @@ class Stage:
     why: str
 
 
-def plan(*, device_type: str, dtype_given: str | None, faster_dtype: str, lean: bool,
-         lean_supported: bool, cuda_graphs: bool) -> tuple[Stage, ...]:
+def plan(
+    *,
+    device_type: str,
+    dtype_given: str | None,
+    faster_dtype: str,
+    lean: bool,
+    lean_supported: bool,
+    cuda_graphs: bool,
+) -> tuple[Stage, ...]:
     """The stages to try at load, in order, each with why it is tried or not.
 
     ``dtype_given``: the dtype the caller asked for (None: choose); ``faster_dtype``: the
@@ -47,9 +54,13 @@ def plan(*, device_type: str, dtype_given: str | None, faster_dtype: str, lean: 
         lean_stage = Stage("lean", False, "the lean pass does not know this model's layers")
     else:
         lean_stage = Stage("lean", True, "a leaner pass over the same weights, kept if it agrees")
-    single = Stage("single", lean_stage.tried,
-                   "one text tokenized without the Python wrapper, kept if the ids are the same"
-                   if lean_stage.tried else "only with the lean pass")
+    single = Stage(
+        "single",
+        lean_stage.tried,
+        "one text tokenized without the Python wrapper, kept if the ids are the same"
+        if lean_stage.tried
+        else "only with the lean pass",
+    )
     if device_type != "cuda":
         graphs = Stage("graphs", False, "CUDA graphs need a CUDA device")
     elif not cuda_graphs:

@@ -33,11 +33,7 @@ from gpucache.embedding import attention
 from gpucache.embedding.choose import EncoderPath, plan
 from gpucache.embedding.graphs import Capture, GraphedEncoder, cuda_capture
 from gpucache.embedding.lean import LeanEncoder
-from gpucache.embedding.model import (
-    DEFAULT_MODEL_NAME,
-    default_model_path,
-    quiet_loading,
-)
+from gpucache.embedding.model import DEFAULT_MODEL_NAME, default_model_path, quiet_loading
 
 # Texts tokenized at a time: sorting by tokens needs the tokens first, and a window bounds the
 # token lists held at once when a long list (a warm-up of 100k prompts) is embedded.
@@ -151,7 +147,9 @@ class TransformerEmbedder:
             device_type=self._device.type,
             dtype_given=None if dtype is None else str(dtype).removeprefix("torch."),
             faster_dtype=str(wanted).removeprefix("torch."),
-            lean=lean, lean_supported=LeanEncoder.supports(self._model), cuda_graphs=cuda_graphs,
+            lean=lean,
+            lean_supported=LeanEncoder.supports(self._model),
+            cuda_graphs=cuda_graphs,
         )
         tried = {stage.name for stage in self.stages if stage.tried}
         if tried:
@@ -182,13 +180,12 @@ class TransformerEmbedder:
         if self._lean is None:
             return
         lean = self._lean
-        self.graphs = GraphedEncoder(lambda ids, mask: lean(ids, mask, masked=True),
-                                     self._device, capture)
+        self.graphs = GraphedEncoder(lambda ids, mask: lean(ids, mask, masked=True), self._device, capture)
         singles = torch.cat([self.encode([text]) for text in PROBE_TEXTS])
-        batched = torch.cat([self.encode(PROBE_TEXTS[i : i + 4])
-                             for i in range(0, len(PROBE_TEXTS), 4)])
-        agreement = min(float((singles * reference).sum(dim=1).min()),
-                        float((batched * reference).sum(dim=1).min()))
+        batched = torch.cat([self.encode(PROBE_TEXTS[i : i + 4]) for i in range(0, len(PROBE_TEXTS), 4)])
+        agreement = min(
+            float((singles * reference).sum(dim=1).min()), float((batched * reference).sum(dim=1).min())
+        )
         self.graph_agreement = agreement
         if agreement < AGREEMENT_MIN or self.graphs.failure is not None or not self.graphs.captured:
             self.graphs = None
@@ -290,10 +287,13 @@ class TransformerEmbedder:
     @property
     def encoder_path(self) -> EncoderPath:
         """The stages this embedder tried at load (``choose.plan``) and what each came to."""
-        kept = {"autocast": self.autocast_dtype is not None, "lean": self._lean is not None,
-                "single": self._single is not None, "graphs": self.graphs is not None}
-        probes = {"autocast": self.agreement, "lean": self.lean_agreement,
-                  "graphs": self.graph_agreement}
+        kept = {
+            "autocast": self.autocast_dtype is not None,
+            "lean": self._lean is not None,
+            "single": self._single is not None,
+            "graphs": self.graphs is not None,
+        }
+        probes = {"autocast": self.agreement, "lean": self.lean_agreement, "graphs": self.graph_agreement}
         outcomes = []
         for stage in self.stages:
             if not stage.tried:
@@ -337,7 +337,9 @@ class TransformerEmbedder:
                 window = by_chars[start : start + TOKENIZE_WINDOW]
                 features = self._tokenizer(
                     [self._clean(texts[i]) for i in window],
-                    truncation=True, max_length=self.max_length, padding=False,
+                    truncation=True,
+                    max_length=self.max_length,
+                    padding=False,
                 )
                 for batch in self._batches([len(ids) for ids in features["input_ids"]]):
                     padded = self._tokenizer.pad(
@@ -374,8 +376,7 @@ class TransformerEmbedder:
         except (ImportError, ValueError, TypeError, AttributeError, RuntimeError):
             return
         texts = [*PROBE_TEXTS, "word " * (4 * self.max_length)]
-        want = self._tokenizer(texts, truncation=True, max_length=self.max_length,
-                               padding=False)["input_ids"]
+        want = self._tokenizer(texts, truncation=True, max_length=self.max_length, padding=False)["input_ids"]
         if all(single.encode(t).ids == list(w) for t, w in zip(texts, want)):
             self._single = single
 

@@ -83,8 +83,9 @@ def eager_capture(step: Callable[[], torch.Tensor], pool: Any) -> Captured:
 class _Bucket:
     """One captured shape: its static inputs, its replay and its output."""
 
-    def __init__(self, rows: int, cols: int, device: torch.device, forward: Forward,
-                 capture: Capture, pool: Any) -> None:
+    def __init__(
+        self, rows: int, cols: int, device: torch.device, forward: Forward, capture: Capture, pool: Any
+    ) -> None:
         self.ids = torch.zeros((rows, cols), dtype=torch.long, device=device)
         self.mask = torch.zeros((rows, cols), dtype=torch.long, device=device)
         self.mask[:, 0] = 1  # a padding row attends to one key, never to none (no NaN)
@@ -111,8 +112,7 @@ class GraphedEncoder:
         capture: how a bucket is recorded (``cuda_capture``; ``eager_capture`` in tests).
     """
 
-    def __init__(self, forward: Forward, device: torch.device,
-                 capture: Capture = cuda_capture) -> None:
+    def __init__(self, forward: Forward, device: torch.device, capture: Capture = cuda_capture) -> None:
         self._forward = forward
         self._device = device
         self._capture = capture
@@ -128,7 +128,7 @@ class GraphedEncoder:
         the encoder stays eager rather than answering every later input with one output."""
         ids = (torch.arange(rows * cols, device=self._device).view(rows, cols) % 997) + 1000
         mask = torch.ones_like(ids)
-        mask[-1, max(1, cols // 2):] = 0
+        mask[-1, max(1, cols // 2) :] = 0
         replayed = bucket(ids, mask)
         eager = self._forward(ids, mask)
         return bool(torch.allclose(replayed.float(), eager.float(), rtol=1e-3, atol=1e-3))

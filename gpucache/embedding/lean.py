@@ -62,8 +62,7 @@ class PackedLinear:
 
     __slots__ = ("weight", "bias", "packed")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype,
-                 pack: bool) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype, pack: bool) -> None:
         self.weight = weight.detach().to(dtype)
         self.bias = bias.detach().to(dtype)
         self.packed: torch.Tensor | None = None
@@ -108,8 +107,9 @@ class LeanEncoder:
             None: wherever it is available for ``matmul_dtype``.
     """
 
-    def __init__(self, model: Any, matmul_dtype: torch.dtype = torch.float32,
-                 pack: bool | None = None) -> None:
+    def __init__(
+        self, model: Any, matmul_dtype: torch.dtype = torch.float32, pack: bool | None = None
+    ) -> None:
         if not self.supports(model):
             raise ValueError("the lean encoder runs BERT models with absolute positions and GELU")
         config = model.config
@@ -129,16 +129,22 @@ class LeanEncoder:
             att = layer.attention.self
             qkv_w = torch.cat([att.query.weight, att.key.weight, att.value.weight])
             qkv_b = torch.cat([att.query.bias, att.key.bias, att.value.bias])
-            self.layers.append((
-                PackedLinear(qkv_w, qkv_b, matmul_dtype, pack),
-                self._linear(layer.attention.output.dense, pack),
-                self._norm(layer.attention.output.LayerNorm),
-                self._linear(layer.intermediate.dense, pack),
-                self._linear(layer.output.dense, pack),
-                self._norm(layer.output.LayerNorm),
-            ))
-        self.packed = any(linear.packed is not None for layer in self.layers for linear in layer
-                          if isinstance(linear, PackedLinear))
+            self.layers.append(
+                (
+                    PackedLinear(qkv_w, qkv_b, matmul_dtype, pack),
+                    self._linear(layer.attention.output.dense, pack),
+                    self._norm(layer.attention.output.LayerNorm),
+                    self._linear(layer.intermediate.dense, pack),
+                    self._linear(layer.output.dense, pack),
+                    self._norm(layer.output.LayerNorm),
+                )
+            )
+        self.packed = any(
+            linear.packed is not None
+            for layer in self.layers
+            for linear in layer
+            if isinstance(linear, PackedLinear)
+        )
 
     @staticmethod
     def _norm(module: torch.nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,11 +161,13 @@ class LeanEncoder:
             and getattr(config, "position_embedding_type", "absolute") == "absolute"
             and getattr(config, "hidden_act", None) == "gelu"
             and getattr(config, "is_decoder", False) is False
-            and hasattr(model, "embeddings") and hasattr(model, "encoder")
+            and hasattr(model, "embeddings")
+            and hasattr(model, "encoder")
         )
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 masked: bool | None = None) -> torch.Tensor:
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, masked: bool | None = None
+    ) -> torch.Tensor:
         """(B, T) token ids and mask -> (B, T, D) fp32 hidden states of the last layer.
 
         ``masked``: whether to apply the mask; None decides by looking (a host sync), True

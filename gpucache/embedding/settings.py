@@ -21,7 +21,8 @@ class EmbedderSettings:
     )
     device: str = setting("auto", 'where the embedder and the index run: "auto", "cpu" or "cuda[:N]"')
     dtype: str = setting(
-        "auto", '"auto" (fp16 on CUDA, bf16 on a CPU with native bf16, each kept only where it '
+        "auto",
+        '"auto" (fp16 on CUDA, bf16 on a CPU with native bf16, each kept only where it '
         'agrees with fp32), or "fp32", "fp16", "bf16"',
     )
 
@@ -33,12 +34,14 @@ class EmbedderSettings:
         16384, "the most rows x padded tokens one forward pass takes; a larger batch is split"
     )
     lean: bool = setting(
-        True, "run BERT-family models through the project's fused pass, where a load-time probe "
-        "agrees with the model's own"
+        True,
+        "run BERT-family models through the project's fused pass, where a load-time probe "
+        "agrees with the model's own",
     )
     cuda_graphs: bool = setting(
-        True, "on CUDA, replay small batches of short prompts from CUDA graphs, where a load-time "
-        "probe agrees with the eager pass"
+        True,
+        "on CUDA, replay small batches of short prompts from CUDA graphs, where a load-time "
+        "probe agrees with the eager pass",
     )
 
     def __post_init__(self) -> None:
@@ -58,7 +61,13 @@ class EmbedderSettings:
         from gpucache.embedding.embedder import TransformerEmbedder
 
         dtype = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        return TransformerEmbedder(self.model, device=self.device, dtype=dtype[self.dtype],
-                                   batch_size=self.batch_size, max_length=self.max_length,
-                                   max_batch_tokens=self.max_batch_tokens, lean=self.lean,
-                                   cuda_graphs=self.cuda_graphs)
+        return TransformerEmbedder(
+            self.model,
+            device=self.device,
+            dtype=dtype[self.dtype],
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            max_batch_tokens=self.max_batch_tokens,
+            lean=self.lean,
+            cuda_graphs=self.cuda_graphs,
+        )

@@ -70,8 +70,13 @@ def _log_pmf(k: int, n: int, p: float) -> float:
         return 0.0 if k == 0 else -math.inf
     if p >= 1.0:
         return 0.0 if k == n else -math.inf
-    return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-            + k * math.log(p) + (n - k) * math.log1p(-p))
+    return (
+        math.lgamma(n + 1)
+        - math.lgamma(k + 1)
+        - math.lgamma(n - k + 1)
+        + k * math.log(p)
+        + (n - k) * math.log1p(-p)
+    )
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
@@ -182,8 +187,16 @@ def choose(pairs: Sequence[Scored], budget: float, confidence: float = 0.95) -> 
     served = [p for p in held_out if p.similarity_milli >= t and p.accepted[skip]]
     hits = sum(p.label == 1 for p in served)
     positives = sum(p.label == 1 for p in held_out)
-    choice = Choice(t, skip, hits, positives, len(served) - hits, len(held_out) - positives, confidence,
-                    chosen_on=len(choosing))
+    choice = Choice(
+        t,
+        skip,
+        hits,
+        positives,
+        len(served) - hits,
+        len(held_out) - positives,
+        confidence,
+        chosen_on=len(choosing),
+    )
     return choice if choice.false_hit_bound <= budget else None
 
 
@@ -202,8 +215,9 @@ def most_false_hits(negatives: int, budget: float, confidence: float = 0.95) -> 
     return lo
 
 
-def best_point(pairs: Sequence[Scored], budget: float,
-               confidence: float = 0.95) -> tuple[int, tuple[str, ...]] | None:
+def best_point(
+    pairs: Sequence[Scored], budget: float, confidence: float = 0.95
+) -> tuple[int, tuple[str, ...]] | None:
     """The (threshold, skipped rules) serving the most label-1 ``pairs`` with the false-hit
     rate's upper bound on these same pairs within ``budget`` (a selection: its own bound is
     optimistic, which is why ``choose`` confirms it on other pairs)."""

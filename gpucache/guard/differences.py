@@ -119,8 +119,12 @@ def align(a: Parsed, b: Parsed) -> Difference:
     every_b, cb = _counts(b.content)
     left_a = Counter({w: n for w, n in (ca - cb).items() if _counted(w)})
     left_b = Counter({w: n for w, n in (cb - ca).items() if _counted(w)})
-    return Difference(tuple(_in_order(a.content, left_a)), tuple(_in_order(b.content, left_b)),
-                      sum((ca & cb).values()), sum((every_a & every_b).values()))
+    return Difference(
+        tuple(_in_order(a.content, left_a)),
+        tuple(_in_order(b.content, left_b)),
+        sum((ca & cb).values()),
+        sum((every_a & every_b).values()),
+    )
 
 
 def _in_order(content: tuple[str, ...], left: Counter[str]) -> list[str]:
@@ -171,16 +175,19 @@ def signed_numbers(text: str) -> tuple[str, ...]:
 
 
 def percent_relation(a: str, b: str) -> bool:
-    """"20 percent of 50" against "what percentage of 50 is 20": the same numbers, the
+    """ "20 percent of 50" against "what percentage of 50 is 20": the same numbers, the
     percentage asked in one and given in the other."""
     a, b = a.casefold(), b.casefold()
-    return bool((_PERCENT_OF.search(a) and _WHAT_PERCENT.search(b) and not _WHAT_PERCENT.search(a))
-                or (_PERCENT_OF.search(b) and _WHAT_PERCENT.search(a) and not _WHAT_PERCENT.search(b)))
+    return bool(
+        (_PERCENT_OF.search(a) and _WHAT_PERCENT.search(b) and not _WHAT_PERCENT.search(a))
+        or (_PERCENT_OF.search(b) and _WHAT_PERCENT.search(a) and not _WHAT_PERCENT.search(b))
+    )
 
 
 def coordination_changed(a: Parsed, b: Parsed) -> bool:
     """The same two words joined by "and" in one prompt and by "or" in the other ("rows where
     x and y" / "x or y", "on PS5 and PC" / "on PS5 or PC")."""
+
     def joins(p: Parsed, word: str) -> set[tuple[str, str]]:
         t = p.tokens
         return {(t[i - 1], t[i + 1]) for i in range(1, len(t) - 1) if t[i] == word}
@@ -265,7 +272,7 @@ def _trailing_span(p: Parsed, only: tuple[str, ...]) -> tuple[str, ...]:
             seen[t] += 1
             if seen[t] > left.get(t, 0):  # more of it than is added: a shared word
                 last_shared = i
-    after = toks[last_shared + 1:]
+    after = toks[last_shared + 1 :]
     opener = next((i for i, t in enumerate(after) if t in TRAILING_RESTRICTORS | RESTRICTORS), None)
     first_added = next((i for i, t in enumerate(after) if t in left), None)
     if opener is None or first_added is None or opener > first_added:
@@ -297,8 +304,8 @@ def extra_segments(a: str, b: str, norm) -> tuple[str, tuple[str, ...]] | None: 
     k = len(long_) - len(short)
     if norm(" ".join(long_[k:])) == target:
         return "lead", long_[:k]
-    if norm(" ".join(long_[:len(short)])) == target:
-        return "tail", long_[len(short):]
+    if norm(" ".join(long_[: len(short)])) == target:
+        return "tail", long_[len(short) :]
     return None
 
 
@@ -315,7 +322,7 @@ def differing_segments(a: str, b: str, norm) -> tuple[str, str] | None:  # type:
         hi += 1
     if not lo and not hi:
         return None
-    rest_a, rest_b = sa[lo:len(sa) - hi], sb[lo:len(sb) - hi]
+    rest_a, rest_b = sa[lo : len(sa) - hi], sb[lo : len(sb) - hi]
     if not rest_a or not rest_b:
         return None
     return " ".join(rest_a), " ".join(rest_b)

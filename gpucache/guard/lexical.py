@@ -84,12 +84,43 @@ REORDER_MIN_SHARED = 8
 RESTATING = frozenset(parsing.stem_memo(w) for w in "person element city country place".split())
 SEED_RULES = ("numbers", "negation", "polarity", "direction", "substitution")
 NAMED_KINDS = differences.KINDS[:-1]  # entity, deliverable, audience, tone, time
-ADDED_RULES = ("symbols", "payload", "antonym", "confusable", "question-word", "swapped", "voice",
-               "roles",
-               "crossed", "relation", *NAMED_KINDS, "constraint", "reordered", "added")
-RULES = ("symbols", "payload", "numbers", "negation", "polarity", "antonym", "confusable",
-         "question-word", "direction", "swapped", "voice", "roles", "crossed", "relation", *NAMED_KINDS,
-         "constraint", "reordered", "substitution", "added")
+ADDED_RULES = (
+    "symbols",
+    "payload",
+    "antonym",
+    "confusable",
+    "question-word",
+    "swapped",
+    "voice",
+    "roles",
+    "crossed",
+    "relation",
+    *NAMED_KINDS,
+    "constraint",
+    "reordered",
+    "added",
+)
+RULES = (
+    "symbols",
+    "payload",
+    "numbers",
+    "negation",
+    "polarity",
+    "antonym",
+    "confusable",
+    "question-word",
+    "direction",
+    "swapped",
+    "voice",
+    "roles",
+    "crossed",
+    "relation",
+    *NAMED_KINDS,
+    "constraint",
+    "reordered",
+    "substitution",
+    "added",
+)
 
 
 # Every memo of a prompt, a word or a part of one the verdict is computed through.
@@ -137,8 +168,7 @@ class LexicalNearMissVerifier:
     def __repr__(self) -> str:
         skipped = ", ".join(repr(r) for r in RULES if r in self.skip)
         table = "" if self.table else ", table=False"
-        return (f"LexicalNearMissVerifier(skip=({skipped}{',' if len(self.skip) == 1 else ''})"
-                f"{table})")
+        return f"LexicalNearMissVerifier(skip=({skipped}{',' if len(self.skip) == 1 else ''}){table})"
 
     def verify(self, cached_prompt: str, new_prompt: str, similarity: float) -> bool:
         return not self.explain(cached_prompt, new_prompt).rejected
@@ -155,8 +185,9 @@ class LexicalNearMissVerifier:
         if ops_a and ops_b:  # operators on both sides: their grouping is part of them
             ops_a, ops_b = ops_a + grouping(cached_prompt), ops_b + grouping(new_prompt)
         if ops_a and ops_b and ops_a != ops_b and "symbols" not in skip:
-            return Verdict(True, "symbols", f"symbols differ: {' '.join(ops_a)} vs {' '.join(ops_b)}",
-                           ops_a + ops_b)
+            return Verdict(
+                True, "symbols", f"symbols differ: {' '.join(ops_a)} vs {' '.join(ops_b)}", ops_a + ops_b
+            )
         split_a, split_b = split(cached_prompt), split(new_prompt)
         cached_prompt, new_prompt = split_a.plain, split_b.plain
         if split_a.payloads and split_b.payloads and "payload" not in skip:
@@ -171,8 +202,12 @@ class LexicalNearMissVerifier:
         if a.tokens == b.tokens:
             signs_a, signs_b = differences.signed_numbers(text_a), differences.signed_numbers(text_b)
             if signs_a != signs_b and "numbers" not in self.skip:
-                return Verdict(True, "numbers", f"signs differ: {' '.join(signs_a) or '-'} vs "
-                               f"{' '.join(signs_b) or '-'}", signs_a + signs_b)
+                return Verdict(
+                    True,
+                    "numbers",
+                    f"signs differ: {' '.join(signs_a) or '-'} vs {' '.join(signs_b) or '-'}",
+                    signs_a + signs_b,
+                )
             return Verdict(False, "identical")
         norm = lambda t: parse(t, self.table).tokens  # noqa: E731
         extra = differences.extra_segments(text_a, text_b, norm)
@@ -190,8 +225,9 @@ class LexicalNearMissVerifier:
         if (ca, cb) == (text_a, text_b):
             return text_a, text_b, a, b
         pa, pb = parse(ca, self.table), parse(cb, self.table)
-        if (numbers_of(pa, pb) != numbers_of(pb, pa)
-                or differences.signed_numbers(ca) != differences.signed_numbers(cb)):
+        if numbers_of(pa, pb) != numbers_of(pb, pa) or differences.signed_numbers(
+            ca
+        ) != differences.signed_numbers(cb):
             return text_a, text_b, a, b
         return ca, cb, pa, pb
 
@@ -206,8 +242,12 @@ class LexicalNearMissVerifier:
         words_a = set(a.content) - FRAMING_READ
         words_b = set(b.content) - FRAMING_READ
         if words_a and words_b and not words_a & words_b and "added" not in self.skip:
-            return Verdict(True, "added", f'each prompt asks its own: "{rest_a}" / "{rest_b}"',
-                           tuple(sorted(words_a | words_b)))
+            return Verdict(
+                True,
+                "added",
+                f'each prompt asks its own: "{rest_a}" / "{rest_b}"',
+                tuple(sorted(words_a | words_b)),
+            )
         return Verdict(False, "rewording")
 
     def _extra(self, where: str, sentences: tuple[str, ...]) -> Verdict:
@@ -222,8 +262,9 @@ class LexicalNearMissVerifier:
         names = differences.capitalised(text)
         for kind, word in differences.named_kinds(p.content, names):
             if kind in ("entity", "constraint", "audience") and kind not in self.skip:
-                return Verdict(True, kind, f"{kind} named only in the context one prompt gives: {word}",
-                               (word,))
+                return Verdict(
+                    True, kind, f"{kind} named only in the context one prompt gives: {word}", (word,)
+                )
         return Verdict(False, "context")
 
     def _named(self, text_a: str, text_b: str, a: Parsed, b: Parsed) -> Verdict | None:
@@ -237,13 +278,17 @@ class LexicalNearMissVerifier:
             diff_a = sorted((Counter(nums_a) - Counter(nums_b)).elements())
             diff_b = sorted((Counter(nums_b) - Counter(nums_a)).elements())
             return Verdict(
-                True, "numbers", f"numbers differ: {' '.join(diff_a) or '-'} vs "
-                f"{' '.join(diff_b) or '-'}", tuple(diff_a + diff_b)
+                True,
+                "numbers",
+                f"numbers differ: {' '.join(diff_a) or '-'} vs {' '.join(diff_b) or '-'}",
+                tuple(diff_a + diff_b),
             )
         if a.negated != b.negated and "negation" not in skip:
             return Verdict(True, "negation", "a negation on one side only", ("not",))
         if (
-            a.core == b.core and a.polarity != b.polarity and "polarity" not in skip
+            a.core == b.core
+            and a.polarity != b.polarity
+            and "polarity" not in skip
             and shapes.poles_swapped(a.polarity, b.polarity)
         ):
             words = shapes.polar_words(a, b)
@@ -254,8 +299,12 @@ class LexicalNearMissVerifier:
         diff = differences.align(a, b)
         confused = _confused(diff) if "confusable" not in skip else None
         if confused:
-            return Verdict(True, "confusable", f"different words a letter apart: {confused[0]} vs "
-                           f"{confused[1]}", confused)
+            return Verdict(
+                True,
+                "confusable",
+                f"different words a letter apart: {confused[0]} vs {confused[1]}",
+                confused,
+            )
         asks_a = QUESTION_WORDS.intersection(a.tokens)
         asks_b = QUESTION_WORDS.intersection(b.tokens)
         if asks_a and asks_b and not asks_a & asks_b and "question-word" not in skip:
@@ -263,7 +312,9 @@ class LexicalNearMissVerifier:
             return Verdict(True, "question-word", f"asks {words[0]} vs {words[1]}", words)
         same_content = a.bag == b.bag
         if (
-            same_content and a.directions == b.directions and a.attachments != b.attachments
+            same_content
+            and a.directions == b.directions
+            and a.attachments != b.attachments
             and "direction" not in skip
         ):
             moved = tuple(sorted({o for _, o in set(a.attachments) ^ set(b.attachments)}))
@@ -282,21 +333,30 @@ class LexicalNearMissVerifier:
                 return Verdict(False, "rewording")
         voice = roles.voice_roles(a, b) if "voice" not in skip else None
         if voice:
-            return Verdict(True, "voice", f"who does what to whom: {voice[0]} / {voice[1]} "
-                           "exchanged across the voice of the verb", voice)
+            return Verdict(
+                True,
+                "voice",
+                f"who does what to whom: {voice[0]} / {voice[1]} exchanged across the voice of the verb",
+                voice,
+            )
         role = roles.roles_changed(a, b) if "roles" not in skip else None
         if role:
-            return Verdict(True, "roles", f"{role[0]} hangs from {role[1]} in the cached prompt and "
-                           f"from {role[2]} in the new one", (role[0],))
+            return Verdict(
+                True,
+                "roles",
+                f"{role[0]} hangs from {role[1]} in the cached prompt and from {role[2]} in the new one",
+                (role[0],),
+            )
         crossed = shapes.crossed(a, b) if "crossed" not in skip else None
         if crossed:
             return Verdict(
-                True, "crossed", f"{crossed[0]} and {crossed[1]} swap sides of a role word", crossed,
+                True, "crossed", f"{crossed[0]} and {crossed[1]} swap sides of a role word", crossed
             )
         if "relation" not in skip:
             if differences.percent_relation(text_a, text_b):
-                return Verdict(True, "relation", "a percentage given on one side, asked on the other",
-                               ("percent",))
+                return Verdict(
+                    True, "relation", "a percentage given on one side, asked on the other", ("percent",)
+                )
             if differences.coordination_changed(a, b):
                 return Verdict(True, "relation", "'and' against 'or'", ("and", "or"))
         # a name told by its capital alone ("Nintendo 3DS games" / "3DS games") counts where it
@@ -313,8 +373,12 @@ class LexicalNearMissVerifier:
             span_b = differences.restricted_span(b, diff.only_b, alone=not diff.only_a)
             if bool(span_a) != bool(span_b):  # a span on each side is a rewording of it
                 side, span = ("cached", span_a) if span_a else ("new", span_b)
-                return Verdict(True, "constraint", f"only the {side} prompt restricts the "
-                               f"request: {' '.join(span)}", span)
+                return Verdict(
+                    True,
+                    "constraint",
+                    f"only the {side} prompt restricts the request: {' '.join(span)}",
+                    span,
+                )
         if not diff.near_identical:
             return None  # the shape rules below judge near-identical edits only
         if diff.shared >= REORDER_MIN_SHARED and "reordered" not in skip:
@@ -328,11 +392,16 @@ class LexicalNearMissVerifier:
             return Verdict(True, "substitution", f"words substituted: {shown}", words)
         # words the other prompt also has, a wh-word or an instruction to explain are no request
         # of their own ("Alan Turing" / "he", "Who was X?" / "Tell me about X")
-        extra = tuple(w for w in diff.only_a or diff.only_b
-                      if w not in a.content or w not in b.content)
+        extra = tuple(w for w in diff.only_a or diff.only_b if w not in a.content or w not in b.content)
         other = b.content if diff.only_a else a.content
-        extra = tuple(w for w in extra if w not in QUESTION_WORDS and w not in EXPOSITION
-                      and w not in RESTATING and not any(shapes.variants(w, o) for o in other))
+        extra = tuple(
+            w
+            for w in extra
+            if w not in QUESTION_WORDS
+            and w not in EXPOSITION
+            and w not in RESTATING
+            and not any(shapes.variants(w, o) for o in other)
+        )
         one_sided = bool(diff.only_a) != bool(diff.only_b)
         short = ADDED_MIN_SHARED <= diff.shared <= ADDED_MAX_SHARED
         if extra and one_sided and short and "added" not in skip:
@@ -349,13 +418,14 @@ def _confused(diff: differences.Difference) -> tuple[str, str] | None:
     return None
 
 
-def _kinds(diff: differences.Difference, names: frozenset[str], words_a: set[str],
-           words_b: set[str]) -> list[tuple[str, str, str]]:
+def _kinds(
+    diff: differences.Difference, names: frozenset[str], words_a: set[str], words_b: set[str]
+) -> list[tuple[str, str, str]]:
     """(kind, word, side) of each word only one prompt has that names what it is for (a word
     the other prompt also has, fewer times, is no difference of kind)."""
-    found = [(kind, w, "cached") for kind, w in differences.named_kinds(diff.only_a, names)
-             if w not in words_b]
-    found += [(kind, w, "new") for kind, w in differences.named_kinds(diff.only_b, names)
-              if w not in words_a]
+    found = [
+        (kind, w, "cached") for kind, w in differences.named_kinds(diff.only_a, names) if w not in words_b
+    ]
+    found += [(kind, w, "new") for kind, w in differences.named_kinds(diff.only_b, names) if w not in words_a]
     order = {k: i for i, k in enumerate(differences.KINDS)}
     return sorted(found, key=lambda f: order[f[0]])

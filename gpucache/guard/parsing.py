@@ -62,11 +62,9 @@ def parse_table(text: str) -> dict[tuple[str, ...], str]:
         for entry in entries:
             key = tuple(stem(w) for w in entry.split())
             if not 1 <= len(key) <= MAX_PHRASE_WORDS:
-                raise ValueError(f"table line {n}: {entry!r} has more than "
-                                 f"{MAX_PHRASE_WORDS} words")
+                raise ValueError(f"table line {n}: {entry!r} has more than {MAX_PHRASE_WORDS} words")
             if key in where and where[key] != n:
-                raise ValueError(f"table line {n}: {entry!r} is already in the class on line "
-                                 f"{where[key]}")
+                raise ValueError(f"table line {n}: {entry!r} is already in the class on line {where[key]}")
             where[key] = n
             table[key] = canonical
     return table
@@ -77,9 +75,7 @@ PHRASE_STARTS = frozenset(key[0] for key in TABLE if len(key) > 1)
 # The framing words as the rules see them: stemmed and read through the table ("show" is
 # read as "demonstrate").
 FRAMING_READ = frozenset(TABLE.get((stem(w),), stem(w)) for w in FRAMING)
-EXPOSITION = frozenset(
-    TABLE.get((stem(w),), stem(w)) for w in "explain tell summarize define".split()
-)
+EXPOSITION = frozenset(TABLE.get((stem(w),), stem(w)) for w in "explain tell summarize define".split())
 stem_memo = lru_cache(maxsize=65536)(stem)
 MEMO_MAX_TOKEN = 64  # longer tokens are read in full each time, never kept in a memo
 
@@ -329,8 +325,12 @@ def _build(tokens: list[str], written: list[str]) -> Parsed:
         stemmed.append(canonical)
         if hard:
             (soft if is_soft else numbers).extend(hard)
-        after_number = (hard == (canonical,) and not is_soft and kind == _CONTENT
-                        and _PLAIN.fullmatch(canonical) is not None)
+        after_number = (
+            hard == (canonical,)
+            and not is_soft
+            and kind == _CONTENT
+            and _PLAIN.fullmatch(canonical) is not None
+        )
         run = _in_words(None, tok)  # a number word: content, read as its own number (a test holds it)
         run_is_soft = run is not None and is_soft
         if polar:

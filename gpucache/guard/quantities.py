@@ -52,7 +52,8 @@ _AMOUNT = re.compile(
     r"|(?P<digits>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?) ?-?"
     r"|(?P<word>" + _WORDS + r"|an?)[ -])"
     r"(?P<unit>" + "|".join(sorted(map(re.escape, _UNITS), key=len, reverse=True)) + r")\b(?![.,]\d)",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 _PARTS = {"half": Fraction(1, 2), "quarter": Fraction(1, 4), "third": Fraction(1, 3)}
 _CLOCK = re.compile(r"(?<![\w.:])(\d{1,2})(?::([0-5]\d))? ?([ap])\.?m\.?(?!\w)", re.IGNORECASE)
 _NAMED_TIMES = re.compile(r"\b(?:noon|midday|midnight)\b", re.IGNORECASE)

@@ -80,31 +80,55 @@ LEADS = _patterns("lead")  # framing that opens the first segment kept: cut off 
 TAILS = _patterns("tail")  # framing that closes the last segment kept: cut off its end
 SHORTHAND = _shorthand()
 _SHORT = re.compile(
-    r"(?<![\w/])(" + "|".join(re.escape(s) for s in sorted(SHORTHAND, key=len, reverse=True))
-    + r")(?![\w/'’])", re.IGNORECASE)
+    r"(?<![\w/])("
+    + "|".join(re.escape(s) for s in sorted(SHORTHAND, key=len, reverse=True))
+    + r")(?![\w/'’])",
+    re.IGNORECASE,
+)
 
 
 # "2" and "4" typed for "to" and "for", read so only where no count can stand: after words that
 # take "to" before a verb ("how 2 fix", "trying 2 shoot") and before a determiner or a pronoun
 # ("4 the environment", "2 my boss"). "need 2 eggs", "add 4 cups" and "2 kg" stay numbers.
 _TAKES_TO = ("how", "want", "wants", "wanted", "trying", "try", "tried", "going", "able", "way", "ways")
-_DETERMINERS = ("the", "my", "your", "our", "their", "his", "her", "this", "that", "these", "those",
-                "me", "us", "them", "him", "next")
+_DETERMINERS = (
+    "the",
+    "my",
+    "your",
+    "our",
+    "their",
+    "his",
+    "her",
+    "this",
+    "that",
+    "these",
+    "those",
+    "me",
+    "us",
+    "them",
+    "him",
+    "next",
+)
 # nouns a number follows as a label, not a count ("chapter 2 the ending")
-_NUMBERED = frozenset("chapter step part page section version level season episode grade type room act "
-                      "scene figure table question exercise problem phase stage round lesson unit day week "
-                      "year volume book route gate platform terminal line floor number no".split())
+_NUMBERED = frozenset(
+    "chapter step part page section version level season episode grade type room act "
+    "scene figure table question exercise problem phase stage round lesson unit day week "
+    "year volume book route gate platform terminal line floor number no".split()
+)
 # ... and before a verb: a word in lowercase letters that is no plural ("want 2 tickets") and
 # no measure ("going 2 km"); a verb's base form ends in "s" only as "ss" or "us" ("2 discuss")
-_TO_AFTER = re.compile(r"\b((?i:" + "|".join(_TAKES_TO) + r")) 2(?= (?:[a-z]*(?:ss|us)|[a-z]*[a-rt-z])\b)"
-                       r"(?! (?:kg|km|mi|lb|oz|ft|in|cm|mm|ml|min|hr|hour|day|week|month|year|dozen|"
-                       r"hundred|thousand|million|more|less|extra|other|of|or|and|to)\b)")
-_BEFORE_DETERMINER = re.compile(r"(?<![\w.,/-])([24])(?= (?:" + "|".join(_DETERMINERS) + r")\b)",
-                                re.IGNORECASE)
+_TO_AFTER = re.compile(
+    r"\b((?i:" + "|".join(_TAKES_TO) + r")) 2(?= (?:[a-z]*(?:ss|us)|[a-z]*[a-rt-z])\b)"
+    r"(?! (?:kg|km|mi|lb|oz|ft|in|cm|mm|ml|min|hr|hour|day|week|month|year|dozen|"
+    r"hundred|thousand|million|more|less|extra|other|of|or|and|to)\b)"
+)
+_BEFORE_DETERMINER = re.compile(
+    r"(?<![\w.,/-])([24])(?= (?:" + "|".join(_DETERMINERS) + r")\b)", re.IGNORECASE
+)
 
 
 def _numeral_word(m: re.Match[str], text: str) -> str:
-    """"for" or "to" for a "4" or "2" before a determiner, unless a label's noun or another
+    """ "for" or "to" for a "4" or "2" before a determiner, unless a label's noun or another
     number comes before it ("chapter 2 the ending", "1, 2 the ...")."""
     before = text[: m.start()].rstrip()
     last = before.rsplit(None, 1)[-1].casefold() if before else ""
@@ -136,13 +160,13 @@ def strip_framing(text: str) -> str:
         cuts.append(len(text))
     segments = [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
     lo, hi = 0, len(segments)
-    while lo < hi and _framing(text[segments[lo][0]:segments[lo][1]]):
+    while lo < hi and _framing(text[segments[lo][0] : segments[lo][1]]):
         lo += 1
-    while hi > lo and _framing(text[segments[hi - 1][0]:segments[hi - 1][1]]):
+    while hi > lo and _framing(text[segments[hi - 1][0] : segments[hi - 1][1]]):
         hi -= 1
     if lo == hi:
         return text.strip()
-    kept = text[segments[lo][0]:segments[hi - 1][1]].strip()
+    kept = text[segments[lo][0] : segments[hi - 1][1]].strip()
     if hi < len(segments):  # a closing segment cut: the mark that divided it from the request goes
         kept = kept.rstrip(" ,;:-—")
     for _ in range(3):  # "hey can you please tell me how ..." opens with several
@@ -150,7 +174,7 @@ def strip_framing(text: str) -> str:
         for pattern in LEADS:
             lead = pattern.match(kept.casefold())
             if lead and lead.end() < len(kept):
-                kept = kept[lead.end():].lstrip(" ,:;-")
+                kept = kept[lead.end() :].lstrip(" ,:;-")
         for pattern in TAILS:
             tail = pattern.search(kept.casefold())
             if tail and tail.start() > 0:
@@ -217,13 +241,21 @@ def mended(word: str) -> str:
     (``likelihood``) and seen more often than the rarest (``_rarest``), where it is clearly the
     likeliest (``CLEAR_LEAD``): "reqest" is "request", not the rarer "reest" that a letter
     dropped would also give."""
-    if (not _MEND_MIN <= len(word) <= MEND_MAX_LETTERS or not word.isalpha() or word in dictionary()
-            or word in CONFUSABLES or (stem(word),) in TABLE):  # a spelling the interchangeable table knows
+    if (
+        not _MEND_MIN <= len(word) <= MEND_MAX_LETTERS
+        or not word.isalpha()
+        or word in dictionary()
+        or word in CONFUSABLES
+        or (stem(word),) in TABLE
+    ):  # a spelling the interchangeable table knows
         return word
     freq = dictionary()
     rare = _rarest()
-    ranked = sorted((-likelihood(word, w, freq[w]), w) for w in one_edit(word)
-                    if freq.get(w, rare) > rare and w not in CONFUSABLES)
+    ranked = sorted(
+        (-likelihood(word, w, freq[w]), w)
+        for w in one_edit(word)
+        if freq.get(w, rare) > rare and w not in CONFUSABLES
+    )
     if not ranked or (len(ranked) > 1 and -ranked[1][0] * CLEAR_LEAD > -ranked[0][0]):
         return word
     return ranked[0][1]
@@ -252,13 +284,17 @@ def one_edit_apart(x: str, y: str) -> bool:
         return False
     if len(x) == len(y):
         diff = [i for i in range(len(x)) if x[i] != y[i]]
-        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
-                                  and x[diff[0]] == y[diff[1]] and x[diff[1]] == y[diff[0]])
+        return len(diff) == 1 or (
+            len(diff) == 2
+            and diff[1] == diff[0] + 1
+            and x[diff[0]] == y[diff[1]]
+            and x[diff[1]] == y[diff[0]]
+        )
     short, long_ = (x, y) if len(x) < len(y) else (y, x)
     i = 0
     while i < len(short) and short[i] == long_[i]:
         i += 1
-    return short[i:] == long_[i + 1:]
+    return short[i:] == long_[i + 1 :]
 
 
 def mend_spelling(text: str) -> str:

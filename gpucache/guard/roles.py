@@ -14,15 +14,49 @@ from gpucache.guard.words import adverb
 # Auxiliaries that make a passive ("was defeated by"), and irregular participles the light
 # stemmer does not bring back to their verb.
 BE_FORMS = frozenset("is are was were be been being get got gets".split())
-IRREGULAR = {"taught": "teach", "bought": "buy", "caught": "catch", "thought": "think",
-             "brought": "bring", "fought": "fight", "sought": "seek", "written": "write",
-             "wrote": "write", "beaten": "beat", "eaten": "eat", "given": "give", "gave": "give",
-             "taken": "take", "took": "take", "chosen": "choose", "chose": "choose",
-             "driven": "drive", "drove": "drive", "bitten": "bite", "bit": "bite",
-             "known": "know", "knew": "know", "shown": "show", "seen": "see", "saw": "see",
-             "made": "make", "paid": "pay", "sold": "sell", "told": "tell", "won": "win",
-             "led": "lead", "held": "hold", "left": "leave", "met": "meet", "sent": "send",
-             "built": "build", "hit": "hit", "struck": "strike", "killed": "kill"}
+IRREGULAR = {
+    "taught": "teach",
+    "bought": "buy",
+    "caught": "catch",
+    "thought": "think",
+    "brought": "bring",
+    "fought": "fight",
+    "sought": "seek",
+    "written": "write",
+    "wrote": "write",
+    "beaten": "beat",
+    "eaten": "eat",
+    "given": "give",
+    "gave": "give",
+    "taken": "take",
+    "took": "take",
+    "chosen": "choose",
+    "chose": "choose",
+    "driven": "drive",
+    "drove": "drive",
+    "bitten": "bite",
+    "bit": "bite",
+    "known": "know",
+    "knew": "know",
+    "shown": "show",
+    "seen": "see",
+    "saw": "see",
+    "made": "make",
+    "paid": "pay",
+    "sold": "sell",
+    "told": "tell",
+    "won": "win",
+    "led": "lead",
+    "held": "hold",
+    "left": "leave",
+    "met": "meet",
+    "sent": "send",
+    "built": "build",
+    "hit": "hit",
+    "struck": "strike",
+    "killed": "kill",
+}
+
 
 def _verb(word: str) -> str:
     """A verb's form to compare: irregular participles to their verb, a final "e" dropped
@@ -61,9 +95,9 @@ def _passive(p: Parsed) -> tuple[str, str, str] | None:
             continue
         i = j - 1 if toks[j - 1] in content and not adverb(toks[j - 1]) else j - 2
         # a patient and a form of "be" stand before the verb: two words at least
-        if i < 2 or toks[i] not in content or not any(x in BE_FORMS for x in toks[i - 4 if i > 4 else 0:i]):
+        if i < 2 or toks[i] not in content or not any(x in BE_FORMS for x in toks[i - 4 if i > 4 else 0 : i]):
             continue
-        agent = next((x for x in toks[j + 1:] if x in content), None)
+        agent = next((x for x in toks[j + 1 :] if x in content), None)
         patient = _patient(toks[:i], content)
         if agent and patient:
             return _verb(toks[i]), patient, agent
@@ -106,8 +140,13 @@ def _attached(p: Parsed) -> dict[str, set[tuple[str, str]]]:
         h, d, o = sk[i - 1], sk[i], sk[i + 1]
         # a head that is itself the object of a directional word ("to Paris from London")
         # is a chain of phrases, whose order says nothing of roles
-        if (d not in content and h in content and o in content and h not in FRAMING_READ | EXPOSITION
-                and not (i >= 2 and sk[i - 2] not in content)):
+        if (
+            d not in content
+            and h in content
+            and o in content
+            and h not in FRAMING_READ | EXPOSITION
+            and not (i >= 2 and sk[i - 2] not in content)
+        ):
             out.setdefault(o, set()).add((h, d))
     return out
 

@@ -14,9 +14,13 @@ SOFT_RULES = ("added", "substitution", "reordered", "crossed", "constraint")
 
 @dataclass(frozen=True)
 class GuardSettings:
-    skip_rules: tuple[str, ...] = field(default=(), metadata={
-        "doc": f"soft rules of the guard not to run ({', '.join(SOFT_RULES)}), as gpucache calibrate "
-        "chooses them; none by default"})
+    skip_rules: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "doc": f"soft rules of the guard not to run ({', '.join(SOFT_RULES)}), as gpucache calibrate "
+            "chooses them; none by default"
+        },
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.skip_rules, str) or not all(isinstance(r, str) for r in self.skip_rules):

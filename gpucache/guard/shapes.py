@@ -12,9 +12,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 
-from gpucache.guard.parsing import (
-    Parsed,
-)
+from gpucache.guard.parsing import Parsed
 from gpucache.guard.words import (
     ANTONYM,
     ARTICLES,
@@ -108,8 +106,10 @@ def coordinated(tokens: tuple[str, ...], x: str, y: str) -> bool:
     places = [i for i, t in enumerate(tokens) if t in (x, y)]
     for i, j in zip(places, places[1:]):
         between = tokens[i + 1 : j]
-        if {tokens[i], tokens[j]} == {x, y} and any(t in COORDINATORS for t in between) and all(
-            t in COORDINATORS or t in ARTICLES for t in between
+        if (
+            {tokens[i], tokens[j]} == {x, y}
+            and any(t in COORDINATORS for t in between)
+            and all(t in COORDINATORS or t in ARTICLES for t in between)
         ):
             return True
     return False

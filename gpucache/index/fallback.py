@@ -34,8 +34,9 @@ class OomFallback:
                 chunk //= 2
                 self.scan_retries += 1
         warnings.warn(
-            "gpucache: the device ran out of memory during the similarity scan; this scan ran "
-            "on the CPU", RuntimeWarning, stacklevel=4,
+            "gpucache: the device ran out of memory during the similarity scan; this scan ran on the CPU",
+            RuntimeWarning,
+            stacklevel=4,
         )
         self.cpu_fallbacks += 1
         return on_cpu(chunk)

@@ -72,11 +72,14 @@ def size_class(rows: int) -> int:
 
 
 def wall_timer(
-    run: Callable[[], object], device: torch.device, clock: Callable[[], float] = time.perf_counter,
+    run: Callable[[], object],
+    device: torch.device,
+    clock: Callable[[], float] = time.perf_counter,
     before: Callable[[], object] = lambda: None,
 ) -> float:
     """Median seconds of ``TIMED_RUNS`` runs after a warm-up, synchronising the device;
     ``before()`` is called ahead of each run, outside its timing."""
+
     def once() -> float:
         before()
         if _EXITING.is_set():
@@ -104,6 +107,7 @@ EXIT_WAIT = 30.0  # seconds the interpreter's exit waits for a measurement's run
 def in_a_thread(measure: Callable[[], None]) -> None:
     """Run ``measure`` in a daemon thread of its own: how a chooser measures by default. The
     thread is known to ``at_exit``, which lets it end before the interpreter does."""
+
     def tracked() -> None:
         try:
             measure()
@@ -170,7 +174,8 @@ class ScanKernelChooser:
         self.options = options
         self._unmeasured = unmeasured or (lambda queries, rows: options[0])
         self._timer: Callable[[Callable[[], object], torch.device], float] = (
-            functools.partial(wall_timer, before=self._wait_idle) if timer is wall_timer else timer)
+            functools.partial(wall_timer, before=self._wait_idle) if timer is wall_timer else timer
+        )
         self._start = start
         self._lock = threading.Condition()
         self._pending: set[tuple[str, int]] = set()
@@ -235,8 +240,12 @@ class ScanKernelChooser:
         shape = (bucket(queries), size_class(rows))
         with self._lock:
             measured = self.timings.get(shape, {}).get(option)
-            if (measured is None or self.choices.get(shape) != option
-                    or self.remeasured.get(shape, 0) >= MAX_REMEASURES or shape in self._pending):
+            if (
+                measured is None
+                or self.choices.get(shape) != option
+                or self.remeasured.get(shape, 0) >= MAX_REMEASURES
+                or shape in self._pending
+            ):
                 return
             if seconds <= STRAY * measured:
                 self._strays.pop(shape, None)

@@ -15,8 +15,9 @@ from gpucache.index.paths import unmeasured_path
 from gpucache.index.store import ExactScanStore
 
 
-def measure_scan_paths(rows: int = 65_536, dim: int = 384, queries: Sequence[int] = (1, 64),
-                       mode: str = "int8") -> dict[int, tuple[str, dict[str, float]]]:
+def measure_scan_paths(
+    rows: int = 65_536, dim: int = 384, queries: Sequence[int] = (1, 64), mode: str = "int8"
+) -> dict[int, tuple[str, dict[str, float]]]:
     """Measure here, on random unit rows, what a quantized CPU store of ``rows`` chooses for
     each query count: {Q: (path, {path: seconds})}. What ``gpucache info`` and the bench
     report; a cache measures its own store the same way as it grows."""
@@ -24,10 +25,16 @@ def measure_scan_paths(rows: int = 65_536, dim: int = 384, queries: Sequence[int
     store = ExactScanStore(dim, device="cpu", quantization=mode, initial_rows=rows)
     if store.path_chooser is None:
         return {}
-    store.path_chooser = ScanKernelChooser(store.device, min_rows=1, options=STORE_PATHS,
-                                           unmeasured=unmeasured_path, start=lambda measure: measure())
-    store.add(torch.nn.functional.normalize(torch.randn(rows, dim, generator=gen), dim=1), 0,
-              [math.inf] * rows)
+    store.path_chooser = ScanKernelChooser(
+        store.device,
+        min_rows=1,
+        options=STORE_PATHS,
+        unmeasured=unmeasured_path,
+        start=lambda measure: measure(),
+    )
+    store.add(
+        torch.nn.functional.normalize(torch.randn(rows, dim, generator=gen), dim=1), 0, [math.inf] * rows
+    )
     found = {}
     for q in queries:
         batch = torch.nn.functional.normalize(torch.randn(q, dim, generator=gen), dim=1)

@@ -14,8 +14,14 @@ from gpucache.index.probes import CpuPaths
 # scan of fewer rows takes milliseconds either way, and every 4x of growth is measured again.
 PATH_CHOICE_MIN_ROWS = 16_384
 
-def resolve_quantization(quantization: str | None, device: torch.device, dim: int,
-                         max_device_bytes: int | None = None, scan_kernel: str = "auto") -> str:
+
+def resolve_quantization(
+    quantization: str | None,
+    device: torch.device,
+    dim: int,
+    max_device_bytes: int | None = None,
+    scan_kernel: str = "auto",
+) -> str:
     """The storage mode a store takes: None is "fp32"; "auto" is "int8" on a CPU whose torch
     has the int8 GEMV for ``dim`` (``probes.CpuPaths.int8_gemv_for``) and "fp32" elsewhere.
 
@@ -31,8 +37,12 @@ def resolve_quantization(quantization: str | None, device: torch.device, dim: in
         return "fp32"
     if quantization != AUTO:
         return quantization
-    if (device.type == "cpu" and max_device_bytes is None and scan_kernel != "triton"
-            and CpuPaths.detect().int8_gemv_for(dim)):
+    if (
+        device.type == "cpu"
+        and max_device_bytes is None
+        and scan_kernel != "triton"
+        and CpuPaths.detect().int8_gemv_for(dim)
+    ):
         return "int8"
     return "fp32"
 

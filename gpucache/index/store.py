@@ -34,11 +34,7 @@ from gpucache.index.codecs import Codec, make_codec
 from gpucache.index.engines.base import RowsView, ScanEngine, ScanJob
 from gpucache.index.engines.choose import default_engine, engine_for
 from gpucache.index.fallback import OomFallback
-from gpucache.index.interface import (
-    DEFAULT_SCAN_BUDGET_BYTES,
-    SCAN_KERNELS,
-    check_quantization,
-)
+from gpucache.index.interface import DEFAULT_SCAN_BUDGET_BYTES, SCAN_KERNELS, check_quantization
 from gpucache.index.kernel_choice import STORE_PATHS, ScanKernelChooser, bucket_top
 from gpucache.index.paths import PATH_CHOICE_MIN_ROWS, resolve_quantization, unmeasured_path
 from gpucache.index.refine import FullCopy, RefinePolicy, matmul_is_exact, overfetch, rescore_rows
@@ -87,8 +83,11 @@ class ExactScanStore:
             raise ValueError(f"dim must be an int >= 1, got {dim!r}")
         if isinstance(initial_rows, bool) or not isinstance(initial_rows, int) or initial_rows < 1:
             raise ValueError(f"initial_rows must be an int >= 1, got {initial_rows!r}")
-        if (isinstance(scan_budget_bytes, bool) or not isinstance(scan_budget_bytes, int)
-                or scan_budget_bytes < 4):
+        if (
+            isinstance(scan_budget_bytes, bool)
+            or not isinstance(scan_budget_bytes, int)
+            or scan_budget_bytes < 4
+        ):
             raise ValueError(f"scan_budget_bytes must be an int >= 4, got {scan_budget_bytes!r}")
         check_quantization(quantization)
         self.device = resolve_device(device)
@@ -109,12 +108,13 @@ class ExactScanStore:
         if max_device_bytes is None:
             self.max_rows: int | None = None
         else:
-            if isinstance(max_device_bytes, bool) or not isinstance(max_device_bytes, int) or (
-                max_device_bytes < self.row_bytes
+            if (
+                isinstance(max_device_bytes, bool)
+                or not isinstance(max_device_bytes, int)
+                or (max_device_bytes < self.row_bytes)
             ):
                 raise ValueError(
-                    f"max_device_bytes must be an int >= {self.row_bytes} (one row), "
-                    f"got {max_device_bytes!r}"
+                    f"max_device_bytes must be an int >= {self.row_bytes} (one row), got {max_device_bytes!r}"
                 )
             self.max_rows = max_device_bytes // self.row_bytes
             initial_rows = min(initial_rows, self.max_rows)
@@ -128,11 +128,15 @@ class ExactScanStore:
         self.refine = refine if refine is not None else RefinePolicy()
         self._path_chooser: ScanKernelChooser | None = None
         self.path_chooser = None  # and the search path chosen (the setter)
-        if (refine is None and engine is None and self.device.type == "cpu"
-                and mode in ("int8", "bf16") and scan_kernel != "triton"):
+        if (
+            refine is None
+            and engine is None
+            and self.device.type == "cpu"
+            and mode in ("int8", "bf16")
+            and scan_kernel != "triton"
+        ):
             self.path_chooser = ScanKernelChooser(
-                self.device, min_rows=PATH_CHOICE_MIN_ROWS, options=STORE_PATHS,
-                unmeasured=unmeasured_path,
+                self.device, min_rows=PATH_CHOICE_MIN_ROWS, options=STORE_PATHS, unmeasured=unmeasured_path
             )
         self.kernel_chooser: ScanKernelChooser | None = None
         if engine is None:
@@ -232,9 +236,7 @@ class ExactScanStore:
 
     def _grow(self, needed: int) -> None:
         if self.max_rows is not None and needed > self.max_rows:
-            raise RuntimeError(
-                f"gpucache bug: {needed} rows asked of a store capped at {self.max_rows} rows"
-            )
+            raise RuntimeError(f"gpucache bug: {needed} rows asked of a store capped at {self.max_rows} rows")
         size = max(needed, 2 * self.rows.capacity)
         if self.max_rows is not None:
             size = min(size, self.max_rows)
@@ -272,8 +274,9 @@ class ExactScanStore:
 
     def _refined_takes_copy(self, q: int) -> bool:
         """Whether the refine policy answers ``q`` queries from the exact copy (per search)."""
-        return self.refine.scans_copy(self.quantization, self.device.type == "cpu",
-                                      self.scan_kernel == "torch", q, self.rows.high)
+        return self.refine.scans_copy(
+            self.quantization, self.device.type == "cpu", self.scan_kernel == "torch", q, self.rows.high
+        )
 
     def _search_refined(self, queries: torch.Tensor, k: int, scope_id: int, now: float) -> TopK:
         assert self.copy is not None
@@ -302,13 +305,17 @@ class ExactScanStore:
         path = chooser.choose(q, high, measured)
         with chooser.scanning():
             begun = time.perf_counter()
-            found = (self._scan_exactly(queries, k, scope_id, now, self.copy.data) if path == "copy"
-                     else self._scan_quantized(queries, k, scope_id, now))
+            found = (
+                self._scan_exactly(queries, k, scope_id, now, self.copy.data)
+                if path == "copy"
+                else self._scan_quantized(queries, k, scope_id, now)
+            )
             chooser.observe(q, high, path, time.perf_counter() - begun)
         return found
 
-    def _scan_quantized(self, queries: torch.Tensor, k: int, scope_id: int,
-                        now: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scan_quantized(
+        self, queries: torch.Tensor, k: int, scope_id: int, now: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The quantized rows' top candidates, rescored exactly from the fp32 copy."""
         assert self.copy is not None
         wide = min(overfetch(k), self.rows.high)
@@ -316,8 +323,9 @@ class ExactScanStore:
         scores, rows = self.copy.rescore(queries, rows, k)
         return scores.to(self.device), rows.to(self.device)
 
-    def _scan_exactly(self, queries: torch.Tensor, k: int, scope_id: int, now: float,
-                      exact_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scan_exactly(
+        self, queries: torch.Tensor, k: int, scope_id: int, now: float, exact_rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The fp32 scan's top ``k``, its scores exact even where this process lowered fp32
         matmul precision (bf16 on a CPU with AMX, TF32 on a GPU): then the scan only ranks,
         over-fetching, and ``exact_rows`` (the fp32 rows it scanned) score the candidates."""
@@ -338,8 +346,16 @@ class ExactScanStore:
         choices = sorted(self.path_chooser.choices.items())
         return {f"{b} queries, 4^{c} rows": path for (b, c), path in choices}
 
-    def _search_path(self, path: str, view: RowsView, queries: torch.Tensor, k: int, scope_id: int,
-                     now: float, buffer: BufferSource) -> tuple[torch.Tensor, torch.Tensor]:
+    def _search_path(
+        self,
+        path: str,
+        view: RowsView,
+        queries: torch.Tensor,
+        k: int,
+        scope_id: int,
+        now: float,
+        buffer: BufferSource,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One search by ``path`` over ``view`` with no OOM handling (CPU stores only): what
         the path chooser times."""
         assert self.copy is not None
@@ -375,8 +391,9 @@ class ExactScanStore:
             # half-precision product), or a copy of an fp32 store's device rows
             cpu = torch.device("cpu")
             vectors = self.copy.data[:high] if self.copy is not None else self.codec.data[:high].cpu()
-            rows = RowsView(vectors, torch.ones(0), self.rows.scopes[:high].cpu(),
-                            self.rows.expires[:high].cpu(), high)
+            rows = RowsView(
+                vectors, torch.ones(0), self.rows.scopes[:high].cpu(), self.rows.expires[:high].cpu(), high
+            )
             job = ScanJob(queries.cpu(), k, scope_id, now, chunk, self.scan_budget_bytes)
             with self.scratch.lend(keep=False) as buffer:
                 scores, found = default_engine(cpu, torch.float32).scan(rows, job, buffer)

@@ -118,8 +118,7 @@ INT32_MASKED = -(2**31)
 
 
 def block_topk_scaled(
-    dots: torch.Tensor, block_scales: torch.Tensor, k: int, block: int = BLOCK,
-    masked: bool = True,
+    dots: torch.Tensor, block_scales: torch.Tensor, k: int, block: int = BLOCK, masked: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``block_topk`` of ``dots * scale`` for int32 ``(Q, C)`` products whose columns share one
     scale per block of ``block`` columns: column ``j`` is scaled by ``block_scales[j // block]``
@@ -140,8 +139,9 @@ def block_topk_scaled(
         raise ValueError(f"k must be in [1, {c}], got {k}")
     blocks = c // block
     if block_scales.shape != ((c + block - 1) // block,):
-        raise ValueError(f"{c} columns need {(c + block - 1) // block} block scales, "
-                         f"got {tuple(block_scales.shape)}")
+        raise ValueError(
+            f"{c} columns need {(c + block - 1) // block} block scales, got {tuple(block_scales.shape)}"
+        )
     if q * c < MIN_SCORES or blocks <= k or not dots.is_contiguous():
         scores = _widen(dots, block_scales.repeat_interleave(block)[:c], masked)
         return scores.topk(k, dim=1)

@@ -60,7 +60,12 @@ log = logging.getLogger(__name__)
 _RECORD_OPENING = "gpucache.langchain/v"
 _RECORD_VERSION = "1"
 _REVIVABLE: list[type[Serializable]] = [
-    Generation, GenerationChunk, ChatGeneration, ChatGenerationChunk, AIMessage, AIMessageChunk,
+    Generation,
+    GenerationChunk,
+    ChatGeneration,
+    ChatGenerationChunk,
+    AIMessage,
+    AIMessageChunk,
 ]
 
 
@@ -144,8 +149,11 @@ def _conversation(prompt: str) -> tuple[str, Conversation | str | None]:
         lead += 1
     turns = []
     for k in kwargs[lead:-1]:
-        plain = k.get("type") in _ROLES and isinstance(k.get("content"), str) and not any(
-            value for name, value in k.items() if name not in _METADATA)
+        plain = (
+            k.get("type") in _ROLES
+            and isinstance(k.get("content"), str)
+            and not any(value for name, value in k.items() if name not in _METADATA)
+        )
         if not plain:
             return json.dumps(messages[:-1], sort_keys=True), last["content"]
         turns.append(Turn(_ROLES[k["type"]], k["content"]))
@@ -167,8 +175,10 @@ def _revive(stored: str, chat: bool) -> list[Generation] | None:
         if version != _RECORD_VERSION:
             raise ValueError(f"format version {version!r}, not {_RECORD_VERSION}")
         generations = loads(base64.b64decode(payload, validate=True).decode(), allowed_objects=_REVIVABLE)
-        if not isinstance(generations, list) or not generations or not all(
-            isinstance(g, Generation) for g in generations
+        if (
+            not isinstance(generations, list)
+            or not generations
+            or not all(isinstance(g, Generation) for g in generations)
         ):
             raise ValueError("not a list of generations")
     except Exception as error:  # a stored entry is data: whatever it makes the loader raise, a miss

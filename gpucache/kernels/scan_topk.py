@@ -66,10 +66,22 @@ if triton is not None:
 
     @triton.jit
     def _scan_topk_kernel(
-        q_ptr, v_ptr, live_ptr, out_scores_ptr, out_rows_ptr,
-        Q, N, D, stride_q, stride_v, n_blocks,
-        BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        K: tl.constexpr, IEEE: tl.constexpr,
+        q_ptr,
+        v_ptr,
+        live_ptr,
+        out_scores_ptr,
+        out_rows_ptr,
+        Q,
+        N,
+        D,
+        stride_q,
+        stride_v,
+        n_blocks,
+        BLOCK_Q: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        K: tl.constexpr,
+        IEEE: tl.constexpr,
     ):
         pid_q = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -78,10 +90,16 @@ if triton is not None:
         acc = tl.zeros((BLOCK_Q, BLOCK_N), dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
             rd = d0 + tl.arange(0, BLOCK_D)
-            qt = tl.load(q_ptr + rq[:, None] * stride_q + rd[None, :],
-                         mask=(rq[:, None] < Q) & (rd[None, :] < D), other=0.0)  # (BQ, BD)
-            vt = tl.load(v_ptr + rn[:, None] * stride_v + rd[None, :],
-                         mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)  # (BN, BD)
+            qt = tl.load(
+                q_ptr + rq[:, None] * stride_q + rd[None, :],
+                mask=(rq[:, None] < Q) & (rd[None, :] < D),
+                other=0.0,
+            )  # (BQ, BD)
+            vt = tl.load(
+                v_ptr + rn[:, None] * stride_v + rd[None, :],
+                mask=(rn[:, None] < N) & (rd[None, :] < D),
+                other=0.0,
+            )  # (BN, BD)
             if IEEE:
                 acc += tl.dot(qt, tl.trans(vt), input_precision="ieee")  # (BQ, BN)
             else:
@@ -120,15 +138,16 @@ def scan_topk(
     if triton is None:
         raise RuntimeError("scan_topk needs triton (pip install 'gpucache[kernels]')")
     if queries.ndim != 2 or vectors.ndim != 2 or queries.shape[1] != vectors.shape[1]:
-        raise ValueError(f"queries (Q, D) and vectors (N, D) must share D, got "
-                         f"{tuple(queries.shape)} and {tuple(vectors.shape)}")
+        raise ValueError(
+            f"queries (Q, D) and vectors (N, D) must share D, got "
+            f"{tuple(queries.shape)} and {tuple(vectors.shape)}"
+        )
     if live.shape != (vectors.shape[0],) or live.dtype != torch.bool:
         raise ValueError(f"live must be a ({vectors.shape[0]},) bool tensor")
-    if queries.dtype != vectors.dtype or queries.dtype not in (
-        torch.float32, torch.float16, torch.bfloat16
-    ):
-        raise ValueError(f"queries and vectors must share fp32/fp16/bf16, got "
-                         f"{queries.dtype} and {vectors.dtype}")
+    if queries.dtype != vectors.dtype or queries.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"queries and vectors must share fp32/fp16/bf16, got {queries.dtype} and {vectors.dtype}"
+        )
     if not (queries.device == vectors.device == live.device):
         raise ValueError("queries, vectors and live must be on one device")
     if not isinstance(k, int) or not 1 <= k <= MAX_K:
@@ -144,9 +163,21 @@ def scan_topk(
     rows = torch.empty((q, n_blocks * kk), dtype=torch.int64, device=queries.device)
     grid = (triton.cdiv(q, block_q), n_blocks)
     _scan_topk_kernel[grid](
-        queries, vectors, live.to(torch.int8), scores, rows,
-        q, n, d, queries.stride(0), vectors.stride(0), n_blocks,
-        BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d, K=kk,
+        queries,
+        vectors,
+        live.to(torch.int8),
+        scores,
+        rows,
+        q,
+        n,
+        d,
+        queries.stride(0),
+        vectors.stride(0),
+        n_blocks,
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        K=kk,
         IEEE=queries.dtype == torch.float32,
     )
     top, pick = scores.topk(min(k, scores.shape[1]), dim=1)  # (Q, K) over the survivors

@@ -142,9 +142,7 @@ class AdmissionPolicy:
         )
         raw = bytes.fromhex(str(state["counters"]))
         if len(raw) != policy.nbytes:
-            raise ValueError(
-                f"admission sketch has {len(raw)} bytes of counters, expected {policy.nbytes}"
-            )
+            raise ValueError(f"admission sketch has {len(raw)} bytes of counters, expected {policy.nbytes}")
         counters = array("I")
         counters.frombytes(raw)
         policy._counters = _little_endian(counters)  # the swap is its own inverse

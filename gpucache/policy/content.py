@@ -74,7 +74,6 @@ DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
 )
 
 
-
 def _whole(chars: str, least: int, name: str) -> str:
     """A run of at least ``least`` of ``chars`` (a character class's inside), taken whole: an
     atomic group, written as a lookahead that captures the run and a backreference that
@@ -170,19 +169,22 @@ class ContentPolicy:
         refuse_personal_data: bool = True,
         max_scan_chars: int = 200_000,
     ) -> None:
-        if isinstance(max_response_chars, bool) or not isinstance(max_response_chars, int) or (
-            max_response_chars < 1
+        if (
+            isinstance(max_response_chars, bool)
+            or not isinstance(max_response_chars, int)
+            or (max_response_chars < 1)
         ):
             raise ValueError(f"max_response_chars must be an int >= 1, got {max_response_chars!r}")
-        if isinstance(max_scan_chars, bool) or not isinstance(max_scan_chars, int) or (
-            max_scan_chars < 1
-        ):
+        if isinstance(max_scan_chars, bool) or not isinstance(max_scan_chars, int) or (max_scan_chars < 1):
             raise ValueError(f"max_scan_chars must be an int >= 1, got {max_scan_chars!r}")
-        if isinstance(max_prompt_chars, bool) or not isinstance(max_prompt_chars, int) or not (
-            1 <= max_prompt_chars <= max_scan_chars
+        if (
+            isinstance(max_prompt_chars, bool)
+            or not isinstance(max_prompt_chars, int)
+            or not (1 <= max_prompt_chars <= max_scan_chars)
         ):
-            raise ValueError(f"max_prompt_chars must be an int in 1..max_scan_chars, "
-                             f"got {max_prompt_chars!r}")
+            raise ValueError(
+                f"max_prompt_chars must be an int in 1..max_scan_chars, got {max_prompt_chars!r}"
+            )
         patterns = DEFAULT_ERROR_PATTERNS if error_patterns is None else tuple(error_patterns)
         try:
             self._errors = [re.compile(p, re.IGNORECASE) for p in patterns]

@@ -141,18 +141,23 @@ class Holder:
     def of(cls, doc: dict[str, Any], config: ServeSettings) -> Holder:
         if "key" in doc:
             if "credentials" in doc or "query" in doc:  # which of them was meant is not ours to guess
-                raise refused(400, "name the credential once: 'key', or 'credentials' (and 'query')",
-                              param="key")
+                raise refused(
+                    400, "name the credential once: 'key', or 'credentials' (and 'query')", param="key"
+                )
             return cls.of_key(doc["key"], config)
         query = doc.get("query", "")
         if not isinstance(doc.get("credentials"), dict) or not isinstance(query, str):
-            raise refused(400, "'credentials' must map header names to strings, 'query' be a string",
-                          param="credentials")
+            raise refused(
+                400,
+                "'credentials' must map header names to strings, 'query' be a string",
+                param="credentials",
+            )
         headers = {k: v for k, v in _credentials(doc).items() if k != config.namespace_header}
         identity = dataclasses.replace(config.tenancy, trust_namespace_header=False).identify(headers, query)
         if isinstance(identity, Refusal) or identity.holder == ANONYMOUS:
-            raise refused(400, "name the credentials to revoke: no credential was found in them",
-                          param="credentials")
+            raise refused(
+                400, "name the credentials to revoke: no credential was found in them", param="credentials"
+            )
         return cls((identity.holder,))
 
     @classmethod
@@ -160,8 +165,11 @@ class Holder:
         if not isinstance(key, str) or not key.strip():
             raise refused(400, "'key' must be the credential's value, a non-empty string", param="key")
         tenancy = config.tenancy
-        forms = [(name, form.format(key)) for name in tenancy.credential_headers
-                 for form in (_AUTHORIZATION_FORMS if name == "authorization" else ("{}",))]
+        forms = [
+            (name, form.format(key))
+            for name in tenancy.credential_headers
+            for form in (_AUTHORIZATION_FORMS if name == "authorization" else ("{}",))
+        ]
         forms += [(f"?{name}", key) for name in tenancy.credential_params]
         return cls(tuple(dict.fromkeys("key:" + tenancy.digest([form]) for form in forms)))
 
@@ -176,7 +184,8 @@ AdminDoc = Annotated[dict[str, Any], Depends(admin_doc)]
 async def invalidate(request: Request, doc: AdminDoc) -> Response:
     target = Target.of(doc, request.app.state.config)
     removed = target.prompt is not None and await asyncio.to_thread(
-        request.app.state.proxy.cache.invalidate, target.prompt, scope=target.scope)
+        request.app.state.proxy.cache.invalidate, target.prompt, scope=target.scope
+    )
     return JSONResponse({"removed": bool(removed)})
 
 

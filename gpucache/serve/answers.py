@@ -47,31 +47,33 @@ def error(
     return wire.JSON(wire.error_body(message, type_, code, param), status_code=status, headers=headers)
 
 
-
 def respond(ex: Exchange | None, outcome: Outcome, max_concurrency: int) -> Response:
     """The HTTP answer of an outcome: the only place one is built."""
     if isinstance(outcome, Refused):
         if outcome.status == 499:
             return Response(status_code=499)
         return error(
-            outcome.status,
-            outcome.message,
-            "invalid_request_error",
-            outcome.code,
-            outcome.param,
-            retry=False,
+            outcome.status, outcome.message, "invalid_request_error", outcome.code, outcome.param, retry=False
         )
     if isinstance(outcome, Unavailable):
         code = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable"
         return error(outcome.status, outcome.message, "api_error", code, retry=True)
     if isinstance(outcome, Shed) and outcome.reason == "rate_limit":
-        shed = error(429, "this credential is past its rate of requests; retry later", "requests",
-                     "rate_limit_exceeded", retry=True)
+        shed = error(
+            429,
+            "this credential is past its rate of requests; retry later",
+            "requests",
+            "rate_limit_exceeded",
+            retry=True,
+        )
         shed.headers["retry-after"] = str(outcome.retry_after)
         return shed
     if isinstance(outcome, Shed):
-        limit = (f"its limit of {max_concurrency} requests in flight" if outcome.reason == "concurrency"
-                 else "its limit of request bodies held at once")
+        limit = (
+            f"its limit of {max_concurrency} requests in flight"
+            if outcome.reason == "concurrency"
+            else "its limit of request bodies held at once"
+        )
         shed = error(503, f"the cache is at {limit}; retry later", "api_error", "overloaded", retry=True)
         shed.headers["retry-after"] = str(outcome.retry_after)
         return shed
@@ -114,6 +116,7 @@ def respond(ex: Exchange | None, outcome: Outcome, max_concurrency: int) -> Resp
     headers = {**returned(outcome.headers), "x-gpucache": "miss", **refused}
     return Response(outcome.content, outcome.status, headers=headers)
 
+
 def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome, ex: Exchange | None = None) -> None:
     """The metrics of an outcome and of the exchange that led to it (its timings, the errors it
     survived): the only place requests, hits and errors are counted, but for what a stream meets
@@ -153,6 +156,7 @@ def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome, ex: Exchange 
         m.requests.labels(endpoint, "error").inc()
         return
     m.requests.labels(endpoint, "miss").inc()  # Fetched, Coalesced, PassedThrough, FailedOpen
+
 
 def relayed(answer: Forwarded, tier: str) -> Response:
     """A forwarded answer as it came back, marked with the tier it went by."""

@@ -47,8 +47,12 @@ from gpucache.serve.upstream import Upstream
 log = logging.getLogger("gpucache.serve")
 
 
-def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache] | None = None, *,
-               upstream_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+def create_app(
+    config: ServeSettings,
+    cache_factory: Callable[[], SemanticCache] | None = None,
+    *,
+    upstream_transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
     """The proxy's app. ``cache_factory`` builds the cache at start (the default: from the
     settings' embedder, cache and replication sections); a snapshot at ``config.snapshot`` is
     restored into it when present (lifecycle.py). A factory brings its own embedder, settings
@@ -58,8 +62,10 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
     it)."""
     config = config.resolved()  # the secrets and files the settings name, read once, here
     if cache_factory is not None and config.replication.redis is not None:
-        raise ConfigError("a cache_factory brings its own replication: build its cache with "
-                          "shared=RedisShare(...) and leave replication.redis unset")
+        raise ConfigError(
+            "a cache_factory brings its own replication: build its cache with "
+            "shared=RedisShare(...) and leave replication.redis unset"
+        )
     metrics = ProxyMetrics()
 
     @asynccontextmanager
@@ -105,8 +111,9 @@ def create_app(config: ServeSettings, cache_factory: Callable[[], SemanticCache]
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def passthrough(path: str, request: Request) -> Response:
         p = proxy(request)
-        found = route(request.method, request.scope.get("raw_path") or request.url.path.encode(),
-                      config.passthrough)
+        found = route(
+            request.method, request.scope.get("raw_path") or request.url.path.encode(), config.passthrough
+        )
         if isinstance(found, Refusal):
             # counted here, not through answers.record: a path the allow-list refuses is no
             # exchange and no outcome, only a request ("other", refused) and an error

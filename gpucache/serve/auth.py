@@ -48,7 +48,8 @@ NOT_AN_AUTHORITY = (
     "(a random one): it checks no keys there (llama.cpp's server, for one, lists /v1/models among its "
     "public endpoints), so its word on a key is no check, and every key, revoked or made up, would be "
     "served the cache. Use --auth keys with a key file of the keys the upstream accepts (or --auth "
-    "gateway behind a front that authenticates, or --auth none where the upstream checks nothing)")
+    "gateway behind a front that authenticates, or --auth none where the upstream checks nothing)"
+)
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,17 @@ class CredentialCheck:
     credential never seen, or seen longer ago than that, is refused with the upstream's failure.
     """
 
-    def __init__(self, upstream: Upstream, ttl: float, clock: Callable[[], float] = time.monotonic,
-                 max_verdicts: int = MAX_VERDICTS, timeout: float = 5.0, grace: float = 300.0,
-                 max_checks: int = 64, cleared: ClearedPrefixes | None = None) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_verdicts: int = MAX_VERDICTS,
+        timeout: float = 5.0,
+        grace: float = 300.0,
+        max_checks: int = 64,
+        cleared: ClearedPrefixes | None = None,
+    ) -> None:
         self.upstream, self.ttl, self.clock, self.max_verdicts = upstream, ttl, clock, max_verdicts
         # the cache's clears under a credential (a revoke, here or on another replica): a verdict
         # kept from before one is asked again
@@ -130,8 +139,9 @@ class CredentialCheck:
         try:
             key = PROBE_PREFIX + secrets.token_hex(16)
             try:
-                response = await self.upstream.send("GET", "models", {"authorization": f"Bearer {key}"}, b"",
-                                                    timeout=self.timeout)
+                response = await self.upstream.send(
+                    "GET", "models", {"authorization": f"Bearer {key}"}, b"", timeout=self.timeout
+                )
                 if response.status_code in (401, 403):
                     self.authority = True
                 elif 200 <= response.status_code < 300:
@@ -173,8 +183,9 @@ class CredentialCheck:
         if failed is not None and failed[1] > self.clock():
             return failed[0]
         if len(self.asking) >= self.max_checks:  # a flood of new keys: each would be a request upstream
-            return Unverified(503, f"more than {self.max_checks} credentials are being checked at once: "
-                              "retry shortly")
+            return Unverified(
+                503, f"more than {self.max_checks} credentials are being checked at once: retry shortly"
+            )
         future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self.asking[credential] = future
         try:
@@ -188,33 +199,42 @@ class CredentialCheck:
         finally:
             del self.asking[credential]
 
-    async def _ask(self, credential: str, headers: Mapping[str, str], query: str,
-                   before: Kept | None) -> Verdict:
+    async def _ask(
+        self, credential: str, headers: Mapping[str, str], query: str, before: Kept | None
+    ) -> Verdict:
         self.asked += 1
         cleared = self.cleared.number  # before the answer: a revoke while it is awaited ends it
         try:
-            response = await self.upstream.send("GET", "models", headers, b"", params=query,
-                                                timeout=self.timeout)
+            response = await self.upstream.send(
+                "GET", "models", headers, b"", params=query, timeout=self.timeout
+            )
         except UpstreamUnavailable as down:
-            return self._unanswered(credential, before, down.status,
-                                    f"the credential could not be checked: {down}")
+            return self._unanswered(
+                credential, before, down.status, f"the credential could not be checked: {down}"
+            )
         if 200 <= response.status_code < 300:
             return self._keep(credential, Allowed(), cleared)
         if response.status_code in (401, 403):
             denied = Denied(response.status_code, response.headers, response.content)
             return self._keep(credential, denied, cleared)
-        return self._unanswered(credential, before, 503, "the credential could not be checked: the upstream "
-                                f"answered {response.status_code}")
+        return self._unanswered(
+            credential,
+            before,
+            503,
+            f"the credential could not be checked: the upstream answered {response.status_code}",
+        )
 
-    def _keep(self, credential: str, verdict: Allowed | Denied,
-              cleared: int | None = None) -> Allowed | Denied:
+    def _keep(
+        self, credential: str, verdict: Allowed | Denied, cleared: int | None = None
+    ) -> Allowed | Denied:
         self.unanswered.pop(credential, None)
         if len(self.verdicts) >= self.max_verdicts:
             self.verdicts.pop(next(iter(self.verdicts)))
         self.verdicts.pop(credential, None)  # re-inserted last: the oldest go first
         now = self.clock()
-        self.verdicts[credential] = Kept(verdict, now + self.ttl, now,
-                                         self.cleared.number if cleared is None else cleared)
+        self.verdicts[credential] = Kept(
+            verdict, now + self.ttl, now, self.cleared.number if cleared is None else cleared
+        )
         return verdict
 
     def _unanswered(self, credential: str, before: Kept | None, status: int, message: str) -> Verdict:
@@ -227,8 +247,9 @@ class CredentialCheck:
                 self.unanswered.pop(next(iter(self.unanswered)))
             self.unanswered[credential] = (Unverified(status, message), now + self.timeout)
             return self.unanswered[credential][0]
-        self.verdicts[credential] = Kept(before.verdict, min(now + self.ttl, last), before.confirmed,
-                                         before.cleared)
+        self.verdicts[credential] = Kept(
+            before.verdict, min(now + self.ttl, last), before.confirmed, before.cleared
+        )
         return before.verdict
 
 
@@ -249,6 +270,15 @@ async def keys_verdict(keys: KeyFile, values: tuple[str, ...]) -> Verdict:
     await keys.fresh()
     if keys.allows(values):
         return Allowed()
-    return Denied(401, {"content-type": "application/json"}, wire.dumps(wire.error_body(
-        "the API key is not one this server accepts" if values else "credentials are required",
-        "invalid_request_error", "invalid_api_key", None)))
+    return Denied(
+        401,
+        {"content-type": "application/json"},
+        wire.dumps(
+            wire.error_body(
+                "the API key is not one this server accepts" if values else "credentials are required",
+                "invalid_request_error",
+                "invalid_api_key",
+                None,
+            )
+        ),
+    )

@@ -70,8 +70,7 @@ class HeaderDeadline(HttpToolsProtocol):
     def _too_slow(self) -> None:
         self._deadline = None
         type(self).closed_slow += 1
-        log.info("gpucache: closed a connection whose request headers took over %.0f s",
-                 self.header_timeout)
+        log.info("gpucache: closed a connection whose request headers took over %.0f s", self.header_timeout)
         self.transport.close()
 
 

@@ -84,14 +84,19 @@ class CacheControl:
         return self.max_age is None or hit.age <= self.max_age
 
 
-def may_store(finish: str | None, replayable: bool, control: CacheControl,
-              response_headers: Mapping[str, str] | None = None) -> bool:
+def may_store(
+    finish: str | None,
+    replayable: bool,
+    control: CacheControl,
+    response_headers: Mapping[str, str] | None = None,
+) -> bool:
     """Whether an upstream's complete answer (a 200 with text: the caller has checked) is kept,
     JSON or stream: finished ("stop", not cut short or turned into a tool call), its text alone
     replays it (no tool calls, refusal or reasoning beside it: a hit serves the text only), the
     request allows storing, and the upstream allows it (``upstream_allows_storing``)."""
-    return (finish == "stop" and replayable and not control.no_store
-            and upstream_allows_storing(response_headers))
+    return (
+        finish == "stop" and replayable and not control.no_store and upstream_allows_storing(response_headers)
+    )
 
 
 # What in an upstream's Cache-Control forbids keeping its answer for later requests: no-store
@@ -107,8 +112,11 @@ def upstream_allows_storing(headers: Mapping[str, str] | None) -> bool:
         return True
     if _varies(headers) or _expires_in(headers) == 0.0:
         return False
-    values = headers.get_list("cache-control") if hasattr(headers, "get_list") else [
-        headers.get("cache-control") or ""]
+    values = (
+        headers.get_list("cache-control")
+        if hasattr(headers, "get_list")
+        else [headers.get("cache-control") or ""]
+    )
     for value in values:
         for token in (t.strip().lower() for t in (value or "").split(",")):
             name, _, arg = token.partition("=")
@@ -127,8 +135,11 @@ def upstream_lifetime(headers: Mapping[str, str] | None) -> float | None:
     than this, nor than the cache's own ``ttl``. A malformed value says nothing."""
     if not headers:
         return None
-    values = headers.get_list("cache-control") if hasattr(headers, "get_list") else [
-        headers.get("cache-control") or ""]
+    values = (
+        headers.get_list("cache-control")
+        if hasattr(headers, "get_list")
+        else [headers.get("cache-control") or ""]
+    )
     found: dict[str, int] = {}
     for value in values:
         for token in (t.strip().lower() for t in (value or "").split(",")):
@@ -270,8 +281,18 @@ class Shed:
     reason: str = "concurrency"
 
 
-Outcome = (Cached | Fetched | Coalesced | PassedThrough | Unauthorized | Bypassed | FailedOpen | Unavailable
-           | Refused | Shed)
+Outcome = (
+    Cached
+    | Fetched
+    | Coalesced
+    | PassedThrough
+    | Unauthorized
+    | Bypassed
+    | FailedOpen
+    | Unavailable
+    | Refused
+    | Shed
+)
 
 
 def upstream_answer(outcome: Outcome) -> PassedThrough | None:
@@ -290,8 +311,9 @@ def upstream_answer(outcome: Outcome) -> PassedThrough | None:
 # Two kinds aside, which never change the text a hit replays: Accept-Encoding (the proxy asks for
 # no encoding and keeps decoded text) and CORS's Origin and preflight headers (they vary only the
 # Access-Control-* headers, which a hit does not carry; vLLM sends Vary: Origin on every answer).
-_VARY_IGNORED = frozenset({"", "accept-encoding", "origin", "access-control-request-method",
-                           "access-control-request-headers"})
+_VARY_IGNORED = frozenset(
+    {"", "accept-encoding", "origin", "access-control-request-method", "access-control-request-headers"}
+)
 
 
 def _varies(headers: Mapping[str, str]) -> bool:

@@ -151,28 +151,39 @@ def leaves_body_unread(request: Request) -> bool:
         return False
     declared = request.headers.get("content-length", "")
     return "transfer-encoding" in request.headers or (
-        declared.isdigit() and int(declared) > PARSE_ON_LOOP_BYTES)
+        declared.isdigit() and int(declared) > PARSE_ON_LOOP_BYTES
+    )
 
 
 class Intake:
     """The front of the caching path: ``config``'s tenancy and its ``auth`` mode's checker."""
 
-    def __init__(self, config: ServeSettings, upstream: Upstream,
-                 cleared: ClearedPrefixes | None = None,
-                 at_share: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        config: ServeSettings,
+        upstream: Upstream,
+        cleared: ClearedPrefixes | None = None,
+        at_share: Callable[[str], bool] | None = None,
+    ) -> None:
         """``cleared``: the cache's clears under a prefix (a revoke, here or on any replica),
         which end a credential's kept verdict. ``at_share(holder)``: whether a credential
         already holds its share of the proxy's slots (``max_tenant_concurrency``)."""
         self.config = config
         self.at_share = at_share
         self.budget = BodyBudget(config.max_buffered_bytes)
-        self.rates = (None if config.tenant_rate is None
-                      else RateLimits(config.tenant_rate, config.tenant_burst))
+        self.rates = (
+            None if config.tenant_rate is None else RateLimits(config.tenant_rate, config.tenant_burst)
+        )
         self.credentials: CredentialCheck | KeyFile | None = None
         if config.auth == "upstream":
-            self.credentials = CredentialCheck(upstream, config.auth_ttl, timeout=config.auth_timeout,
-                                               grace=config.auth_grace, max_checks=config.max_concurrency,
-                                               cleared=cleared)
+            self.credentials = CredentialCheck(
+                upstream,
+                config.auth_ttl,
+                timeout=config.auth_timeout,
+                grace=config.auth_grace,
+                max_checks=config.max_concurrency,
+                cleared=cleared,
+            )
         elif config.auth == "keys":
             assert config.keys_file is not None
             self.credentials = KeyFile(config.keys_file)
@@ -211,8 +222,11 @@ class Intake:
             # shed from its headers: reading and parsing the body of a request that is then
             # shed would cost the others what the share is there to spare them
             return Shed(self.config.retry_after)
-        control = (CacheControl() if self.config.ignore_client_cache_control
-                   else CacheControl.parse(request.headers.get("cache-control")))
+        control = (
+            CacheControl()
+            if self.config.ignore_client_cache_control
+            else CacheControl.parse(request.headers.get("cache-control"))
+        )
         if isinstance(control, Refusal):
             return Refused(control.status, control.message, control.code)
         return await self.receive(kind, request, identity, control)
@@ -225,8 +239,12 @@ class Intake:
         if unsendable is not None:
             return unsendable
         if not self.from_gateway(request.headers):
-            return Refused(401, f"this proxy serves its gateway only: a valid {GATEWAY_TOKEN_HEADER} is "
-                           "required", "invalid_gateway_token", kind="unauthorized")
+            return Refused(
+                401,
+                f"this proxy serves its gateway only: a valid {GATEWAY_TOKEN_HEADER} is required",
+                "invalid_gateway_token",
+                kind="unauthorized",
+            )
         identity = self.config.tenancy.identify(request.headers, request.url.query)
         if isinstance(identity, Refusal):
             kind_ = "unauthorized" if identity.status == 401 else "bad_request"
@@ -246,8 +264,9 @@ class Intake:
         given = headers.get(GATEWAY_TOKEN_HEADER) or ""
         return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode())
 
-    async def receive(self, kind: str, request: Request, identity: Identity,
-                      control: CacheControl) -> Exchange | Refused | Shed:
+    async def receive(
+        self, kind: str, request: Request, identity: Identity, control: CacheControl
+    ) -> Exchange | Refused | Shed:
         """The body read and keyed, or why it is refused."""
         raw = await self.body(request)
         if not isinstance(raw, bytes):
@@ -260,8 +279,18 @@ class Intake:
                 body, key = keyed(kind, raw, identity.scope)
         except BadRequest as exc:
             return Refused(400, str(exc), "invalid_request", exc.param)
-        return Exchange(kind, request.method, request.headers, request.url.query, raw, body, key, control,
-                        holder=identity.holder, receive=request.receive)
+        return Exchange(
+            kind,
+            request.method,
+            request.headers,
+            request.url.query,
+            raw,
+            body,
+            key,
+            control,
+            holder=identity.holder,
+            receive=request.receive,
+        )
 
     def heard(self, holder: str, outcome: Outcome) -> None:
         """What the upstream answered ``holder``'s request, seen after the fact: a 401 or 403

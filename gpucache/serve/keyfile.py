@@ -79,11 +79,16 @@ class KeyFile:
         with open(self.path, encoding="utf-8") as f:
             text = f.read()
         digests = parse_key_file(text)
-        if info.st_mode & 0o077 and any(not line.strip().lower().startswith(("sha256:", "#"))
-                                        and line.strip() for line in text.splitlines()):
-            log.warning("gpucache: the key file %s holds keys as written and others than its owner may "
-                        "read it: list them as sha256:<hex> (gpucache.serve.keyfile.key_digest), or "
-                        "chmod 600 it", self.path)
+        if info.st_mode & 0o077 and any(
+            not line.strip().lower().startswith(("sha256:", "#")) and line.strip()
+            for line in text.splitlines()
+        ):
+            log.warning(
+                "gpucache: the key file %s holds keys as written and others than its owner may "
+                "read it: list them as sha256:<hex> (gpucache.serve.keyfile.key_digest), or "
+                "chmod 600 it",
+                self.path,
+            )
         return (info.st_mtime_ns, info.st_size), digests
 
     def _reload_if_changed(self) -> None:
@@ -94,8 +99,11 @@ class KeyFile:
             self.seen, self.digests = self._read()
             self.reloads += 1
         except (OSError, KeyFileError, UnicodeDecodeError) as exc:
-            log.error("gpucache: the key file %s could not be read again (%s); the last list read "
-                      "stands", self.path, exc)
+            log.error(
+                "gpucache: the key file %s could not be read again (%s); the last list read stands",
+                self.path,
+                exc,
+            )
 
     async def fresh(self) -> None:
         """The list as the file now says, looked at most every ``recheck`` seconds."""

@@ -117,8 +117,10 @@ def _text(value: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadRequest("the request body holds a lone surrogate (a \\ud800-\\udfff escape without "
-                         "its pair): it is not text") from None
+        raise BadRequest(
+            "the request body holds a lone surrogate (a \\ud800-\\udfff escape without "
+            "its pair): it is not text"
+        ) from None
 
 
 def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
@@ -150,8 +152,10 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
         bypass = "n"
     # any value but an absent one or false asks for logprobs: ``/v1/completions`` takes a count,
     # and ``logprobs: 0`` still asks for the chosen token's, which a stored text cannot give
-    if bypass is None and any(body.get(k) is not None and body.get(k) is not False
-                              for k in ("logprobs", "top_logprobs", "prompt_logprobs")):
+    if bypass is None and any(
+        body.get(k) is not None and body.get(k) is not False
+        for k in ("logprobs", "top_logprobs", "prompt_logprobs")
+    ):
         bypass = "logprobs"
     # vLLM's extensions that put more than the text in the answer: the token ids, and the
     # prompt echoed before the answer (another user's wording, on a semantic hit)
@@ -202,8 +206,9 @@ def _chat_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array", "messages")
     if len(messages) > MAX_MESSAGES:
-        raise BadRequest(f"'messages' holds {len(messages)} messages; at most {MAX_MESSAGES} are accepted",
-                         "messages")
+        raise BadRequest(
+            f"'messages' holds {len(messages)} messages; at most {MAX_MESSAGES} are accepted", "messages"
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")

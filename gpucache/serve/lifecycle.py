@@ -45,13 +45,20 @@ def build_cache(config: ServeSettings, factory: Callable[[], SemanticCache] | No
     shared = config.replication.build(config.replication_key)
     if path is not None:
         try:
-            return SemanticCache.load(path, embedder=embedder, device=embedder.device,
-                                      key=config.snapshot_key, shared=shared, verifier=verifier,
-                                      **dict(config.cache.items()))
+            return SemanticCache.load(
+                path,
+                embedder=embedder,
+                device=embedder.device,
+                key=config.snapshot_key,
+                shared=shared,
+                verifier=verifier,
+                **dict(config.cache.items()),
+            )
         except Exception as exc:  # noqa: BLE001 - see _set_aside
             _set_aside(path, exc)
-    return SemanticCache(embedder, device=embedder.device, settings=config.cache, shared=shared,
-                         verifier=verifier)
+    return SemanticCache(
+        embedder, device=embedder.device, settings=config.cache, shared=shared, verifier=verifier
+    )
 
 
 def _set_aside(path: str, exc: Exception) -> None:
@@ -60,5 +67,9 @@ def _set_aside(path: str, exc: Exception) -> None:
     error that field raises)."""
     aside = f"{path}.corrupt"
     os.replace(path, aside)
-    log.error("gpucache: the snapshot did not restore (%s: %s); starting empty, the file is now %s",
-              type(exc).__name__, exc, aside)
+    log.error(
+        "gpucache: the snapshot did not restore (%s: %s); starting empty, the file is now %s",
+        type(exc).__name__,
+        exc,
+        aside,
+    )

@@ -103,22 +103,35 @@ class _CacheCollector(Collector):
             "gpucache_device_bytes", "Device memory held by the index", value=self.cache.store.nbytes
         )
         yield CounterMetricFamily(
-            "gpucache_embed_seconds", "Seconds the embedder ran (lookups and stores)",
+            "gpucache_embed_seconds",
+            "Seconds the embedder ran (lookups and stores)",
             value=stats.embed_seconds,
         )
         yield CounterMetricFamily("gpucache_embedded_prompts", "Prompts embedded", value=stats.embedded)
         yield CounterMetricFamily(
             "gpucache_scan_seconds", "Seconds the similarity scans ran", value=stats.scan_seconds
         )
-        yield CounterMetricFamily("gpucache_scans", "Similarity scans (one per scope of a batch)",
-                                  value=stats.scans)
+        yield CounterMetricFamily(
+            "gpucache_scans", "Similarity scans (one per scope of a batch)", value=stats.scans
+        )
         share = getattr(self.cache.shared, "stats", None)  # a RedisShare's ShareStats
         if share is not None:
-            events = CounterMetricFamily("gpucache_replication_events",
-                                         "Replicated entries and events, by what became of them",
-                                         labels=["kind"])
-            for kind in ("applied", "written", "dropped", "refused", "malformed", "poisoned", "unsigned",
-                         "replayed", "errors"):
+            events = CounterMetricFamily(
+                "gpucache_replication_events",
+                "Replicated entries and events, by what became of them",
+                labels=["kind"],
+            )
+            for kind in (
+                "applied",
+                "written",
+                "dropped",
+                "refused",
+                "malformed",
+                "poisoned",
+                "unsigned",
+                "replayed",
+                "errors",
+            ):
                 events.add_metric([kind], getattr(share, kind))
             yield events
         yield CounterMetricFamily(

@@ -37,7 +37,7 @@ def route(method: str, raw_path: bytes, rules: Sequence[str]) -> Route | Refusal
     """Where ``method raw_path`` may go, or why it may not."""
     if not raw_path.startswith(PREFIX):
         return Refusal(404, "only paths under /v1/ are served", "unknown_path")
-    rest = raw_path[len(PREFIX):]
+    rest = raw_path[len(PREFIX) :]
     if ENCODED_SEPARATOR.search(rest) or b"\\" in rest:
         return Refusal(400, "an encoded '/' or a '\\' in the path is refused", "invalid_path")
     try:
@@ -49,8 +49,10 @@ def route(method: str, raw_path: bytes, rules: Sequence[str]) -> Route | Refusal
     for rule in rules:
         rule_method, _, pattern = rule.partition(" ")
         parts = pattern.split("/")
-        if rule_method == method and len(parts) == len(segments) and all(
-            p == "*" or p == s for p, s in zip(parts, segments)
+        if (
+            rule_method == method
+            and len(parts) == len(segments)
+            and all(p == "*" or p == s for p, s in zip(parts, segments))
         ):
             return Route("/".join(quote(s, safe="") for s in segments), pattern)
     return Refusal(404, f"{method} /v1/{'/'.join(segments)} is not forwarded by this proxy", "unknown_path")

@@ -138,8 +138,11 @@ class Proxy:
         on the loop, it costs no slot); a credential at its share is shed from its headers
         (intake.py), repeats and all, so its flood is never read. Why a share: without it one
         key's burst takes every slot and every other tenant is shed."""
-        repeat = ex.key.bypass is None and ex.control.reads and self.cache.may_hold(
-            ex.key.prompt, scope=ex.key.scope)
+        repeat = (
+            ex.key.bypass is None
+            and ex.control.reads
+            and self.cache.may_hold(ex.key.prompt, scope=ex.key.scope)
+        )
         if self.busy >= self.config.max_concurrency or self.at_share(ex.holder):
             if not repeat:
                 return Shed(self.config.retry_after)
@@ -220,7 +223,8 @@ class Proxy:
             return self.keeping(ex, response)
 
         served = await self.ask(
-            ex, self.cache.aget_or_load(ex.key.prompt, loader, scope=ex.key.scope, refresh=refresh))
+            ex, self.cache.aget_or_load(ex.key.prompt, loader, scope=ex.key.scope, refresh=refresh)
+        )
         if isinstance(served, Outcome):
             return served
         ex.timing["lookup"] = served.lookup_seconds
@@ -240,8 +244,9 @@ class Proxy:
         async def opener(text: Prompt) -> Stream[Any] | ServeOnly[PassedThrough]:
             return await self.open_stream(ex)
 
-        served = await self.ask(ex, self.cache.aget_or_load_streaming(
-            ex.key.prompt, opener, scope=ex.key.scope, refresh=refresh))
+        served = await self.ask(
+            ex, self.cache.aget_or_load_streaming(ex.key.prompt, opener, scope=ex.key.scope, refresh=refresh)
+        )
         if isinstance(served, Outcome):
             return served
         meta, usage = wire.StreamMeta(ex.kind, ex.body["model"]), ex.key.include_usage
@@ -283,8 +288,9 @@ class Proxy:
             log.exception("gpucache: a streamed load failed before its first event")
             return Unavailable(502, f"the upstream stream failed: {type(exc).__name__}")
         streams = self.streams
-        return Fetched(headers=headers, stream=streams.closing(streams.relayed(first, pieces), pieces),
-                      refused=refused)
+        return Fetched(
+            headers=headers, stream=streams.closing(streams.relayed(first, pieces), pieces), refused=refused
+        )
 
     async def refresh(self, ex: Exchange) -> Outcome:
         """The upstream answers, and its answer replaces the stored one as a miss's is stored
@@ -403,8 +409,12 @@ class Proxy:
             response = await self.upstream.open(path, headers, body, params=query)
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
-        return Forwarded(response.status_code, response.headers, stream=self.streams.raw_relay(response),
-                         close=response.aclose)
+        return Forwarded(
+            response.status_code,
+            response.headers,
+            stream=self.streams.raw_relay(response),
+            close=response.aclose,
+        )
 
     async def forward_exchange(self, ex: Exchange) -> Forwarded | Unavailable:
         """``forward`` for a cached endpoint's request, its wait counted as the upstream's."""
@@ -422,8 +432,11 @@ class Proxy:
         vetted = await self.intake.vetted(request)
         try:  # the body's bytes held (intake.BodyBudget) until it is forwarded
             body = await self.intake.body(request) if isinstance(vetted, Identity) else vetted
-            forwarded = body if not isinstance(body, bytes) else await self.forward(
-                path, request.method, request.headers, request.url.query, body, False)
+            forwarded = (
+                body
+                if not isinstance(body, bytes)
+                else await self.forward(path, request.method, request.headers, request.url.query, body, False)
+            )
         finally:
             self.intake.release(request)
         outcome = Bypassed("endpoint", forwarded) if isinstance(forwarded, Forwarded) else forwarded

@@ -65,8 +65,12 @@ def check_type(name: str, value: Any, kind: str) -> None:
     for option in options:
         if option == "bool" and isinstance(value, bool):
             return
-        if option in ("int", "float") and isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and (option == "float" or isinstance(value, int)):
+        if (
+            option in ("int", "float")
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and (option == "float" or isinstance(value, int))
+        ):
             return
         if option == "str" and isinstance(value, str):
             return
@@ -128,47 +132,58 @@ class ServeSettings:
     the ``--config`` file and the ``GPUCACHE_*`` environment are generated from it
     (``gpucache.serve.sources``), so no setting exists under two names."""
 
-    upstream: str = field(metadata={"doc": "the model server's OpenAI base URL, ending in /v1 "
-                                    "(http://127.0.0.1:8000/v1)", "flag": True, "secret": False})
+    upstream: str = field(
+        metadata={
+            "doc": "the model server's OpenAI base URL, ending in /v1 (http://127.0.0.1:8000/v1)",
+            "flag": True,
+            "secret": False,
+        }
+    )
     host: str = _option("127.0.0.1", "address to listen on")
     port: int = _option(8100, "port to listen on")
     upstream_timeout: float = _option(
         600.0, "seconds to wait for the upstream's answer (a long generation is slow, not dead)"
     )
     max_concurrency: int = _option(
-        512, "most requests past the exact tier at once (waiting on a lookup or the upstream); past "
+        512,
+        "most requests past the exact tier at once (waiting on a lookup or the upstream); past "
         "it a request is answered 503 with Retry-After, and exact repeats are still served; also the "
-        "most credential checks in flight (a request with a new key past it: 503)"
+        "most credential checks in flight (a request with a new key past it: 503)",
     )
     max_tenant_concurrency: int | None = _option(
-        None, "most of those one credential may hold at once (its share; past it its requests are "
+        None,
+        "most of those one credential may hold at once (its share; past it its requests are "
         "shed from their headers, exact repeats too, before a body is read; others' are not); "
-        "none: no share, one key's burst may take every slot"
+        "none: no share, one key's burst may take every slot",
     )
     tenant_rate: float | None = _option(
-        None, "requests a second one credential may send (a token bucket, checked from the headers "
+        None,
+        "requests a second one credential may send (a token bucket, checked from the headers "
         "before the body is read); past it a request is answered 429 with Retry-After. Every "
-        "keyless request shares one bucket. None: no limit"
+        "keyless request shares one bucket. None: no limit",
     )
     tenant_burst: int = _option(20, "requests one credential may send at once within tenant_rate")
     retry_after: int = _option(1, "seconds a shed request is told to wait (Retry-After)")
     header_timeout: float = _option(
-        10.0, "seconds a connection has to send a request's headers, from its opening or the "
+        10.0,
+        "seconds a connection has to send a request's headers, from its opening or the "
         "request's first byte; a slower one is closed (a client trickling headers holds a "
-        "connection for nothing)"
+        "connection for nothing)",
     )
     grace: float = _option(30.0, "seconds in-flight requests get to finish at shutdown")
     log_level: str = _option("info", "uvicorn's log level")
     max_body_bytes: int = _option(8 * 2**20, "a larger request body is refused with 413")
     max_buffered_bytes: int = _option(
-        128 * 2**20, "bytes of request bodies held at once across all requests; a body that "
+        128 * 2**20,
+        "bytes of request bodies held at once across all requests; a body that "
         "would pass it is answered 503 with Retry-After and its connection closed (each body is "
-        "buffered whole, so without it many bodies under max_body_bytes hold any amount of memory)"
+        "buffered whole, so without it many bodies under max_body_bytes hold any amount of memory)",
     )
     body_timeout: float = _option(
-        30.0, "seconds a request's body has to arrive once its headers are in; a slower one is "
+        30.0,
+        "seconds a request's body has to arrive once its headers are in; a slower one is "
         "answered 408 and its connection closed (a client trickling a body holds a connection "
-        "and its buffered bytes for nothing)"
+        "and its buffered bytes for nothing)",
     )
     namespace_header: str = _option(
         NAMESPACE_HEADER, "the header that narrows a request's tenant to one of its namespaces"
@@ -177,58 +192,76 @@ class ServeSettings:
         CREDENTIAL_HEADERS, "the headers whose values (all present, keyed-hashed) name the tenant"
     )
     credential_params: tuple[str, ...] = _option(
-        CREDENTIAL_PARAMS, "query parameters that carry a credential: they name the tenant as the "
-        "credential headers do"
+        CREDENTIAL_PARAMS,
+        "query parameters that carry a credential: they name the tenant as the credential headers do",
     )
     trust_namespace_header: bool = _option(
-        False, "let the namespace header alone name the tenant: only behind a gateway that "
-        "authenticates clients, sets the header and strips any copy a client sent"
+        False,
+        "let the namespace header alone name the tenant: only behind a gateway that "
+        "authenticates clients, sets the header and strips any copy a client sent",
     )
     auth: str = _option(
-        "upstream", "how a credential is checked before the cache answers it: upstream (asked once "
+        "upstream",
+        "how a credential is checked before the cache answers it: upstream (asked once "
         "with GET /v1/models, the verdict kept auth_ttl seconds; a refused key gets the upstream's "
         "401/403 and nothing from the cache), keys (the keys listed in keys_file, nothing asked of "
         "the upstream), gateway (a trusted front authenticated every client and strips credentials "
-        "it did not check), none (no check: only where the upstream checks nothing either)"
+        "it did not check), none (no check: only where the upstream checks nothing either)",
     )
     keys_file: str | None = _option(
-        None, "with auth=keys: the allowed keys, one a line, as the key or sha256:<hex>; read again "
-        "when it changes"
+        None,
+        "with auth=keys: the allowed keys, one a line, as the key or sha256:<hex>; read again "
+        "when it changes",
     )
     auth_ttl: float = _option(
-        60.0, "seconds a credential's verdict is kept before the upstream is asked again")
+        60.0, "seconds a credential's verdict is kept before the upstream is asked again"
+    )
     auth_timeout: float = _option(
-        5.0, "seconds a credential check (GET /v1/models) may take before it counts as unanswered: "
-        "the longest a key's requests, its exact hits included, wait on a re-check")
+        5.0,
+        "seconds a credential check (GET /v1/models) may take before it counts as unanswered: "
+        "the longest a key's requests, its exact hits included, wait on a re-check",
+    )
     auth_grace: float = _option(
-        300.0, "seconds past its auth_ttl that a key's last verdict is extended while the upstream "
+        300.0,
+        "seconds past its auth_ttl that a key's last verdict is extended while the upstream "
         "cannot answer the check (unreachable, too slow, an error status); past it, or for a key "
-        "never checked, the request gets the upstream's failure")
+        "never checked, the request gets the upstream's failure",
+    )
     require_auth: bool = _option(
-        True, "answer a request without credentials with 401; --no-require-auth files keyless "
-        "requests under one shared tenant, 'anonymous' (checked like any credential under auth=upstream)"
+        True,
+        "answer a request without credentials with 401; --no-require-auth files keyless "
+        "requests under one shared tenant, 'anonymous' (checked like any credential under auth=upstream)",
     )
     namespace_secret: bytes | None = _option(
-        None, f"the tenancy hash key (from {SECRET_ENV}, never a flag); none: secret_file or random",
-        flag=False, secret=True, repr=False,
+        None,
+        f"the tenancy hash key (from {SECRET_ENV}, never a flag); none: secret_file or random",
+        flag=False,
+        secret=True,
+        repr=False,
     )
     secret_file: str | None = _option(
-        None, f"a file holding the tenancy secret (0600; or {SECRET_ENV}); needed with a snapshot or "
-        "Redis, the same on every replica"
+        None,
+        f"a file holding the tenancy secret (0600; or {SECRET_ENV}); needed with a snapshot or "
+        "Redis, the same on every replica",
     )
     create_secret: bool = _option(
         False, "create secret_file (beside the snapshot by default) with a new random secret if missing"
     )
     admin_token: str | None = _option(
-        None, f"the bearer token of the /admin endpoints; prefer {ADMIN_TOKEN_ENV} or admin_token_file "
-        "(argv is visible to every local user); none: the endpoints are off", secret=True, repr=False,
+        None,
+        f"the bearer token of the /admin endpoints; prefer {ADMIN_TOKEN_ENV} or admin_token_file "
+        "(argv is visible to every local user); none: the endpoints are off",
+        secret=True,
+        repr=False,
     )
     admin_token_file: str | None = _option(None, "a file holding the admin token")
     gateway_token: str | None = _option(
-        None, f"the token a trusted front sends in {GATEWAY_TOKEN_HEADER} (compared in constant time), "
+        None,
+        f"the token a trusted front sends in {GATEWAY_TOKEN_HEADER} (compared in constant time), "
         "needed with auth=gateway or trust_namespace_header: without it, anyone who reaches the port "
         "could name any tenant; prefer GPUCACHE_GATEWAY_TOKEN or gateway_token_file",
-        secret=True, repr=False,
+        secret=True,
+        repr=False,
     )
     gateway_token_file: str | None = _option(None, "a file holding the gateway token")
     snapshot: str | None = _option(
@@ -247,8 +280,7 @@ class ServeSettings:
     answer lives; clients cannot set it: a request's ``max-age`` says what age it accepts, not
     how long others may be served the answer."""
     embedder: EmbedderSettings = field(default_factory=EmbedderSettings, metadata={"section": True})
-    replication: ReplicationSettings = field(default_factory=ReplicationSettings,
-                                             metadata={"section": True})
+    replication: ReplicationSettings = field(default_factory=ReplicationSettings, metadata={"section": True})
     guard: GuardSettings = field(default_factory=GuardSettings, metadata={"section": True})
 
     def __post_init__(self) -> None:
@@ -268,8 +300,10 @@ class ServeSettings:
         if not self.auth_ttl >= 0:
             raise ConfigError(f"auth_ttl must be >= 0, got {self.auth_ttl!r}")
         if not self.auth_timeout > 0 or not self.auth_grace >= 0:
-            raise ConfigError(f"auth_timeout must be > 0 and auth_grace >= 0, got {self.auth_timeout!r} "
-                              f"and {self.auth_grace!r}")
+            raise ConfigError(
+                f"auth_timeout must be > 0 and auth_grace >= 0, got {self.auth_timeout!r} "
+                f"and {self.auth_grace!r}"
+            )
         if self.max_tenant_concurrency is not None and self.max_tenant_concurrency < 1:
             raise ConfigError("max_tenant_concurrency must be >= 1 or none")
         if self.tenant_rate is not None and not self.tenant_rate > 0:
@@ -287,16 +321,20 @@ class ServeSettings:
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes!r}")
         if self.max_buffered_bytes < self.max_body_bytes:  # else the largest body is never read
-            raise ConfigError(f"max_buffered_bytes must be >= max_body_bytes ({self.max_body_bytes}), "
-                              f"got {self.max_buffered_bytes!r}")
+            raise ConfigError(
+                f"max_buffered_bytes must be >= max_body_bytes ({self.max_body_bytes}), "
+                f"got {self.max_buffered_bytes!r}"
+            )
         for rule in self.passthrough:
             method, _, path = rule.partition(" ")
             if method not in ("GET", "POST", "PUT", "DELETE", "PATCH") or not path or ".." in path:
                 raise ConfigError(f"a passthrough rule is 'METHOD path', got {rule!r}")
         if self.namespace_secret is not None and len(self.namespace_secret) < 16:
             raise ConfigError("namespace_secret must be at least 16 bytes")  # not a 500 per request
-        for name, value, file in (("admin", self.admin_token, self.admin_token_file),
-                                  ("gateway", self.gateway_token, self.gateway_token_file)):
+        for name, value, file in (
+            ("admin", self.admin_token, self.admin_token_file),
+            ("gateway", self.gateway_token, self.gateway_token_file),
+        ):
             if file is not None and value is not None:
                 raise ConfigError(f"give the {name} token or its file, not both")
             if value is not None and len(value) < 16:
@@ -312,14 +350,24 @@ class ServeSettings:
                 KeyFile(self.keys_file)
             except KeyFileError as exc:
                 raise ConfigError(str(exc)) from exc
-        token, gateway = _read_token("admin", self.admin_token, self.admin_token_file), _read_token(
-            "gateway", self.gateway_token, self.gateway_token_file)
+        token, gateway = (
+            _read_token("admin", self.admin_token, self.admin_token_file),
+            _read_token("gateway", self.gateway_token, self.gateway_token_file),
+        )
         if gateway is None and (self.auth == "gateway" or self.trust_namespace_header):
-            raise ConfigError("auth=gateway and trust_namespace_header trust what the front says: give "
-                              f"it a gateway_token to send in {GATEWAY_TOKEN_HEADER} (or "
-                              "GPUCACHE_GATEWAY_TOKEN), or anyone who reaches the port could name any tenant")
-        return dataclasses.replace(self, namespace_secret=self._secret(), admin_token=token,
-                                   admin_token_file=None, gateway_token=gateway, gateway_token_file=None)
+            raise ConfigError(
+                "auth=gateway and trust_namespace_header trust what the front says: give "
+                f"it a gateway_token to send in {GATEWAY_TOKEN_HEADER} (or "
+                "GPUCACHE_GATEWAY_TOKEN), or anyone who reaches the port could name any tenant"
+            )
+        return dataclasses.replace(
+            self,
+            namespace_secret=self._secret(),
+            admin_token=token,
+            admin_token_file=None,
+            gateway_token=gateway,
+            gateway_token_file=None,
+        )
 
     def _secret(self) -> bytes:
         if self.namespace_secret is not None:
@@ -344,8 +392,9 @@ class ServeSettings:
 
     def _known_secret(self) -> bytes:
         if self.namespace_secret is None:
-            raise RuntimeError("gpucache bug: keys derived from settings that were never resolved "
-                               "(ServeSettings.resolved())")
+            raise RuntimeError(
+                "gpucache bug: keys derived from settings that were never resolved (ServeSettings.resolved())"
+            )
         return self.namespace_secret
 
     @cached_property
@@ -362,5 +411,11 @@ class ServeSettings:
 
     @cached_property
     def tenancy(self) -> Tenancy:
-        return Tenancy(self._known_secret(), self.credential_headers, self.namespace_header,
-                       self.trust_namespace_header, self.require_auth, self.credential_params)
+        return Tenancy(
+            self._known_secret(),
+            self.credential_headers,
+            self.namespace_header,
+            self.trust_namespace_header,
+            self.require_auth,
+            self.credential_params,
+        )

@@ -70,11 +70,21 @@ def options() -> list[Option]:
         if f.metadata.get("section"):
             defaults = section_defaults()[f.name]
             for g in dataclasses.fields(defaults):
-                found.append(Option(f.name, g.name, str(g.type), g.metadata.get("doc", ""),
-                                    getattr(defaults, g.name)))
+                found.append(
+                    Option(f.name, g.name, str(g.type), g.metadata.get("doc", ""), getattr(defaults, g.name))
+                )
         else:
-            found.append(Option(None, f.name, str(f.type), f.metadata["doc"], f.default,
-                                f.metadata.get("flag", True), f.metadata.get("secret", False)))
+            found.append(
+                Option(
+                    None,
+                    f.name,
+                    str(f.type),
+                    f.metadata["doc"],
+                    f.default,
+                    f.metadata.get("flag", True),
+                    f.metadata.get("secret", False),
+                )
+            )
     names = [o.name for o in found]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:  # a flag and a variable per name: two settings may not share one
@@ -85,8 +95,11 @@ def options() -> list[Option]:
 def section_defaults() -> dict[str, Any]:
     """Each section's settings as ``ServeSettings`` makes them by default (the cache's are the
     server's own cache defaults)."""
-    return {f.name: f.default_factory() for f in dataclasses.fields(ServeSettings)  # type: ignore[misc,operator]
-            if f.metadata.get("section")}
+    return {
+        f.name: f.default_factory()  # type: ignore[misc,operator]
+        for f in dataclasses.fields(ServeSettings)
+        if f.metadata.get("section")
+    }
 
 
 def parse_text(option: Option, text: str) -> Any:
@@ -131,14 +144,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         shown = f"{doc} (default {default})" if option.default is not dataclasses.MISSING else doc
         group = groups[option.section]
         if option.kind == "bool":
-            group.add_argument(option.flag_name, dest=option.dest, default=argparse.SUPPRESS,
-                               action=argparse.BooleanOptionalAction, help=shown)
+            group.add_argument(
+                option.flag_name,
+                dest=option.dest,
+                default=argparse.SUPPRESS,
+                action=argparse.BooleanOptionalAction,
+                help=shown,
+            )
         elif option.kind.startswith("tuple"):
-            group.add_argument(option.flag_name.rstrip("s"), dest=option.dest, default=argparse.SUPPRESS,
-                               action="append", metavar="VALUE", help=shown + "; repeat for each")
+            group.add_argument(
+                option.flag_name.rstrip("s"),
+                dest=option.dest,
+                default=argparse.SUPPRESS,
+                action="append",
+                metavar="VALUE",
+                help=shown + "; repeat for each",
+            )
         else:
-            group.add_argument(option.flag_name, dest=option.dest, default=argparse.SUPPRESS,
-                               metavar=option.name.upper(), type=str, help=shown)
+            group.add_argument(
+                option.flag_name,
+                dest=option.dest,
+                default=argparse.SUPPRESS,
+                metavar=option.name.upper(),
+                type=str,
+                help=shown,
+            )
 
 
 @dataclass(frozen=True)
@@ -156,8 +186,10 @@ class Resolved:
             section, _, name = key.rpartition(".")
             (parts[section] if section else top)[name] = value
         if "upstream" not in top:
-            raise ConfigError("the upstream is not set: --upstream URL, GPUCACHE_UPSTREAM or "
-                              "'upstream' in the settings file")
+            raise ConfigError(
+                "the upstream is not set: --upstream URL, GPUCACHE_UPSTREAM or "
+                "'upstream' in the settings file"
+            )
         built: dict[str, Any] = {}
         kinds = {name: type(defaults) for name, defaults in section_defaults().items()}
         for section in SECTIONS:
@@ -199,15 +231,21 @@ def read_file(path: str) -> dict[str, tuple[Any, str]]:
             if option is None or option.secret and option.name == "namespace_secret":
                 raise ConfigError(
                     f"{path}: unknown setting {key!r}; settings are {', '.join(sorted(known))}"
-                    + (" (the tenancy secret goes in secret_file or the environment)"
-                       if key == "namespace_secret" else "")
+                    + (
+                        " (the tenancy secret goes in secret_file or the environment)"
+                        if key == "namespace_secret"
+                        else ""
+                    )
                 )
             found[key] = (tuple(v) if isinstance(v, list) else v, f"file {path}")
     return found
 
 
-def resolve(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
-            config: str | None = None) -> Resolved:
+def resolve(
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    config: str | None = None,
+) -> Resolved:
     """The settings from every layer: defaults, ``config`` (or the file ``GPUCACHE_CONFIG``
     names), ``environ`` (the process's by default), then ``args`` (parsed flags)."""
     environ = dict(environ) if environ is not None else {}
@@ -223,11 +261,15 @@ def resolve(args: argparse.Namespace | None = None, environ: Mapping[str, str] |
         for key, (value, source) in read_file(path).items():
             values[key], sources[key] = value, source
     by_env = {o.env: o for o in every}
-    unknown = sorted(name for name in environ
-                     if name.startswith(ENV_PREFIX) and name not in by_env and name not in OTHER_ENV)
+    unknown = sorted(
+        name
+        for name in environ
+        if name.startswith(ENV_PREFIX) and name not in by_env and name not in OTHER_ENV
+    )
     if unknown:
-        raise ConfigError(f"unknown setting variable(s) {', '.join(unknown)}; settings are "
-                          f"{', '.join(sorted(by_env))}")
+        raise ConfigError(
+            f"unknown setting variable(s) {', '.join(unknown)}; settings are {', '.join(sorted(by_env))}"
+        )
     for name, option in by_env.items():
         if name in environ:
             values[option.key], sources[option.key] = parse_text(option, environ[name]), f"env {name}"
@@ -262,16 +304,24 @@ def settings_reference() -> str:
     """Every setting of ``gpucache serve`` as a Markdown page (docs/settings.md): its flag, its
     variable, its key in a settings file, its default and its doc, from the settings tree
     itself, so the page cannot drift from the code (a test compares them)."""
-    lines = ["# Settings", "",
-             "Every setting of `gpucache serve`, generated from the settings tree "
-             "(`python3 -m gpucache.serve.sources > docs/settings.md`). Each layer overrides the one "
-             "before: the default, a settings file (`--config gpucache.toml`), the environment "
-             "(`GPUCACHE_<NAME>`), the command line (`--<name>`). `SemanticCache` takes the `[cache]` "
-             "settings as keyword arguments; its own defaults differ where the server's do "
-             "(a server batches the lookups that gather behind a running batch and bounds them at 1 s).", ""]
+    lines = [
+        "# Settings",
+        "",
+        "Every setting of `gpucache serve`, generated from the settings tree "
+        "(`python3 -m gpucache.serve.sources > docs/settings.md`). Each layer overrides the one "
+        "before: the default, a settings file (`--config gpucache.toml`), the environment "
+        "(`GPUCACHE_<NAME>`), the command line (`--<name>`). `SemanticCache` takes the `[cache]` "
+        "settings as keyword arguments; its own defaults differ where the server's do "
+        "(a server batches the lookups that gather behind a running batch and bounds them at 1 s).",
+        "",
+    ]
     for section in (None, *SECTIONS):
-        lines += [f"## {'Server' if section is None else f'[{section}]'}", "",
-                  "| setting | flag | variable | default | what it does |", "|---|---|---|---|---|"]
+        lines += [
+            f"## {'Server' if section is None else f'[{section}]'}",
+            "",
+            "| setting | flag | variable | default | what it does |",
+            "|---|---|---|---|---|",
+        ]
         for o in (o for o in options() if o.section == section):
             flag = f"`{o.flag_name}`" if o.flag else "–"
             doc = o.doc.replace("|", "\\|").replace("\n", " ")

@@ -78,8 +78,9 @@ class Streams:
     headers have gone and its outcome was recorded, so it is counted where it happens.
     ``keep`` stores a refreshed stream's answer."""
 
-    def __init__(self, metrics: ProxyMetrics,
-                 keep: Callable[[RequestKey, str, float | None], Awaitable[None]]) -> None:
+    def __init__(
+        self, metrics: ProxyMetrics, keep: Callable[[RequestKey, str, float | None], Awaitable[None]]
+    ) -> None:
         self.metrics, self.keep = metrics, keep
 
     async def pieces(

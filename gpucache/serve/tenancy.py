@@ -44,8 +44,14 @@ CREDENTIAL_PARAMS = ("key", "api-key", "api_key", "access_token")
 # naming the tenant: a revoked key sent beside a valid one there would be served the cache, filed
 # under the other. Such a request is refused unless the deployment lists the header as a
 # credential header (then it names the tenant like the others).
-OTHER_CREDENTIAL_HEADERS = ("x-goog-api-key", "x-litellm-api-key", "ocp-apim-subscription-key",
-                            "api-key", "x-api-key", "authorization")
+OTHER_CREDENTIAL_HEADERS = (
+    "x-goog-api-key",
+    "x-litellm-api-key",
+    "ocp-apim-subscription-key",
+    "api-key",
+    "x-api-key",
+    "authorization",
+)
 NAMESPACE_HEADER = "x-gpucache-namespace"
 ANONYMOUS = "anonymous"
 # a namespace names a folder of entries, not free text: letters, digits and a few separators,
@@ -110,17 +116,26 @@ class Tenancy:
         params = parse_qsl(query, keep_blank_values=True) if query else []
         for name in self.credential_params:
             if sum(k == name for k, _ in params) > 1:
-                return Refusal(400, f"more than one {name!r} query parameter: send it once",
-                               "duplicate_parameter")
+                return Refusal(
+                    400, f"more than one {name!r} query parameter: send it once", "duplicate_parameter"
+                )
         for name in OTHER_CREDENTIAL_HEADERS:
             if name not in self.credential_headers and _values(headers, name):
-                return Refusal(400, f"the {name} header carries a credential this proxy does not name "
-                               "tenants by; send the key in one of " + ", ".join(self.credential_headers)
-                               + f", or list {name} among the credential headers", "unhashed_credential")
+                return Refusal(
+                    400,
+                    f"the {name} header carries a credential this proxy does not name "
+                    "tenants by; send the key in one of "
+                    + ", ".join(self.credential_headers)
+                    + f", or list {name} among the credential headers",
+                    "unhashed_credential",
+                )
         named = headers.get(self.namespace_header)
         if named is not None and not NAMESPACE_PATTERN.fullmatch(named):
-            return Refusal(400, f"the {self.namespace_header} header must be 1 to 128 letters, digits "
-                           "or . _ : @ + -", "invalid_namespace")
+            return Refusal(
+                400,
+                f"the {self.namespace_header} header must be 1 to 128 letters, digits or . _ : @ + -",
+                "invalid_namespace",
+            )
         credentials = [(name, headers[name]) for name in self.credential_headers if headers.get(name)]
         credentials += [(f"?{k}", v) for k, v in params if k in self.credential_params and v]
         holder = "key:" + self.digest(credentials) if credentials else ANONYMOUS
@@ -128,8 +143,11 @@ class Tenancy:
         if self.trust_namespace_header and named:
             return Identity(self._with_query(f"ns:{named}", query), holder, values)
         if not credentials and self.require_auth:
-            return Refusal(401, "credentials are required: send one of "
-                           + ", ".join(self.credential_headers), "missing_credentials")
+            return Refusal(
+                401,
+                "credentials are required: send one of " + ", ".join(self.credential_headers),
+                "missing_credentials",
+            )
         scope = f"{holder}/ns:{named}" if named else holder
         return Identity(self._with_query(scope, query), holder, values)
 

@@ -81,8 +81,9 @@ def returned(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 class Upstream:
-    def __init__(self, base_url: str, timeout: float,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str, timeout: float, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         """``transport``, where given, carries every request in place of the network (the proxy's
         unit tests answer with ``httpx.MockTransport``)."""
         self.base_url = base_url.rstrip("/")
@@ -100,14 +101,22 @@ class Upstream:
         return f"{url}?{query}" if query else url
 
     async def send(
-        self, method: str, path: str, headers: Mapping[str, str], body: bytes, params: str = "",
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        params: str = "",
         timeout: float | None = None,
     ) -> httpx.Response:
         """A whole response (read), or ``UpstreamUnavailable``; ``timeout``, where given, in place
         of the client's (a credential check's own, shorter one)."""
         try:
             return await self.client.request(
-                method, self.url(path, params or ""), headers=forwarded(headers), content=body,
+                method,
+                self.url(path, params or ""),
+                headers=forwarded(headers),
+                content=body,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
             )
         except httpx.TimeoutException as exc:
@@ -119,8 +128,9 @@ class Upstream:
         self, path: str, headers: Mapping[str, str], body: bytes, params: str = ""
     ) -> httpx.Response:
         """A streamed POST whose body is still to be read; the caller closes it."""
-        request = self.client.build_request("POST", self.url(path, params or ""), headers=forwarded(headers),
-                                            content=body)
+        request = self.client.build_request(
+            "POST", self.url(path, params or ""), headers=forwarded(headers), content=body
+        )
         try:
             return await self.client.send(request, stream=True)
         except httpx.TimeoutException as exc:

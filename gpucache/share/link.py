@@ -101,8 +101,15 @@ class Link:
     refusing a command, a value that cannot be encoded) fails again on every try."""
 
     def __init__(
-        self, client: Any, url: str, prefix: str, maxlen: int, deadline: float, secret: bytes | None,
-        errors: tuple[type[Exception], ...], transient: tuple[type[Exception], ...],
+        self,
+        client: Any,
+        url: str,
+        prefix: str,
+        maxlen: int,
+        deadline: float,
+        secret: bytes | None,
+        errors: tuple[type[Exception], ...],
+        transient: tuple[type[Exception], ...],
         guard: ReplayGuard | None = None,
     ) -> None:
         # typed Any: redis-py's stubs type every reply as a union of its sync and async forms
@@ -171,8 +178,9 @@ class Link:
         return entries, refusals
 
     @staticmethod
-    def _judge(guard: ReplayGuard, keys: Keys, record: dict[Any, Any],
-               announced: Version | None) -> Refusal | None:
+    def _judge(
+        guard: ReplayGuard, keys: Keys, record: dict[Any, Any], announced: Version | None
+    ) -> Refusal | None:
         """A signed record against what this replica has applied. The record a put event names
         is applied as it comes in the stream's order; any other is refused where it is older
         than a delete or a clear applied here, than the latest put of its key read here, or
@@ -185,34 +193,42 @@ class Link:
             return Refusal("malformed", which, repr(exc))
         if announced is not None and (version.origin, version.seq) == (announced.origin, announced.seq):
             return None
-        older = (guard.older_than_a_tombstone(scope, prompt, version)
-                 or guard.overwritten(keys.record(scope, prompt), version))
+        older = guard.older_than_a_tombstone(scope, prompt, version) or guard.overwritten(
+            keys.record(scope, prompt), version
+        )
         if older is not None:
             return Refusal("replayed", which, older)
         if announced is not None:
             if version.origin == announced.origin and version.seq < announced.seq:
-                return Refusal("replayed", which, f"sequence {version.seq} where its put event "
-                               f"names {announced.seq}: an older record put back")
+                return Refusal(
+                    "replayed",
+                    which,
+                    f"sequence {version.seq} where its put event "
+                    f"names {announced.seq}: an older record put back",
+                )
             return Refusal("superseded", which, "replaced since its put event")
         return None
 
     def refused(self, refusal: Refusal, what: str) -> None:
         """A record or event not applied: counted by kind, logged, passed over."""
         if refusal.kind == "unsigned":
-            log.error("gpucache: refused a shared %s without a valid signature (prefix %r)", what,
-                      self.prefix)
+            log.error(
+                "gpucache: refused a shared %s without a valid signature (prefix %r)", what, self.prefix
+            )
             self.count(unsigned=1)
         elif refusal.kind == "replayed":
-            log.error("gpucache: refused a replayed shared %s (%r): %s", what, refusal.which,
-                      refusal.reason)
+            log.error("gpucache: refused a replayed shared %s (%r): %s", what, refusal.which, refusal.reason)
             self.count(replayed=1)
         elif refusal.kind == "superseded":
-            log.debug("gpucache: passed over a shared record replaced since its event (%r)",
-                      refusal.which)
+            log.debug("gpucache: passed over a shared record replaced since its event (%r)", refusal.which)
         elif refusal.kind == "refused":
             log.error("gpucache: refused a shared entry of %s", refusal.reason)
             self.count(refused=1)
         else:
-            log.error("gpucache: skipped a shared %s that cannot be read (%r): %s", what,
-                      refusal.which, refusal.reason)
+            log.error(
+                "gpucache: skipped a shared %s that cannot be read (%r): %s",
+                what,
+                refusal.which,
+                refusal.reason,
+            )
             self.count(malformed=1)

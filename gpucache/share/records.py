@@ -104,15 +104,30 @@ class Refusal:
 
 
 def entry_fields(
-    scope: str, prompt: str, response: str, expires_at: float, model: str, dim: int, vector: bytes,
-    origin: str, at: str, seq: int,
+    scope: str,
+    prompt: str,
+    response: str,
+    expires_at: float,
+    model: str,
+    dim: int,
+    vector: bytes,
+    origin: str,
+    at: str,
+    seq: int,
 ) -> dict[str, Any]:
     """A record's fields, as written (``decode_entries`` reads them back); ``origin``, ``seq``
     and ``at`` are those of the put event that announces it: the record's version."""
     return {
-        "scope": utf8(scope), "prompt": utf8(prompt), "response": utf8(response),
-        "expires_at": repr(expires_at), "model": model, "dim": str(dim), "vector": vector,
-        "origin": origin, "at": at, "seq": str(seq),
+        "scope": utf8(scope),
+        "prompt": utf8(prompt),
+        "response": utf8(response),
+        "expires_at": repr(expires_at),
+        "model": model,
+        "dim": str(dim),
+        "vector": vector,
+        "origin": origin,
+        "at": at,
+        "seq": str(seq),
     }
 
 
@@ -169,8 +184,9 @@ def _decode(
     except (ValueError, UnicodeDecodeError) as exc:
         return Refusal("malformed", which, repr(exc))
     if (their_model, their_dim) != (model, dim):
-        return Refusal("refused", which,
-                       f"model {their_model!r} (dim {their_dim}): this replica runs {model!r}")
+        return Refusal(
+            "refused", which, f"model {their_model!r} (dim {their_dim}): this replica runs {model!r}"
+        )
     try:
         vector_bytes = record[b"vector"]
         if len(vector_bytes) != 4 * dim:
@@ -179,8 +195,11 @@ def _decode(
         if not np.isfinite(values).all():  # an inf would score above any threshold
             raise ValueError("a vector that is not finite")
         return SharedEntry(
-            text(record[b"scope"]), text(record[b"prompt"]), text(record[b"response"]),
-            float(record[b"expires_at"]), torch.from_numpy(values.copy()),
+            text(record[b"scope"]),
+            text(record[b"prompt"]),
+            text(record[b"response"]),
+            float(record[b"expires_at"]),
+            torch.from_numpy(values.copy()),
             float(record.get(b"at", b"nan")),
         )
     except (KeyError, ValueError, UnicodeDecodeError) as exc:

@@ -121,9 +121,13 @@ class RedisShare:
             raise ValueError("maxlen and pending_max must be >= 1 and deadline > 0")
         self.claim_wait, self.claim_ttl = claim_wait, claim_ttl
         self.link = Link(
-            client or redis_module.Redis.from_url(url, socket_timeout=deadline,
-                                                  socket_connect_timeout=deadline),
-            url, prefix, maxlen, deadline, secret,
+            client
+            or redis_module.Redis.from_url(url, socket_timeout=deadline, socket_connect_timeout=deadline),
+            url,
+            prefix,
+            maxlen,
+            deadline,
+            secret,
             errors=(redis_module.RedisError, OSError),
             transient=(redis_module.ConnectionError, redis_module.TimeoutError, OSError),
             guard=ReplayGuard(replay_window),
@@ -200,8 +204,11 @@ class RedisShare:
         if math.isfinite(expires_at) and expires_at > time.time() + MAX_TTL_SECONDS + 86400:
             # Redis would refuse its expiry: checked here, before it could fail a batch
             self.link.count(poisoned=len(items))
-            log.error("gpucache: %d entries expire past what Redis accepts (%r): kept in this "
-                      "replica only", len(items), expires_at)
+            log.error(
+                "gpucache: %d entries expire past what Redis accepts (%r): kept in this replica only",
+                len(items),
+                expires_at,
+            )
             return
         rows = vectors.detach().to("cpu", torch.float32).numpy()
         for (prompt, response), vector in zip(items, rows):
@@ -291,8 +298,14 @@ class RedisShare:
         self.writer.enqueue({"op": "del", "scope": scope, "prompt": prompt})
 
     def cleared(self, scope: str | None, under: bool = False) -> None:
-        self.writer.enqueue({"op": "clear", "scope": "" if scope is None else scope, "all": scope is None,
-                             "under": under and scope is not None})
+        self.writer.enqueue(
+            {
+                "op": "clear",
+                "scope": "" if scope is None else scope,
+                "all": scope is None,
+                "under": under and scope is not None,
+            }
+        )
 
     # ----------------------------------------------------------------------------- reads
 

@@ -106,8 +106,9 @@ class ReplayGuard:
     """The writers' sequences and the tombstones one replica has seen (see the module's
     docstring). Thread-safe: the tail feeds it, lookups ask it about fetched records."""
 
-    def __init__(self, window: float, max_writers: int = 4096, max_tombstones: int = 65536,
-                 max_puts: int = 65536) -> None:
+    def __init__(
+        self, window: float, max_writers: int = 4096, max_tombstones: int = 65536, max_puts: int = 65536
+    ) -> None:
         if not (math.isfinite(window) and window > 0):
             raise ValueError(f"replay_window must be a positive number of seconds, got {window!r}")
         if max_writers < 1 or max_tombstones < 1 or max_puts < 1:
@@ -136,14 +137,18 @@ class ReplayGuard:
         not (a replay)."""
         added = added_ms / 1000
         if abs(added - version.at) > self.window:
-            return (f"signed at {version.at:.3f}, added to the stream at {added:.3f}: outside "
-                    f"the {self.window:g} s window")
+            return (
+                f"signed at {version.at:.3f}, added to the stream at {added:.3f}: outside "
+                f"the {self.window:g} s window"
+            )
         with self._lock:
             writer = self._writers.get(version.origin)
             if writer is None:
                 if version.at <= self._floor:
-                    return (f"of a writer no longer remembered, signed at {version.at:.3f}, not "
-                            f"after {self._floor:.3f}")
+                    return (
+                        f"of a writer no longer remembered, signed at {version.at:.3f}, not "
+                        f"after {self._floor:.3f}"
+                    )
                 writer = self._writers[version.origin] = _Writer(version.seq, version.at)
                 writer.points.append((self._made, version.seq))
                 self._forget_writers(added)
@@ -164,9 +169,14 @@ class ReplayGuard:
             origin, writer = self._writers.popitem(last=False)
             if writer.at >= now - self.window:  # its replays would still pass the window
                 self._floor = max(self._floor, writer.at)
-                log.warning("gpucache: more than %d replicas wrote within %g s; forgot writer %s "
-                            "(events of forgotten writers signed before %.3f are refused)",
-                            self.max_writers, self.window, origin, self._floor)
+                log.warning(
+                    "gpucache: more than %d replicas wrote within %g s; forgot writer %s "
+                    "(events of forgotten writers signed before %.3f are refused)",
+                    self.max_writers,
+                    self.window,
+                    origin,
+                    self._floor,
+                )
 
     def _prune(self, writer: _Writer) -> None:
         """Drop the points no tombstone kept can ask for, once a writer holds more than twice
@@ -202,11 +212,14 @@ class ReplayGuard:
             self._made += 1
             # a later one supersedes: it refuses more
             if _remember(self._tombstones, key, (self._made, at), self.max_tombstones) and (
-                    not self._forgot_tombstones):
+                not self._forgot_tombstones
+            ):
                 self._forgot_tombstones = True
-                log.warning("gpucache: more than %d deletes and clears remembered; the oldest "
-                            "are forgotten (a record deleted before them could be put back)",
-                            self.max_tombstones)
+                log.warning(
+                    "gpucache: more than %d deletes and clears remembered; the oldest "
+                    "are forgotten (a record deleted before them could be put back)",
+                    self.max_tombstones,
+                )
 
     def older_than_a_tombstone(self, scope: str, prompt: str, version: Version) -> str | None:
         """Why a record of (scope, prompt) at ``version`` is older than a delete or a clear
@@ -225,13 +238,16 @@ class ReplayGuard:
                 seq = writer.at_tombstone(number) if writer is not None else UNKNOWN
                 if seq == UNKNOWN:
                     if version.at < tomb_at - self.window:
-                        return (f"signed at {version.at:.3f}, more than {self.window:g} s before a "
-                                f"{_what(key)} signed at {tomb_at:.3f}")
+                        return (
+                            f"signed at {version.at:.3f}, more than {self.window:g} s before a "
+                            f"{_what(key)} signed at {tomb_at:.3f}"
+                        )
                 elif version.seq <= seq:
-                    return (f"sequence {version.seq} of writer {version.origin}, which was at "
-                            f"{seq} when a {_what(key)} was applied")
+                    return (
+                        f"sequence {version.seq} of writer {version.origin}, which was at "
+                        f"{seq} when a {_what(key)} was applied"
+                    )
         return None
-
 
     # ----------------------------------------------------------------------------- overwrites
 
@@ -241,9 +257,11 @@ class ReplayGuard:
         with self._lock:
             if _remember(self._puts, record_key, version, self.max_puts) and not self._forgot_puts:
                 self._forgot_puts = True
-                log.warning("gpucache: more than %d keys' latest puts remembered; the oldest are "
-                            "forgotten (a record overwritten before them could be put back)",
-                            self.max_puts)
+                log.warning(
+                    "gpucache: more than %d keys' latest puts remembered; the oldest are "
+                    "forgotten (a record overwritten before them could be put back)",
+                    self.max_puts,
+                )
 
     def overwritten(self, record_key: str, version: Version) -> str | None:
         """Why a record at ``record_key`` signed as ``version`` is older than the latest put of
@@ -255,12 +273,16 @@ class ReplayGuard:
             writer = self._writers.get(version.origin)
             if writer is None:
                 if version.at < latest.at - self.window:
-                    return (f"signed at {version.at:.3f}, more than {self.window:g} s before the "
-                            f"latest put of its key, signed at {latest.at:.3f}")
+                    return (
+                        f"signed at {version.at:.3f}, more than {self.window:g} s before the "
+                        f"latest put of its key, signed at {latest.at:.3f}"
+                    )
                 return None
             if version.seq <= writer.seq:
-                return (f"sequence {version.seq} of writer {version.origin}, read here before the "
-                        f"latest put of its key (sequence {latest.seq} of writer {latest.origin})")
+                return (
+                    f"sequence {version.seq} of writer {version.origin}, read here before the "
+                    f"latest put of its key (sequence {latest.seq} of writer {latest.origin})"
+                )
         return None
 
 
@@ -283,5 +305,9 @@ def _scope_key(scope: str) -> bytes:
 
 
 def _what(key: tuple[object, ...]) -> str:
-    return {"k": "delete", "s": "clear of its scope", "u": "clear of a scope it lies under",
-            "*": "clear of everything"}[str(key[0])]
+    return {
+        "k": "delete",
+        "s": "clear of its scope",
+        "u": "clear of a scope it lies under",
+        "*": "clear of everything",
+    }[str(key[0])]

@@ -16,19 +16,22 @@ class ReplicationSettings:
     )
     redis_prefix: str = setting("gpucache", "the prefix of every key this deployment writes in Redis")
     replay_window: float = setting(
-        300.0, "seconds a signed event's time may differ from its place in the shared log; outside "
-        "it the event is refused as a replay"
+        300.0,
+        "seconds a signed event's time may differ from its place in the shared log; outside "
+        "it the event is refused as a replay",
     )
     redis_stream_maxlen: int = setting(
-        100_000, "events the shared log keeps (approximately); a replica away for longer reads every "
-        "record again when it returns"
+        100_000,
+        "events the shared log keeps (approximately); a replica away for longer reads every "
+        "record again when it returns",
     )
     redis_deadline: float = setting(
         0.5, "seconds a replica waits on Redis for one command before it counts Redis as away"
     )
     redis_pending_max: int = setting(
-        10_000, "events waiting to be written to Redis at most; past it the oldest stay in this "
-        "replica only (counted as dropped)"
+        10_000,
+        "events waiting to be written to Redis at most; past it the oldest stay in this "
+        "replica only (counted as dropped)",
     )
     claim_wait: float = setting(
         30.0, "seconds a miss another replica is loading is waited for before this one loads it too"
@@ -40,8 +43,11 @@ class ReplicationSettings:
     def __post_init__(self) -> None:
         if self.redis is not None and not self.redis.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis must be a redis://, rediss:// or unix:// URL, got {self.redis!r}")
-        if isinstance(self.replay_window, bool) or not isinstance(self.replay_window, (int, float)) \
-                or not self.replay_window > 0:
+        if (
+            isinstance(self.replay_window, bool)
+            or not isinstance(self.replay_window, (int, float))
+            or not self.replay_window > 0
+        ):
             raise ValueError(f"replay_window must be > 0 seconds, got {self.replay_window!r}")
         if not self.redis_prefix or any(c.isspace() for c in self.redis_prefix):
             raise ValueError(f"redis_prefix must be a non-empty word, got {self.redis_prefix!r}")
@@ -61,7 +67,14 @@ class ReplicationSettings:
             return None
         from gpucache.share.redis import RedisShare
 
-        return RedisShare(self.redis, prefix=self.redis_prefix, secret=secret,
-                          replay_window=float(self.replay_window), maxlen=self.redis_stream_maxlen,
-                          deadline=float(self.redis_deadline), pending_max=self.redis_pending_max,
-                          claim_wait=float(self.claim_wait), claim_ttl=float(self.claim_ttl))
+        return RedisShare(
+            self.redis,
+            prefix=self.redis_prefix,
+            secret=secret,
+            replay_window=float(self.replay_window),
+            maxlen=self.redis_stream_maxlen,
+            deadline=float(self.redis_deadline),
+            pending_max=self.redis_pending_max,
+            claim_wait=float(self.claim_wait),
+            claim_ttl=float(self.claim_ttl),
+        )

@@ -145,8 +145,9 @@ class Tail:
         elif op == "del":
             guard.deleted(text(f["scope"]), text(f["prompt"]), version.at)
         elif op == "clear":
-            guard.cleared(None if f.get("all") == b"1" else text(f["scope"]), version.at,
-                          under=f.get("under") == b"1")
+            guard.cleared(
+                None if f.get("all") == b"1" else text(f["scope"]), version.at, under=f.get("under") == b"1"
+            )
         if op in ("del", "clear"):
             link.gauge(tombstones=len(guard))
         return op, f
@@ -180,8 +181,9 @@ class Tail:
         elif op == "del":
             replica.apply_replicated_removal(text(f["scope"]), text(f["prompt"]))
         elif op == "clear":
-            replica.apply_replicated_clear(None if f.get("all") == b"1" else text(f["scope"]),
-                                           under=f.get("under") == b"1")
+            replica.apply_replicated_clear(
+                None if f.get("all") == b"1" else text(f["scope"]), under=f.get("under") == b"1"
+            )
         else:
             raise ValueError(f"unknown op {op!r}")
         link.count(applied=1)

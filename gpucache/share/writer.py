@@ -71,8 +71,15 @@ class Writer:
         with self.wake:
             if not self._removing:  # the common case: no walk of a queue of puts
                 return []
-            return [(None if e.get("all") else e["scope"], e.get("prompt") if e["op"] == "del" else None,
-                     bool(e.get("under"))) for e in self.pending if e["op"] in REMOVALS]
+            return [
+                (
+                    None if e.get("all") else e["scope"],
+                    e.get("prompt") if e["op"] == "del" else None,
+                    bool(e.get("under")),
+                )
+                for e in self.pending
+                if e["op"] in REMOVALS
+            ]
 
     def drain(self, timeout: float, running: bool) -> None:
         """Wait (up to ``timeout``) until the queue is written, while Redis answers."""
@@ -100,8 +107,11 @@ class Writer:
                 link.failed(exc, "writing shared events")
                 continue
             except Exception as exc:  # one event Redis refuses must not hold back the others
-                log.warning("gpucache: a batch of %d shared events failed (%r); writing them one "
-                            "by one", len(batch), exc)
+                log.warning(
+                    "gpucache: a batch of %d shared events failed (%r); writing them one by one",
+                    len(batch),
+                    exc,
+                )
                 written, dropped = self._write_each(batch)
                 link.count(written=-dropped)
                 if written < len(batch):  # Redis went away meanwhile: the rest wait
@@ -131,8 +141,12 @@ class Writer:
             except Exception as exc:
                 dropped += 1
                 self.link.count(poisoned=1)
-                log.error("gpucache: dropped a shared %s event that cannot be written (%r); it "
-                          "stays in this replica only", event["op"], exc)
+                log.error(
+                    "gpucache: dropped a shared %s event that cannot be written (%r); it "
+                    "stays in this replica only",
+                    event["op"],
+                    exc,
+                )
         return len(batch), dropped
 
     def write(self, batch: list[dict[str, Any]]) -> None:
@@ -142,8 +156,9 @@ class Writer:
         pipe = link.redis.pipeline(transaction=True)
         for event in batch:
             if event["op"] == "unlock":
-                self.release(keys=[keys.claim(event["scope"], event["prompt"])], args=[event["token"]],
-                             client=pipe)
+                self.release(
+                    keys=[keys.claim(event["scope"], event["prompt"])], args=[event["token"]], client=pipe
+                )
                 continue  # not an event other replicas need
             # the writer, its sequence and the time, signed with the rest: what lets a replica
             # refuse this event, or the record it writes, once it is put back (replay.py). A
@@ -158,10 +173,22 @@ class Writer:
             }
             if event["op"] == "put":
                 record = keys.record(event["scope"], event["prompt"])
-                pipe.hset(record, mapping=link.signer.signed(entry_fields(
-                    event["scope"], event["prompt"], event["response"], event["expires_at"],
-                    *self.model, event["vector"], link.origin, fields["at"], int(fields["seq"]),
-                )))
+                pipe.hset(
+                    record,
+                    mapping=link.signer.signed(
+                        entry_fields(
+                            event["scope"],
+                            event["prompt"],
+                            event["response"],
+                            event["expires_at"],
+                            *self.model,
+                            event["vector"],
+                            link.origin,
+                            fields["at"],
+                            int(fields["seq"]),
+                        )
+                    ),
+                )
                 if math.isfinite(event["expires_at"]):
                     pipe.pexpireat(record, int(event["expires_at"] * 1000))
                 fields["record"] = record

@@ -7,13 +7,7 @@ import json
 
 import pytest
 from false_hits import render_report
-from labelled_pairs import (
-    PairResult,
-    ablation_variants,
-    evaluate_pairs,
-    replay_intents,
-    word_jaccard,
-)
+from labelled_pairs import PairResult, ablation_variants, evaluate_pairs, replay_intents, word_jaccard
 
 from gpucache import LexicalNearMissVerifier, ThresholdOnly
 
@@ -46,8 +40,7 @@ def test_pairs_rates_through_the_real_model(tmp_path, real_embedder):
     threshold, fh = result.threshold_only_at_hit_rate(1.0)
     assert threshold <= min(s for s, lab in zip(result.similarity, result.labels) if lab == 1)
     assert fh == 0.5
-    text = render_report([result], [], threshold=0.85, top_k=1, command="cmd", about="about",
-                         plot=None)
+    text = render_report([result], [], threshold=0.85, top_k=1, command="cmd", about="about", plot=None)
     assert "| pairs | 4 |" in text and "50.0% / 100.0%" in text
     assert "| set | direction | threshold raised to the same hit rate |" in text
     # the ablation: every variant answered every pair; without "direction" the next rule in
@@ -62,9 +55,15 @@ def test_pairs_rates_through_the_real_model(tmp_path, real_embedder):
 
 def test_rule_and_threshold_yields_count_by_label():
     result = PairResult(
-        name="t", pairs=5, label0=3, label1=2, near_misses=0,
-        similarity=[0.95, 0.91, 0.88, 0.86, 0.70], labels=[0, 1, 0, 1, 0],
-        accepted=[False, False, True, True, True], near_miss=[False] * 5,
+        name="t",
+        pairs=5,
+        label0=3,
+        label1=2,
+        near_misses=0,
+        similarity=[0.95, 0.91, 0.88, 0.86, 0.70],
+        labels=[0, 1, 0, 1, 0],
+        accepted=[False, False, True, True, True],
+        near_miss=[False] * 5,
         rule=["numbers", "substitution", "", "", ""],
     )
     assert result.rule_yield(0.9) == {"numbers": (1, 0), "substitution": (0, 1)}
@@ -76,9 +75,15 @@ def test_rule_and_threshold_yields_count_by_label():
 
 def test_dominance_compares_with_a_threshold_at_the_same_hit_rate():
     result = PairResult(
-        name="t", pairs=6, label0=3, label1=3, near_misses=0,
-        similarity=[0.99, 0.97, 0.95, 0.93, 0.91, 0.90], labels=[1, 0, 1, 0, 0, 1],
-        accepted=[True, False, True, True, False, False], near_miss=[False] * 6,
+        name="t",
+        pairs=6,
+        label0=3,
+        label1=3,
+        near_misses=0,
+        similarity=[0.99, 0.97, 0.95, 0.93, 0.91, 0.90],
+        labels=[1, 0, 1, 0, 0, 1],
+        accepted=[True, False, True, True, False, False],
+        near_miss=[False] * 6,
     )
     # at 0.9 the verifier serves two of three label-1 pairs (0.99, 0.95) and one label-0 (0.93);
     # a threshold serving the same two label-1 pairs sits at 0.95 and serves one label-0 (0.97)
@@ -93,12 +98,19 @@ def test_dominance_compares_with_a_threshold_at_the_same_hit_rate():
 
 
 def test_replay_counts_answers_from_another_intent(tmp_path, fake_embedder):
-    rows = [{"text": t, "label": lab} for t, lab in [
-        ("card arrival when", "card"), ("card arrival when please", "card"),
-        ("lost card", "lost"), ("lost card please", "lost"),
-    ]]
+    rows = [
+        {"text": t, "label": lab}
+        for t, lab in [
+            ("card arrival when", "card"),
+            ("card arrival when please", "card"),
+            ("lost card", "lost"),
+            ("lost card please", "lost"),
+        ]
+    ]
     path = write_jsonl(tmp_path / "intents.jsonl", rows)
-    [plain, guarded] = replay_intents(path, fake_embedder, ThresholdOnly(), [(0.5, 1, False), (0.99, 1, True)])
+    [plain, guarded] = replay_intents(
+        path, fake_embedder, ThresholdOnly(), [(0.5, 1, False), (0.99, 1, True)]
+    )
     assert plain.asked == 2 and plain.served == 2 and plain.wrong == 0
     assert guarded.served == 0 and guarded.hit_rate == 0.0
 
@@ -127,8 +139,7 @@ def test_the_split_is_keyed_balanced_and_the_same_in_every_process():
     assert set(halves) == {"tune", "report"}
     assert 900 <= halves.count("report") <= 1100
     assert [half_of(i) for i in ids] == halves  # a row stays in its half
-    code = ("from labelled_pairs import half_of\n"
-            "print(''.join(half_of(f'set:{n}')[0] for n in range(200)))")
+    code = "from labelled_pairs import half_of\nprint(''.join(half_of(f'set:{n}')[0] for n in range(200)))"
     assert len(outputs_under_hash_seeds(code)) == 1
 
 
@@ -162,13 +173,21 @@ def test_a_half_is_measured_alone_and_an_empty_half_is_an_error(tmp_path, fake_e
 
 def test_the_report_breaks_a_file_down_by_kind():
     result = PairResult(
-        name="llm", pairs=4, label0=2, label1=2, near_misses=0,
-        similarity=[0.95, 0.91, 0.97, 0.80], labels=[0, 0, 1, 1],
-        accepted=[False, True, True, True], near_miss=[False] * 4,
-        rule=["added", "", "", ""], kinds=["audience", "audience", "fillers", "fillers"],
+        name="llm",
+        pairs=4,
+        label0=2,
+        label1=2,
+        near_misses=0,
+        similarity=[0.95, 0.91, 0.97, 0.80],
+        labels=[0, 0, 1, 1],
+        accepted=[False, True, True, True],
+        near_miss=[False] * 4,
+        rule=["added", "", "", ""],
+        kinds=["audience", "audience", "fillers", "fillers"],
     )
-    text = render_report([result], [], threshold=0.9, top_k=1, command="cmd", about="about",
-                         plot=None, half="report")
+    text = render_report(
+        [result], [], threshold=0.9, top_k=1, command="cmd", about="about", plot=None, half="report"
+    )
     assert "## llm: by kind of pair (threshold 0.9)" in text
     assert "| audience | 0 | 2 | 2 | 1 | added 1 |" in text
     assert "| fillers | 1 | 2 | 1 | 1 | - |" in text

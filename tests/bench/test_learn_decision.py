@@ -34,8 +34,10 @@ def test_a_soft_shape_is_a_feature_not_a_refusal():
 
 def test_the_reading_is_the_same_both_ways_round():
     reader = Reader()
-    for a, b in [("how do I turn off notifications", "how do I disable notifications please"),
-                 ("When do you close?", "what are your closing times")]:
+    for a, b in [
+        ("how do I turn off notifications", "how do I disable notifications please"),
+        ("When do you close?", "what are your closing times"),
+    ]:
         assert reader.read(a, b, 0.85) == reader.read(b, a, 0.85)
 
 

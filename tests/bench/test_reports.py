@@ -15,8 +15,11 @@ NOTES = "performance-notes.md"  # many runs, each group naming the commit of the
 
 
 def test_every_report_names_the_commit_it_was_run_at():
-    unlabelled = [p.name for p in sorted(REPORTS.glob("*.md")) if p.name != NOTES
-                  and not COMMIT.search("\n".join(p.read_text(encoding="utf-8").splitlines()[:12]))]
+    unlabelled = [
+        p.name
+        for p in sorted(REPORTS.glob("*.md"))
+        if p.name != NOTES and not COMMIT.search("\n".join(p.read_text(encoding="utf-8").splitlines()[:12]))
+    ]
     assert unlabelled == []
     notes = (REPORTS / NOTES).read_text(encoding="utf-8").split("\n## ")[1:]
     assert notes and all(re.search(r"\b[0-9a-f]{7}\b", group) for group in notes)
@@ -37,5 +40,9 @@ def test_the_precision_is_read_from_the_embedder_as_it_runs():
     import torch
 
     assert provenance.precision(_Embedder(torch.float32, None)) == "float32 matmuls"
-    assert provenance.precision(_Embedder(torch.float32, torch.bfloat16)) == "bfloat16 matmuls (float32 weights)"
-    assert provenance.run_label(_Embedder(torch.float16, None)).endswith("; similarities from float16 matmuls")
+    assert (
+        provenance.precision(_Embedder(torch.float32, torch.bfloat16)) == "bfloat16 matmuls (float32 weights)"
+    )
+    assert provenance.run_label(_Embedder(torch.float16, None)).endswith(
+        "; similarities from float16 matmuls"
+    )

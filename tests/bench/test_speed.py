@@ -16,9 +16,10 @@ SPEED = Path(__file__).resolve().parents[2] / "bench" / "speed.py"
 def test_bench_quick_writes_a_report(tmp_path, real_embedder):
     out = tmp_path / "bench.md"
     result = subprocess.run(
-        [sys.executable, str(SPEED), "--quick", "--device", "cpu", "--repeat", "1",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=900,
+        [sys.executable, str(SPEED), "--quick", "--device", "cpu", "--repeat", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     text = out.read_text()
@@ -31,8 +32,9 @@ def test_bench_quick_writes_a_report(tmp_path, real_embedder):
     assert all(s["queries_per_s"] > 0 for s in scans)
     assert all((s["read_gb_per_s"] is not None) == (s["q"] == 1) for s in scans)
     assert all(s["read_gb_per_s"] > 0 for s in scans if s["q"] == 1)
-    assert all(s["recall_at_k"] >= 0.99 for s in scans
-               if s["engine"] == "gpucache" and s["recall_at_k"] is not None)
+    assert all(
+        s["recall_at_k"] >= 0.99 for s in scans if s["engine"] == "gpucache" and s["recall_at_k"] is not None
+    )
     overheads = data[0]["end_to_end"]["overhead"]
     assert [o["quantization"] for o in overheads] == ["fp32", "bf16", "int8"]
     for o in overheads:  # the call's own embedding and a scan are parts of the call
@@ -63,8 +65,11 @@ def test_bench_quick_writes_a_report(tmp_path, real_embedder):
     if latency["quantization"] != "fp32":  # the default's storage beside a full-precision one
         assert "get (miss), fp32 store" in latency["ms"]
     # the report says which path the embedder took, as the embedder itself says
-    assert latency["embedder"] == {"lean": real_embedder.uses_lean, "packed": real_embedder.packed,
-                                   "single_text_path": real_embedder.single_text_path}
+    assert latency["embedder"] == {
+        "lean": real_embedder.uses_lean,
+        "packed": real_embedder.packed,
+        "single_text_path": real_embedder.single_text_path,
+    }
 
 
 def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):
@@ -81,10 +86,12 @@ def test_engines_are_timed_in_blocks_forward_then_reverse(monkeypatch):
         def run():
             now[0] += durations[name][log.count(name)]
             log.append(name)
+
         return run
 
-    timings = bench.timed_together([engine(n) for n in "abc"], torch.device("cpu"), repeat=3,
-                                   clock=lambda: now[0])
+    timings = bench.timed_together(
+        [engine(n) for n in "abc"], torch.device("cpu"), repeat=3, clock=lambda: now[0]
+    )
     # each block: one settling run, then its timed runs; 2 timed runs forward, 1 in reverse
     assert "".join(log) == "aaabbbccc" + "ccbbaa"
     # the settling runs are left out: median and spread of the three timed runs
@@ -105,18 +112,32 @@ def test_fast_engines_run_until_the_block_has_taken_long_enough(monkeypatch):
 def test_the_report_compares_each_mode_with_faiss_and_the_gpu_with_the_cpu():
     from speed import BenchReport, ScanResult, render
 
-    versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "12", "transformers": "5",
-                "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
+    versions = {
+        "commit": "x",
+        "python": "3",
+        "torch": "2",
+        "cuda": "12",
+        "transformers": "5",
+        "faiss": "1",
+        "machine": "x86_64",
+        "cpu_threads": "2",
+    }
 
     def report(device, ours_qps, faiss_qps):
-        scans = [ScanResult(device, "gpucache", "int8", 1000, 1, 1 / ours_qps, 0.0, ours_qps, 1.0),
-                 ScanResult("cpu", "faiss", "fp32", 1000, 1, 1 / faiss_qps, 0.0, faiss_qps, 1.0),
-                 ScanResult("cpu", "faiss", "int8", 1000, 1, 0.5 / faiss_qps, 0.0, 2 * faiss_qps,
-                            1.0)]
-        return BenchReport(device, versions, 10.0, {"fp32": 0.1}, scans=scans,
-                           embed={"prompts": 4, "gpucache_prompts_per_s": ours_qps, "dtype": "x"},
-                           end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": ours_qps,
-                                       "hit_rate": 0.5})
+        scans = [
+            ScanResult(device, "gpucache", "int8", 1000, 1, 1 / ours_qps, 0.0, ours_qps, 1.0),
+            ScanResult("cpu", "faiss", "fp32", 1000, 1, 1 / faiss_qps, 0.0, faiss_qps, 1.0),
+            ScanResult("cpu", "faiss", "int8", 1000, 1, 0.5 / faiss_qps, 0.0, 2 * faiss_qps, 1.0),
+        ]
+        return BenchReport(
+            device,
+            versions,
+            10.0,
+            {"fp32": 0.1},
+            scans=scans,
+            embed={"prompts": 4, "gpucache_prompts_per_s": ours_qps, "dtype": "x"},
+            end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": ours_qps, "hit_rate": 0.5},
+        )
 
     text = render([report("cpu", 50.0, 100.0), report("cuda:0", 400.0, 100.0)], "cmd")
     assert "| gpucache | int8 | 1000 | 1 |" in text and "| 0.50x |" in text and "| 4.00x |" in text
@@ -139,15 +160,33 @@ def test_int8_compute_is_a_fraction_of_the_int8_matmul_rate():
     assert matmul_rate(torch.device("cpu"), torch.int8, 1, 64) > 0
     _, rates = machine_limits(torch.device("cpu"), 1, quick=True)
     assert ("int8" in rates) == CpuPaths.detect().int8_matmul and {"fp32", "bf16", "fp16"} <= set(rates)
-    versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "-", "transformers": "5",
-                "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
+    versions = {
+        "commit": "x",
+        "python": "3",
+        "torch": "2",
+        "cuda": "-",
+        "transformers": "5",
+        "faiss": "1",
+        "machine": "x86_64",
+        "cpu_threads": "2",
+    }
     # 2 * 64 * 1000 * 384 ops in 1 ms: 49.2 GOP/s, half of a 98.3 GOP/s int8 rate
     scan = ScanResult("cpu", "gpucache", "int8", 1000, 64, 1e-3, 0.0, 64e3, 1.0)
     limits = {"fp32": 0.01, "int8": 2 * 64 * 1000 * 384 / 1e-3 / 1e12 * 2}
-    text = render([BenchReport("cpu", versions, 10.0, limits, scans=[scan],
-                               embed={"prompts": 4, "gpucache_prompts_per_s": 1.0, "dtype": "x"},
-                               end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": 4.0,
-                                           "hit_rate": 0.5})], "cmd")
+    text = render(
+        [
+            BenchReport(
+                "cpu",
+                versions,
+                10.0,
+                limits,
+                scans=[scan],
+                embed={"prompts": 4, "gpucache_prompts_per_s": 1.0, "dtype": "x"},
+                end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": 4.0, "hit_rate": 0.5},
+            )
+        ],
+        "cmd",
+    )
     assert "| gpucache | int8 | 1000 | 64 | 1.00 (0.00) | 64000 | 1.0 | - | 50% |" in text
     assert "fp32 10.0 GFLOP/s, int8 98.3 GOP/s." in text
 
@@ -157,13 +196,31 @@ def test_a_single_query_is_a_fraction_of_the_read_rate_measured_beside_it():
     plain read timed in the same blocks, not with the machine figure from the run's start."""
     from speed import BenchReport, ScanResult, render
 
-    versions = {"commit": "x", "python": "3", "torch": "2", "cuda": "-", "transformers": "5",
-                "faiss": "1", "machine": "x86_64", "cpu_threads": "2"}
+    versions = {
+        "commit": "x",
+        "python": "3",
+        "torch": "2",
+        "cuda": "-",
+        "transformers": "5",
+        "faiss": "1",
+        "machine": "x86_64",
+        "cpu_threads": "2",
+    }
     scan = ScanResult("cpu", "gpucache", "fp32", 1000, 1, 1e-3, 0.0, 1e3, 3.0, None, 4.0)
-    text = render([BenchReport("cpu", versions, 50.0, {"fp32": 0.1}, scans=[scan],
-                               embed={"prompts": 4, "gpucache_prompts_per_s": 1.0, "dtype": "x"},
-                               end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": 4.0,
-                                           "hit_rate": 0.5})], "cmd")
+    text = render(
+        [
+            BenchReport(
+                "cpu",
+                versions,
+                50.0,
+                {"fp32": 0.1},
+                scans=[scan],
+                embed={"prompts": 4, "gpucache_prompts_per_s": 1.0, "dtype": "x"},
+                end_to_end={"prompts": 4, "seconds": 1.0, "prompts_per_s": 4.0, "hit_rate": 0.5},
+            )
+        ],
+        "cmd",
+    )
     assert "| gpucache | fp32 | 1000 | 1 | 1.00 (0.00) | 1000 | 3.0 | 4.0 | 75% |" in text
 
 
@@ -173,9 +230,24 @@ def test_the_paired_store_comparison_runs_against_a_git_revision():
 
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [sys.executable, str(root / "bench" / "ab_store.py"), "--base", "HEAD", "--n", "600",
-         "--q", "1,8", "--mode", "int8", "--rounds", "2"],
-        capture_output=True, text=True, timeout=300, cwd=root,
+        [
+            sys.executable,
+            str(root / "bench" / "ab_store.py"),
+            "--base",
+            "HEAD",
+            "--n",
+            "600",
+            "--q",
+            "1,8",
+            "--mode",
+            "int8",
+            "--rounds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()

@@ -13,8 +13,14 @@ from gpucache import LookupTimeout, SemanticCache, StoreEverything, ThresholdOnl
 
 
 def make(embedder, **options) -> SemanticCache:
-    return SemanticCache(embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
-                         cache_policy=StoreEverything(), **options)
+    return SemanticCache(
+        embedder,
+        device="cpu",
+        verifier=ThresholdOnly(),
+        threshold=0.9,
+        cache_policy=StoreEverything(),
+        **options,
+    )
 
 
 class HeldEmbedder:
@@ -133,9 +139,11 @@ def test_a_full_batch_is_filled_one_tenant_at_a_time_in_turn(fake_embedder):
     flood = [cache.aget(f"flood {i}", scope=f"key:a/q:{i % 2}") for i in range(6)]
     lookups = [*flood, cache.aget("the other tenant's question", scope="key:b")]
     assert run(behind_a_running_batch(cache, held, *lookups)) == [None] * 7
-    assert held.batches == [["the batch in the embedder"],
-                            ["flood 0", "flood 1", "flood 2", "the other tenant's question"],
-                            ["flood 3", "flood 4", "flood 5"]]
+    assert held.batches == [
+        ["the batch in the embedder"],
+        ["flood 0", "flood 1", "flood 2", "the other tenant's question"],
+        ["flood 3", "flood 4", "flood 5"],
+    ]
 
 
 def test_in_turn_takes_tenants_in_the_order_they_first_came():
@@ -145,8 +153,15 @@ def test_in_turn_takes_tenants_in_the_order_they_first_came():
     def ticket(scope, n):
         return _Ticket(LookupRequest((f"{scope} {n}",), scope, 0.9, claim=False), future=None)
 
-    tickets = [ticket("a", 0), ticket("a/x", 1), ticket("b", 2), ticket("a", 3), ticket("c/q", 4),
-               ticket("b", 5), ticket("c", 6)]
+    tickets = [
+        ticket("a", 0),
+        ticket("a/x", 1),
+        ticket("b", 2),
+        ticket("a", 3),
+        ticket("c/q", 4),
+        ticket("b", 5),
+        ticket("c", 6),
+    ]
     batch, rest = in_turn(tickets, 5)
     assert [t.request.prompts[0] for t in batch] == ["a 0", "a/x 1", "b 2", "c/q 4", "b 5"]
     assert [t.request.prompts[0] for t in rest] == ["a 3", "c 6"]
@@ -159,9 +174,15 @@ def test_scopes_in_one_batch_never_see_each_others_entries(fake_embedder):
     held.release()
     cache.put("reset my password", "tenant a's answer", scope="a")
     held.hold()
-    a, b, b_reworded = run(behind_a_running_batch(
-        cache, held, cache.aget("Reset my password!", scope="a"),
-        cache.aget("reset my password", scope="b"), cache.aget("Reset my password!", scope="b")))
+    a, b, b_reworded = run(
+        behind_a_running_batch(
+            cache,
+            held,
+            cache.aget("Reset my password!", scope="a"),
+            cache.aget("reset my password", scope="b"),
+            cache.aget("Reset my password!", scope="b"),
+        )
+    )
     assert a.response == "tenant a's answer" and b is None and b_reworded is None
     assert len(held.batches) == 3  # the put's, the running one's, and the three's
 
@@ -172,9 +193,14 @@ def test_each_caller_keeps_its_own_threshold(fake_embedder):
     held.release()
     cache.put("how do i bake bread", "knead, rise, bake")
     held.hold()
-    strict, lenient = run(behind_a_running_batch(
-        cache, held, cache.aget("how do i bake bread today", threshold=0.99),
-        cache.aget("how do i bake bread today", threshold=0.5)))
+    strict, lenient = run(
+        behind_a_running_batch(
+            cache,
+            held,
+            cache.aget("how do i bake bread today", threshold=0.99),
+            cache.aget("how do i bake bread today", threshold=0.5),
+        )
+    )
     assert strict is None and lenient.response == "knead, rise, bake"
     assert len(held.batches) == 3  # the put's, the running one's, and the two's
 

@@ -42,9 +42,7 @@ def clock() -> Clock:
 def cache(fake_embedder, clock, device) -> SemanticCache:
     """Threshold-only, so these tests see the cache logic alone; the default verifier has its
     own tests (test_lexical.py) and is tested through the cache with the real model."""
-    return SemanticCache(
-        fake_embedder, threshold=0.8, verifier=ThresholdOnly(), device=device, timer=clock
-    )
+    return SemanticCache(fake_embedder, threshold=0.8, verifier=ThresholdOnly(), device=device, timer=clock)
 
 
 # --------------------------------------------------------------------- construction
@@ -53,8 +51,14 @@ def cache(fake_embedder, clock, device) -> SemanticCache:
 def test_collaborators_and_settings_stay_readable(fake_embedder, clock):
     verifier = RejectWords()
     cache = SemanticCache(
-        fake_embedder, threshold=0.9, verifier=verifier, top_k=3, capacity=10, ttl=60,
-        device="cpu", timer=clock,
+        fake_embedder,
+        threshold=0.9,
+        verifier=verifier,
+        top_k=3,
+        capacity=10,
+        ttl=60,
+        device="cpu",
+        timer=clock,
     )
     assert cache.embedder is fake_embedder
     assert cache.verifier is verifier
@@ -179,9 +183,7 @@ def test_verifier_sees_candidates_and_can_reject(fake_embedder, clock):
 
 def test_top_k_lets_the_next_candidate_through_after_a_rejection(fake_embedder, clock):
     verifier = RejectWords("forbidden")
-    cache = SemanticCache(
-        fake_embedder, threshold=0.5, verifier=verifier, top_k=2, device="cpu", timer=clock
-    )
+    cache = SemanticCache(fake_embedder, threshold=0.5, verifier=verifier, top_k=2, device="cpu", timer=clock)
     cache.put("one two three forbidden", "bad")
     cache.put("one two three four five", "good")
     hit = cache.get("one two three forbidden five")
@@ -250,12 +252,16 @@ class Watching:
         return PolicyDecision(True)
 
 
-@pytest.mark.parametrize("write", [
-    lambda cache: cache.put("alpha beta", "an answer"),
-    lambda cache: cache.get_or_put("alpha beta", lambda p: "an answer"),
-    lambda cache: cache.get_or_put_all(["alpha beta", "gamma delta"], lambda ps: ["one", "two"]),
-    lambda cache: cache.may_store("alpha beta", "an answer"),
-], ids=["put", "get_or_put", "get_or_put_all", "may_store"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda cache: cache.put("alpha beta", "an answer"),
+        lambda cache: cache.get_or_put("alpha beta", lambda p: "an answer"),
+        lambda cache: cache.get_or_put_all(["alpha beta", "gamma delta"], lambda ps: ["one", "two"]),
+        lambda cache: cache.may_store("alpha beta", "an answer"),
+    ],
+    ids=["put", "get_or_put", "get_or_put_all", "may_store"],
+)
 def test_the_content_policy_decides_without_the_caches_lock(fake_embedder, write):
     """Its regular expressions run over whole prompts and answers: under the lock, a long
     answer being checked would hold up every lookup."""
@@ -266,10 +272,11 @@ def test_the_content_policy_decides_without_the_caches_lock(fake_embedder, write
     assert policy.lock_free and all(policy.lock_free)
 
 
-@pytest.mark.parametrize("change", [
-    lambda cache: cache.invalidate("one two three four"),
-    lambda cache: cache.clear(),
-], ids=["invalidated", "cleared"])
+@pytest.mark.parametrize(
+    "change",
+    [lambda cache: cache.invalidate("one two three four"), lambda cache: cache.clear()],
+    ids=["invalidated", "cleared"],
+)
 def test_an_entry_removed_while_the_verifier_judges_it_is_not_served(fake_embedder, change):
     verifier = Meanwhile(during=change)
     cache = SemanticCache(fake_embedder, threshold=0.5, verifier=verifier, device="cpu")
@@ -454,8 +461,9 @@ def test_full_cache_evicts_the_least_recently_used(fake_embedder, clock):
 
 
 def test_a_semantic_hit_makes_its_entry_the_most_recently_used(fake_embedder, clock):
-    cache = SemanticCache(fake_embedder, capacity=3, device="cpu", timer=clock, threshold=0.8,
-                          verifier=ThresholdOnly())
+    cache = SemanticCache(
+        fake_embedder, capacity=3, device="cpu", timer=clock, threshold=0.8, verifier=ThresholdOnly()
+    )
     cache.warm([("alpha beta gamma delta", "1"), ("two", "2"), ("three", "3")])
     hit = cache.get("alpha beta gamma delta epsilon")  # the same words and one more
     assert hit is not None and not hit.exact and hit.response == "1"
@@ -498,8 +506,9 @@ def test_capacity_also_bounds_the_memory_the_texts_hold(fake_embedder, clock):
 
 
 def test_one_tenants_junk_evicts_its_own_entries_and_no_one_elses(fake_embedder, clock):
-    cache = SemanticCache(fake_embedder, capacity=100, tenant_capacity=5, device="cpu", timer=clock,
-                          threshold=0.8)
+    cache = SemanticCache(
+        fake_embedder, capacity=100, tenant_capacity=5, device="cpu", timer=clock, threshold=0.8
+    )
     cache.warm([(f"team question {n}", "a") for n in range(5)], scope="key:team/ns:x")
     for n in range(50):
         cache.put(f"junk {n}", "j", scope=f"key:mallory/q:{n % 7}")  # across many of its scopes
@@ -532,8 +541,9 @@ def test_a_snapshot_restored_under_a_smaller_text_budget_keeps_the_most_recent(f
     for n in range(4):
         big.put(f"prompt {n} " + "x" * 4_000, f"answer {n}")
     big.save(tmp_path / "c.gpucache")
-    small = SemanticCache.load(tmp_path / "c.gpucache", embedder=fake_embedder, device="cpu",
-                               max_text_bytes=10_000)
+    small = SemanticCache.load(
+        tmp_path / "c.gpucache", embedder=fake_embedder, device="cpu", max_text_bytes=10_000
+    )
     assert [n for n in range(4) if small.get(f"prompt {n} " + "x" * 4_000) is not None] == [2, 3]
 
 
@@ -564,8 +574,11 @@ def test_clear_under_removes_a_scope_and_every_scope_below_it_and_nothing_else(c
     for scope in ("key:ab", "key:ab/ns:team", "key:ab/q:1", "key:abc", "key:a", "other/key:ab"):
         cache.put(f"note of {scope}", "n", scope=scope)
     assert cache.clear_under("key:ab") == 3
-    assert [s for s in ("key:ab", "key:ab/ns:team", "key:ab/q:1", "key:abc", "key:a", "other/key:ab")
-            if cache.get(f"note of {s}", scope=s) is not None] == ["key:abc", "key:a", "other/key:ab"]
+    assert [
+        s
+        for s in ("key:ab", "key:ab/ns:team", "key:ab/q:1", "key:abc", "key:a", "other/key:ab")
+        if cache.get(f"note of {s}", scope=s) is not None
+    ] == ["key:abc", "key:a", "other/key:ab"]
     assert cache.clear_under("key:ab") == 0
 
 
@@ -591,8 +604,17 @@ def test_stats_say_where_lookup_time_goes(cache, fake_embedder):
 # --------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("bad, error", [(None, TypeError), (b"bytes", TypeError), (42, TypeError),
-                                        (["list"], TypeError), ("", ValueError), ("  \n\t", ValueError)])
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (None, TypeError),
+        (b"bytes", TypeError),
+        (42, TypeError),
+        (["list"], TypeError),
+        ("", ValueError),
+        ("  \n\t", ValueError),
+    ],
+)
 def test_bad_prompts_raise_and_change_nothing(cache, fake_embedder, bad, error):
     cache.put("kept", "k")
     before = (len(cache), cache.stats(), fake_embedder.calls)
@@ -711,8 +733,9 @@ def test_waiters_receive_the_loaders_error(fake_embedder):
 
 def test_a_device_budget_makes_the_cache_evict_instead_of_growing(fake_embedder):
     row = 4 * 64 + 16  # fp32 row of the 64-dim fake embedder
-    cache = SemanticCache(fake_embedder, device="cpu", max_device_bytes=5 * row,
-                          verifier=ThresholdOnly(), threshold=0.8)
+    cache = SemanticCache(
+        fake_embedder, device="cpu", max_device_bytes=5 * row, verifier=ThresholdOnly(), threshold=0.8
+    )
     cache.warm([(f"prompt {w}", w) for w in "abcde"])
     for w in "fgh":
         cache.put(f"prompt {w}", w)
@@ -724,8 +747,9 @@ def test_a_device_budget_makes_the_cache_evict_instead_of_growing(fake_embedder)
 @pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
 def test_quantized_caches_serve_the_same_hits(fake_embedder, mode):
     plain = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8)
-    quant = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8,
-                          quantization=mode)
+    quant = SemanticCache(
+        fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8, quantization=mode
+    )
     pairs = [(f"topic {i} question about item {i * 7}", str(i)) for i in range(50)]
     for cache in (plain, quant):
         cache.warm(pairs)

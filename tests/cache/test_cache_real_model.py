@@ -44,9 +44,7 @@ def test_unrelated_prompts_miss(cache, unrelated):
 def test_scopes_are_isolated_through_the_real_model(cache):
     assert cache.get("How can I reset my password?", scope="another-tenant") is None
     cache.put("How do I reset my password?", "tenant B's answer", scope="another-tenant")
-    assert cache.get("How can I reset my password?", scope="another-tenant").response == (
-        "tenant B's answer"
-    )
+    assert cache.get("How can I reset my password?", scope="another-tenant").response == ("tenant B's answer")
     assert cache.get("How can I reset my password?").response.startswith("Settings")
 
 
@@ -58,8 +56,7 @@ def test_get_or_put_all_serves_paraphrases_and_loads_the_rest(cache):
         return [f"fresh: {m}" for m in missed]
 
     out = cache.get_or_put_all(
-        ["Tell me the capital of France, please.", "Why is the sky blue?", "Why is the sky blue?"],
-        loader,
+        ["Tell me the capital of France, please.", "Why is the sky blue?", "Why is the sky blue?"], loader
     )
     assert out == ["Paris.", "fresh: Why is the sky blue?", "fresh: Why is the sky blue?"]
     assert loaded == [["Why is the sky blue?"]]

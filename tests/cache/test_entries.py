@@ -14,18 +14,23 @@ from gpucache.index.store import ExactScanStore
 DIM = 8
 
 
-def table(limit: int = 100, text_limit: int | None = None, tenant_limit: int | None = None,
-          fair: bool = False) -> EntryTable:
-    return EntryTable(ExactScanStore(DIM, device="cpu"), limit, StatsCounter(), text_limit, tenant_limit,
-                      fair=fair)
+def table(
+    limit: int = 100, text_limit: int | None = None, tenant_limit: int | None = None, fair: bool = False
+) -> EntryTable:
+    return EntryTable(
+        ExactScanStore(DIM, device="cpu"), limit, StatsCounter(), text_limit, tenant_limit, fair=fair
+    )
 
 
 def vectors(n: int) -> torch.Tensor:
-    return torch.nn.functional.normalize(torch.randn(n, DIM, generator=torch.Generator().manual_seed(n)), dim=1)
+    return torch.nn.functional.normalize(
+        torch.randn(n, DIM, generator=torch.Generator().manual_seed(n)), dim=1
+    )
 
 
-def put(t: EntryTable, scope: str, *pairs: tuple[str, str], expires_at: float = float("inf"),
-        now: float = 0.0) -> int:
+def put(
+    t: EntryTable, scope: str, *pairs: tuple[str, str], expires_at: float = float("inf"), now: float = 0.0
+) -> int:
     return t.store(scope, list(pairs), vectors(len(pairs)), expires_at, now)
 
 
@@ -44,8 +49,9 @@ def test_the_texts_held_are_the_sum_of_the_entries_sizes():
     put(t, "s", ("a question", "an answer"), ("another question", "x" * 50))
     assert t.text_bytes == text_size("a question", "an answer") + text_size("another question", "x" * 50)
     put(t, "s", ("a question", "a longer answer than before"))  # an update re-counts its entry
-    assert t.text_bytes == text_size("a question", "a longer answer than before") + \
-        text_size("another question", "x" * 50)
+    assert t.text_bytes == text_size("a question", "a longer answer than before") + text_size(
+        "another question", "x" * 50
+    )
     t.clear()
     assert t.text_bytes == 0 and len(t) == 0
 
@@ -182,8 +188,15 @@ def test_a_tenants_last_entry_removed_forgets_the_tenant():
 
 def test_after_a_restore_each_tenant_is_trimmed_to_its_share():
     t = table(tenant_limit=2)
-    for scope, prompt in (("alice/m", "a1"), ("bob/m", "b1"), ("alice/m", "a2"), ("alice/x", "a3"),
-                          ("carol/m", "c1"), ("carol/m", "c2"), ("carol/m", "c3")):
+    for scope, prompt in (
+        ("alice/m", "a1"),
+        ("bob/m", "b1"),
+        ("alice/m", "a2"),
+        ("alice/x", "a3"),
+        ("carol/m", "c1"),
+        ("carol/m", "c2"),
+        ("carol/m", "c3"),
+    ):
         t.restore(scope, [(prompt, f"answer to {prompt}")], vectors(1), [float("inf")])
     t.trim_tenants()
     assert prompts(t) == ["b1", "a2", "a3", "c2", "c3"] and t.stats.evictions == 2  # one each

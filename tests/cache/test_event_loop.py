@@ -32,8 +32,13 @@ class RandomEmbedder:
 
 
 def large_cache(entries: int) -> SemanticCache:
-    cache = SemanticCache(RandomEmbedder(), device="cpu", verifier=ThresholdOnly(),
-                          cache_policy=StoreEverything(), capacity=entries)
+    cache = SemanticCache(
+        RandomEmbedder(),
+        device="cpu",
+        verifier=ThresholdOnly(),
+        cache_policy=StoreEverything(),
+        capacity=entries,
+    )
     cache.warm((f"stored prompt {i}", "answer") for i in range(entries))
     return cache
 

@@ -15,8 +15,9 @@ from gpucache.guard.verifier import Verdict
 
 @pytest.fixture
 def cache(fake_embedder) -> SemanticCache:
-    return SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
-                         cache_policy=StoreEverything())
+    return SemanticCache(
+        fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9, cache_policy=StoreEverything()
+    )
 
 
 def steps(gen: flow.Flow, core, loader=lambda prompts: [Keep(p.upper()) for p in prompts], opened=None):
@@ -78,6 +79,7 @@ def test_a_loader_error_thrown_into_the_flow_releases_the_claim(cache):
 def test_a_cancelled_waiter_leaves_the_load_and_the_other_waiters_alone(cache, monkeypatch):
     """Cancelling a task that waits on another call's load must not cancel the shared future:
     the loader finishes, the other waiters get its answer, and it is stored."""
+
     async def main() -> None:
         started, release, both_waiting = asyncio.Event(), asyncio.Event(), asyncio.Event()
         calls, waiting = [], []
@@ -175,7 +177,10 @@ def test_framed_chunks_reach_the_caller_whole_and_in_place_and_only_their_text_i
     assert asyncio.run(main()) == chunks
     assert cache.get("tell me a story").response == "once upon a time"
     plain = list(cache.get_or_put_streaming("tell me another", lambda p: iter(chunks)))
-    assert plain == ["once ", "", "upon", " a time"] and cache.get("tell me another").response == "once upon a time"
+    assert (
+        plain == ["once ", "", "upon", " a time"]
+        and cache.get("tell me another").response == "once upon a time"
+    )
 
 
 def test_a_framed_chunk_whose_text_is_not_a_str_is_the_loaders_error(cache):
@@ -216,8 +221,15 @@ def test_pieces_closed_before_any_is_read_release_the_claim_and_close_the_source
 
 def test_a_keep_with_its_own_ttl_lives_that_long(fake_embedder):
     now = [0.0]
-    cache = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
-                          cache_policy=StoreEverything(), ttl=1000.0, timer=lambda: now[0])
+    cache = SemanticCache(
+        fake_embedder,
+        device="cpu",
+        verifier=ThresholdOnly(),
+        threshold=0.9,
+        cache_policy=StoreEverything(),
+        ttl=1000.0,
+        timer=lambda: now[0],
+    )
     cache.get_or_load("short lived", lambda p: Keep("a", ttl=10))
     cache.get_or_load("long lived", lambda p: Keep("b"))
 
@@ -252,8 +264,15 @@ def test_a_store_that_fails_after_the_load_serves_the_answer_and_releases_the_cl
 
 def test_a_loaded_answer_lives_the_ttl_its_call_gave(fake_embedder):
     now = [0.0]
-    cache = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
-                          cache_policy=StoreEverything(), ttl=1000.0, timer=lambda: now[0])
+    cache = SemanticCache(
+        fake_embedder,
+        device="cpu",
+        verifier=ThresholdOnly(),
+        threshold=0.9,
+        cache_policy=StoreEverything(),
+        ttl=1000.0,
+        timer=lambda: now[0],
+    )
     cache.get_or_put("short lived", lambda p: "a", ttl=10)
     cache.get_or_put("long lived", lambda p: "b")
     now[0] = 11.0
@@ -347,7 +366,9 @@ def test_a_stream_closed_inside_a_cancelled_task_releases_its_claim_at_once(cach
             await started.wait()
             group.cancel_scope.cancel()
         assert len(cache._core.flights) == 0
-        assert await cache.aget_or_put("an endless question", lambda p: asyncio.sleep(0, "loaded")) == "loaded"
+        assert (
+            await cache.aget_or_put("an endless question", lambda p: asyncio.sleep(0, "loaded")) == "loaded"
+        )
 
     asyncio.run(main())
 
@@ -420,8 +441,9 @@ class _WordForWord:
 @pytest.fixture
 def strict(fake_embedder) -> SemanticCache:
     # the bag-of-words embedder: the same words in another order are similarity 1.0
-    return SemanticCache(fake_embedder, device="cpu", verifier=_WordForWord(), threshold=0.9,
-                         cache_policy=StoreEverything())
+    return SemanticCache(
+        fake_embedder, device="cpu", verifier=_WordForWord(), threshold=0.9, cache_policy=StoreEverything()
+    )
 
 
 def test_a_load_after_the_verifier_refused_the_best_stored_prompt_names_the_rule(strict):
@@ -437,7 +459,8 @@ def test_a_streamed_load_after_a_refusal_names_the_rule_too(strict):
 
     async def main():
         served = await strict.aget_or_load_streaming(
-            "a monad is what", lambda p: _opened(Stream("head", ["a ", "burrito"])))
+            "a monad is what", lambda p: _opened(Stream("head", ["a ", "burrito"]))
+        )
         chunks = [c async for c in served.pieces]
         return served, chunks
 

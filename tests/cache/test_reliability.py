@@ -111,8 +111,14 @@ def test_a_clock_stepped_back_does_not_expire_fresh_entries():
 # --------------------------------------------------------------------- bad-input matrix
 
 BAD_PROMPTS = [
-    (None, TypeError), (b"bytes", TypeError), (42, TypeError), (3.5, TypeError),
-    (["a list"], TypeError), ("", ValueError), ("   ", ValueError), ("\n\t\r", ValueError),
+    (None, TypeError),
+    (b"bytes", TypeError),
+    (42, TypeError),
+    (3.5, TypeError),
+    (["a list"], TypeError),
+    ("", ValueError),
+    ("   ", ValueError),
+    ("\n\t\r", ValueError),
 ]
 
 
@@ -129,10 +135,8 @@ def _entry_points(cache, bad):
         yield "invalidate", lambda: cache.invalidate(bad)
         yield "aget", lambda: loop.run_until_complete(cache.aget(bad))
         yield "aget_all", lambda: loop.run_until_complete(cache.aget_all([bad]))
-        yield "aget_or_put", lambda: loop.run_until_complete(
-            cache.aget_or_put(bad, _async_const("r")))
-        yield "aget_or_put_all", lambda: loop.run_until_complete(
-            cache.aget_or_put_all([bad], _async_list))
+        yield "aget_or_put", lambda: loop.run_until_complete(cache.aget_or_put(bad, _async_const("r")))
+        yield "aget_or_put_all", lambda: loop.run_until_complete(cache.aget_or_put_all([bad], _async_list))
         yield "aget_or_put_streaming", lambda: cache.aget_or_put_streaming(bad, lambda p: ["r"])
     finally:
         loop.close()
@@ -178,8 +182,17 @@ def test_bad_responses_and_loader_results_are_type_errors(bad):
     assert len(cache) == 0
 
 
-@pytest.mark.parametrize("bad, error", [(0, ValueError), (-1, ValueError), (float("inf"), ValueError),
-                                        (float("nan"), ValueError), ("10", TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        ("10", TypeError),
+        (True, TypeError),
+    ],
+)
 def test_bad_ttls(bad, error):
     cache = make()
     with pytest.raises(error):
@@ -192,18 +205,30 @@ def test_bad_ttls(bad, error):
 @pytest.mark.parametrize("bad", [1, b"s", ["s"], object()])
 def test_bad_scopes_everywhere(bad):
     cache = make()
-    for call in (lambda: cache.get("q", scope=bad), lambda: cache.put("q", "a", scope=bad),
-                 lambda: cache.get_or_put("q", lambda p: "a", scope=bad),
-                 lambda: cache.get_or_put_all(["q"], lambda ms: ms, scope=bad),
-                 lambda: cache.warm([("q", "a")], scope=bad), lambda: cache.clear(scope=bad)):
+    for call in (
+        lambda: cache.get("q", scope=bad),
+        lambda: cache.put("q", "a", scope=bad),
+        lambda: cache.get_or_put("q", lambda p: "a", scope=bad),
+        lambda: cache.get_or_put_all(["q"], lambda ms: ms, scope=bad),
+        lambda: cache.warm([("q", "a")], scope=bad),
+        lambda: cache.clear(scope=bad),
+    ):
         with pytest.raises(TypeError, match="scope"):
             call()
     assert len(cache) == 0
 
 
-@pytest.mark.parametrize("kwargs", [{"threshold": 0}, {"threshold": 1.5}, {"top_k": 0},
-                                    {"capacity": -3}, {"replay_chunk_chars": 0},
-                                    {"scan_budget_bytes": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"threshold": 0},
+        {"threshold": 1.5},
+        {"top_k": 0},
+        {"capacity": -3},
+        {"replay_chunk_chars": 0},
+        {"scan_budget_bytes": 0},
+    ],
+)
 def test_sizes_and_thresholds_out_of_range(kwargs):
     with pytest.raises(ValueError):
         make(**kwargs)
@@ -211,8 +236,15 @@ def test_sizes_and_thresholds_out_of_range(kwargs):
 
 @pytest.mark.parametrize(
     "prompt",
-    ["NUL\x00inside", "emoji 🙂🚀 prompt", "right-to-left مرحبا بالعالم", "mixed Ελληνικά и русский 中文",
-     "lone surrogate \ud800 here", "\u200b zero width", "a" * 10_000],
+    [
+        "NUL\x00inside",
+        "emoji 🙂🚀 prompt",
+        "right-to-left مرحبا بالعالم",
+        "mixed Ελληνικά и русский 中文",
+        "lone surrogate \ud800 here",
+        "\u200b zero width",
+        "a" * 10_000,
+    ],
     ids=["nul", "emoji", "rtl", "mixed", "surrogate", "zero-width", "long-word"],
 )
 def test_unusual_text_is_stored_and_found_exactly(prompt, real_embedder):
@@ -348,9 +380,11 @@ def test_tasks_under_stress_keep_the_invariants():
 # --------------------------------------------------------------------- properties
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["put", "get", "get_or_put", "invalidate", "clear"]),
-              st.sampled_from(["s1", "s2", "s3"]),
-              st.sampled_from(["red apple", "green pear", "red apples", "blue sky", "apple red"])),
+    st.tuples(
+        st.sampled_from(["put", "get", "get_or_put", "invalidate", "clear"]),
+        st.sampled_from(["s1", "s2", "s3"]),
+        st.sampled_from(["red apple", "green pear", "red apples", "blue sky", "apple red"]),
+    ),
     max_size=40,
 )
 
@@ -385,8 +419,10 @@ def test_no_cross_scope_hit_ever(sequence):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from([f"word{i}" for i in range(12)]), max_size=25),
-       st.lists(st.sampled_from([f"word{i}" for i in range(12)]), max_size=6))
+@given(
+    st.lists(st.sampled_from([f"word{i}" for i in range(12)]), max_size=25),
+    st.lists(st.sampled_from([f"word{i}" for i in range(12)]), max_size=6),
+)
 def test_a_batch_loads_exactly_what_sequential_calls_would_miss(prompts, stored):
     """Prompts here are single distinct words, dissimilar to each other, so whether one
     prompt is answered cannot depend on another of the batch being stored first."""
@@ -403,8 +439,16 @@ def test_a_batch_loads_exactly_what_sequential_calls_would_miss(prompts, stored)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.text(min_size=1, max_size=20).filter(str.strip),
-                          st.text(max_size=20)), max_size=15))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.text(min_size=1, max_size=20).filter(str.strip),
+            st.text(max_size=20),
+        ),
+        max_size=15,
+    )
+)
 def test_save_then_load_answers_every_lookup_as_before(tmp_path_factory, items):
     embedder = FakeEmbedder()
     cache = make(embedder, cache_policy=StoreEverything())

@@ -39,8 +39,14 @@ class Recording(LocalOnly):
 
 
 def make(embedder, shared=None):
-    return SemanticCache(embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.9,
-                         cache_policy=StoreEverything(), shared=shared)
+    return SemanticCache(
+        embedder,
+        device="cpu",
+        verifier=ThresholdOnly(),
+        threshold=0.9,
+        cache_policy=StoreEverything(),
+        shared=shared,
+    )
 
 
 def test_a_cache_alone_has_the_local_only_replication(fake_embedder):
@@ -80,12 +86,16 @@ class RemovedWhileRead(Recording):
         return found
 
 
-@pytest.mark.parametrize("removal", [
-    lambda replica: replica.core.upkeep.clear("s"),
-    lambda replica: replica.core.upkeep.invalidate("s", "stored elsewhere"),
-    lambda replica: replica.apply_replicated_clear(None),
-    lambda replica: replica.apply_replicated_removal("s", "stored elsewhere"),
-], ids=["clear", "invalidate", "replicated clear", "replicated removal"])
+@pytest.mark.parametrize(
+    "removal",
+    [
+        lambda replica: replica.core.upkeep.clear("s"),
+        lambda replica: replica.core.upkeep.invalidate("s", "stored elsewhere"),
+        lambda replica: replica.apply_replicated_clear(None),
+        lambda replica: replica.apply_replicated_removal("s", "stored elsewhere"),
+    ],
+    ids=["clear", "invalidate", "replicated clear", "replicated removal"],
+)
 def test_an_entry_read_from_the_shared_store_before_a_removal_is_not_kept_after_it(fake_embedder, removal):
     vector = fake_embedder.encode(["stored elsewhere"])[0]
     entry = SharedEntry("s", "stored elsewhere", "their answer", math.inf, vector)
@@ -113,7 +123,10 @@ def test_a_clear_under_a_prefix_is_announced_once_whatever_this_cache_holds(fake
     cache.put("one of theirs too", "y", scope="key:ab/ns:two")
     assert cache.clear_under("key:ab") == 2
     assert cache.clear_under("key:cd") == 0
-    assert [c for c in shared.calls if c[0] != "stored"] == [("cleared_under", "key:ab"), ("cleared_under", "key:cd")]
+    assert [c for c in shared.calls if c[0] != "stored"] == [
+        ("cleared_under", "key:ab"),
+        ("cleared_under", "key:cd"),
+    ]
 
 
 def test_the_fence_covers_what_each_removal_since_the_mark_removed():

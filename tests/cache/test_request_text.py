@@ -26,7 +26,8 @@ def test_a_cache_that_reads_prompts_as_written_misses_it(real_embedder):
 def test_greetings_and_thanks_are_not_what_is_embedded(real_embedder):
     cache = SemanticCache(real_embedder, device="cpu")
     assert cache._core.embedded(["hey there! quick question: how do I descale a kettle? thanks!"]) == [
-        "how do I descale a kettle?"]
+        "how do I descale a kettle?"
+    ]
     cache.put("How do I descale a kettle?", "Vinegar and water.")
     hit = cache.get("hey there! quick question: how do I descale a kettle? thanks so much for your help!")
     assert hit is not None and hit.similarity > 0.99
@@ -45,6 +46,9 @@ def test_framing_segments_at_the_end_are_set_aside_as_those_at_the_start_are():
     from gpucache.guard.request import strip_framing
 
     question = "How do I reset my password?"
-    for framed in (f"{question} Any help would be appreciated.", f"{question} I hope you can help me. Thanks.",
-                   f"Hi there! {question} Thanks so much!"):
+    for framed in (
+        f"{question} Any help would be appreciated.",
+        f"{question} I hope you can help me. Thanks.",
+        f"Hi there! {question} Thanks so much!",
+    ):
         assert strip_framing(framed) == question, framed

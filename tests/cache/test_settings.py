@@ -33,7 +33,13 @@ NON_DEFAULT = {
     "match_context": True,
 }
 # the machine's and the server's speed choices: a snapshot leaves them out
-NOT_SAVED = {"scan_kernel", "lookup_window_seconds", "lookup_batch", "lookup_timeout_seconds", "match_context"}
+NOT_SAVED = {
+    "scan_kernel",
+    "lookup_window_seconds",
+    "lookup_batch",
+    "lookup_timeout_seconds",
+    "match_context",
+}
 
 
 def test_every_setting_has_a_non_default_value_here():
@@ -45,8 +51,13 @@ def test_every_setting_has_a_non_default_value_here():
 
 def test_a_snapshot_round_trips_every_saved_setting(fake_embedder, tmp_path):
     settings = CacheSettings(**NON_DEFAULT)
-    cache = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(),
-                          cache_policy=StoreEverything(), settings=settings)
+    cache = SemanticCache(
+        fake_embedder,
+        device="cpu",
+        verifier=ThresholdOnly(),
+        cache_policy=StoreEverything(),
+        settings=settings,
+    )
     assert cache.settings == settings
     cache.put("a stored prompt", "its answer")
     cache.save(tmp_path / "c.gpucache")
@@ -72,14 +83,24 @@ def test_an_unknown_setting_names_the_known_ones(fake_embedder):
         SemanticCache(fake_embedder, device="cpu", settings={"top_k": 2})
 
 
-@pytest.mark.parametrize(("name", "value", "error"), [
-    ("threshold", 0.0, ValueError), ("threshold", "0.9", TypeError), ("top_k", 0, ValueError),
-    ("capacity", 2.5, TypeError), ("ttl", -1, ValueError), ("replay_chunk_chars", 0, ValueError),
-    ("quantization", "fp8", ValueError), ("max_device_bytes", 0, ValueError),
-    ("scan_budget_bytes", True, TypeError), ("scan_kernel", "fastest", ValueError),
-    ("lookup_window_seconds", -0.1, ValueError), ("lookup_batch", 0, ValueError),
-    ("lookup_timeout_seconds", 0, ValueError),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("threshold", 0.0, ValueError),
+        ("threshold", "0.9", TypeError),
+        ("top_k", 0, ValueError),
+        ("capacity", 2.5, TypeError),
+        ("ttl", -1, ValueError),
+        ("replay_chunk_chars", 0, ValueError),
+        ("quantization", "fp8", ValueError),
+        ("max_device_bytes", 0, ValueError),
+        ("scan_budget_bytes", True, TypeError),
+        ("scan_kernel", "fastest", ValueError),
+        ("lookup_window_seconds", -0.1, ValueError),
+        ("lookup_batch", 0, ValueError),
+        ("lookup_timeout_seconds", 0, ValueError),
+    ],
+)
 def test_bad_values_are_refused_by_name(name, value, error):
     with pytest.raises(error, match=name):
         CacheSettings(**{name: value})
@@ -98,8 +119,9 @@ def test_the_library_settings_table_is_the_settings():
 
 
 def test_info_shows_every_setting():
-    out = subprocess.run([sys.executable, "-m", "gpucache", "info"], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "gpucache", "info"], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     line = next(row for row in out.splitlines() if row.startswith("settings"))
     for name, value in CacheSettings().items():
         assert f"{name}={value!r}" in line

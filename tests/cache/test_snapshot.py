@@ -25,8 +25,14 @@ class Clock:
 
 @pytest.fixture
 def filled(fake_embedder):
-    cache = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8,
-                          admission=AdmissionPolicy(min_sightings=2), ttl=3600)
+    cache = SemanticCache(
+        fake_embedder,
+        device="cpu",
+        verifier=ThresholdOnly(),
+        threshold=0.8,
+        admission=AdmissionPolicy(min_sightings=2),
+        ttl=3600,
+    )
     cache.warm([("alpha beta", "1"), ("gamma delta", "2")])
     cache.warm([("alpha beta", "tenant 1")], scope="tenant")
     cache.get_or_put("seen once", lambda p: "not admitted")
@@ -37,10 +43,15 @@ def filled(fake_embedder):
 def test_save_then_load_answers_every_lookup_as_before(filled, tmp_path, device):
     path = tmp_path / "cache.gpucache"
     filled.save(path)
-    loaded = SemanticCache.load(path, embedder=filled.embedder, device=device,
-                                verifier=ThresholdOnly())
-    for prompt, scope in [("alpha beta", None), ("Alpha beta?", None), ("gamma delta", None),
-                          ("alpha beta", "tenant"), ("gamma delta", "tenant"), ("zzz", None)]:
+    loaded = SemanticCache.load(path, embedder=filled.embedder, device=device, verifier=ThresholdOnly())
+    for prompt, scope in [
+        ("alpha beta", None),
+        ("Alpha beta?", None),
+        ("gamma delta", None),
+        ("alpha beta", "tenant"),
+        ("gamma delta", "tenant"),
+        ("zzz", None),
+    ]:
         assert loaded.get(prompt, scope=scope) == filled.get(prompt, scope=scope)
     assert len(loaded) == len(filled) == 3
     assert (loaded.threshold, loaded.ttl, loaded.capacity) == (0.8, 3600.0, filled.capacity)
@@ -117,8 +128,9 @@ def test_another_version_or_format_is_refused(filled, tmp_path):
     from safetensors.torch import save_file
 
     path = tmp_path / "c"
-    save_file({"vectors": torch.zeros(0, 64)}, str(path),
-              metadata={"format": "gpucache-snapshot", "version": "99"})
+    save_file(
+        {"vectors": torch.zeros(0, 64)}, str(path), metadata={"format": "gpucache-snapshot", "version": "99"}
+    )
     with pytest.raises(SnapshotError, match="version 99"):
         SemanticCache.load(path, embedder=filled.embedder, device="cpu")
     save_file({"x": torch.zeros(1)}, str(path), metadata={"format": "something-else"})
@@ -406,8 +418,9 @@ class Recording:
         return getattr(self.inner, name)
 
 
-def test_replication_is_attached_after_the_entries_are_in_and_never_to_a_failed_load(filled, fake_embedder,
-                                                                                     tmp_path):
+def test_replication_is_attached_after_the_entries_are_in_and_never_to_a_failed_load(
+    filled, fake_embedder, tmp_path
+):
     good, bad = tmp_path / "good.gpucache", tmp_path / "bad.gpucache"
     filled.save(good)
     _with_bad_counters(filled, bad)

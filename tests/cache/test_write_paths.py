@@ -38,11 +38,19 @@ def test_policy_covers_put_and_warm(make):
     cache = make()
     assert cache.put("q1", "") is False
     assert cache.put("q2", SECRET) is False
-    assert cache.warm([("q3", "fine"), ("q4", "I'm sorry, I can't help with that."),
-                       ("mail me at a@b.com", "ok")]) == 1
+    assert (
+        cache.warm(
+            [("q3", "fine"), ("q4", "I'm sorry, I can't help with that."), ("mail me at a@b.com", "ok")]
+        )
+        == 1
+    )
     assert len(cache) == 1 and cache.get("q3").response == "fine"
-    assert cache.stats().refusals == {"empty-response": 1, "secret": 1, "error-response": 1,
-                                      "personal-data": 1}
+    assert cache.stats().refusals == {
+        "empty-response": 1,
+        "secret": 1,
+        "error-response": 1,
+        "personal-data": 1,
+    }
 
 
 def test_policy_covers_every_get_or_put_path_and_still_answers(make):
@@ -166,7 +174,8 @@ def test_a_refresh_by_an_async_or_streamed_load_replaces_the_entry(make):
     async def both():
         await cache.aget_or_load("a", _async_const(Keep("new a", "new a")), refresh=True)
         loaded = await cache.aget_or_load_streaming(
-            "b", lambda p: Stream("v", _async_chunks(["new ", "b"])(p)), refresh=True)
+            "b", lambda p: Stream("v", _async_chunks(["new ", "b"])(p)), refresh=True
+        )
         return "".join([c async for c in loaded.pieces])
 
     assert run(both()) == "new b"
@@ -183,8 +192,9 @@ def test_while_a_refresh_loads_other_callers_are_served_the_stored_answer(make):
         assert release.wait(10)
         return Keep("new", "new")
 
-    refreshing = threading.Thread(target=cache.get_or_load, args=("the weather in Oslo", slow),
-                                  kwargs={"refresh": True})
+    refreshing = threading.Thread(
+        target=cache.get_or_load, args=("the weather in Oslo", slow), kwargs={"refresh": True}
+    )
     refreshing.start()
     assert inside.wait(10)
     assert cache.get("the weather in Oslo").response == "old"
@@ -199,12 +209,15 @@ def test_in_one_batch_a_refresh_misses_what_a_plain_lookup_of_the_same_prompt_fi
     cache = make()
     cache.put("the capital of Peru", "Lima")
     plain = LookupRequest(("the capital of Peru", "The capital of Peru?"), "default", 0.8, claim=False)
-    refresh = LookupRequest(("the capital of Peru", "The capital of Peru?"), "default", 0.8, claim=False,
-                            refresh=True)
+    refresh = LookupRequest(
+        ("the capital of Peru", "The capital of Peru?"), "default", 0.8, claim=False, refresh=True
+    )
     found_plain, found_refresh = cache._core.lookup.find([plain, refresh])
     assert found_plain.hits["the capital of Peru"].response == "Lima"
     assert found_refresh.hits == {"the capital of Peru": None, "The capital of Peru?": None}
-    assert found_refresh.vectors.shape[0] == 2 and bool(found_refresh.vectors.abs().sum(1).all())  # for the store
+    assert found_refresh.vectors.shape[0] == 2 and bool(
+        found_refresh.vectors.abs().sum(1).all()
+    )  # for the store
 
 
 def test_refresh_must_be_a_bool(make):
@@ -220,9 +233,7 @@ def test_a_miss_streams_through_and_is_stored_after_completion(make):
     stream = cache.get_or_put_streaming("q", lambda p: iter(["hel", "lo ", "world"]))
     assert list(stream) == ["hel", "lo ", "world"]
     assert cache.get("q").response == "hello world"
-    assert list(cache.get_or_put_streaming("q", lambda p: iter(["never"]))) == [
-        "hell", "o wo", "rld"
-    ]
+    assert list(cache.get_or_put_streaming("q", lambda p: iter(["never"]))) == ["hell", "o wo", "rld"]
 
 
 def test_the_first_chunk_arrives_before_the_loader_finishes(make):
@@ -304,9 +315,7 @@ def test_a_second_streamer_replays_the_first_stream_once_it_completes(make):
     first = cache.get_or_put_streaming("q", loader)
     assert next(first) == "one "
     result = []
-    second = threading.Thread(
-        target=lambda: result.append("".join(cache.get_or_put_streaming("q", loader)))
-    )
+    second = threading.Thread(target=lambda: result.append("".join(cache.get_or_put_streaming("q", loader))))
     second.start()
     assert cache._core.flights.wait_for_joins(1, timeout=10)  # the second stream waits on the first
     release.set()
@@ -327,9 +336,7 @@ def test_a_waiter_loads_itself_when_the_first_consumer_abandons(make):
     first = cache.get_or_put_streaming("q", slow)
     next(first)
     result = []
-    waiter = threading.Thread(
-        target=lambda: result.append(cache.get_or_put("q", lambda p: "own load"))
-    )
+    waiter = threading.Thread(target=lambda: result.append(cache.get_or_put("q", lambda p: "own load")))
     waiter.start()
     assert cache._core.flights.wait_for_joins(1, timeout=10)
     first.close()  # the leader gives up: the waiter must not fail, it loads itself
@@ -481,8 +488,7 @@ def test_the_event_loop_keeps_serving_while_a_large_batch_is_embedded(real_embed
             return vectors
 
     cache = SemanticCache(HeldEmbedder(), device="cpu")
-    prompts = [f"Question number {i}: how do I configure feature {i} of product {i % 7}?"
-               for i in range(200)]
+    prompts = [f"Question number {i}: how do I configure feature {i} of product {i % 7}?" for i in range(200)]
 
     async def main():
         stop, ticks = asyncio.Event(), []

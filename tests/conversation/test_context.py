@@ -24,9 +24,11 @@ def matcher() -> ContextMatcher:
     return ContextMatcher()
 
 
-BOOKED = talk("can you move it to the afternoon?",
-              "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-              "Done: Friday at 9:00 at Elm Street.")
+BOOKED = talk(
+    "can you move it to the afternoon?",
+    "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+    "Done: Friday at 9:00 at Elm Street.",
+)
 
 
 def test_the_same_context_agrees(matcher):
@@ -34,40 +36,61 @@ def test_the_same_context_agrees(matcher):
 
 
 def test_reworded_turns_and_chatter_do_not_block_a_hit(matcher):
-    reworded = talk("can you move it to the afternoon?",
-                    "hello!", "Hi, how can I help?",
-                    "i need to book a dentist cleaning at the Elm Street clinic on friday",
-                    "Done: Friday at 9:00 at Elm Street.")
+    reworded = talk(
+        "can you move it to the afternoon?",
+        "hello!",
+        "Hi, how can I help?",
+        "i need to book a dentist cleaning at the Elm Street clinic on friday",
+        "Done: Friday at 9:00 at Elm Street.",
+    )
     assert not matcher.explain(BOOKED, reworded).rejected
 
 
 def test_a_turn_about_something_else_does_not_block_a_hit(matcher):
-    detour = talk("can you move it to the afternoon?",
-                  "do you take Visa cards?", "Yes, every major card.",
-                  "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-                  "Done: Friday at 9:00 at Elm Street.")
+    detour = talk(
+        "can you move it to the afternoon?",
+        "do you take Visa cards?",
+        "Yes, every major card.",
+        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+        "Done: Friday at 9:00 at Elm Street.",
+    )
     assert not matcher.explain(BOOKED, detour).rejected
 
 
-@pytest.mark.parametrize("changed, what", [
-    (talk("can you move it to the afternoon?",
-          "I need to book a dentist cleaning at the Oak Avenue clinic on Friday",
-          "Done: Friday at 9:00 at Oak Avenue."), "another place"),
-    (talk("can you move it to the afternoon?",
-          "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-          "Done: Friday at 11:00 at Elm Street."), "another time the assistant stated"),
-])
+@pytest.mark.parametrize(
+    "changed, what",
+    [
+        (
+            talk(
+                "can you move it to the afternoon?",
+                "I need to book a dentist cleaning at the Oak Avenue clinic on Friday",
+                "Done: Friday at 9:00 at Oak Avenue.",
+            ),
+            "another place",
+        ),
+        (
+            talk(
+                "can you move it to the afternoon?",
+                "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+                "Done: Friday at 11:00 at Elm Street.",
+            ),
+            "another time the assistant stated",
+        ),
+    ],
+)
 def test_a_differing_detail_the_request_depends_on_refuses(matcher, changed, what):
     verdict = matcher.explain(BOOKED, changed)
     assert verdict.rejected and verdict.rule == "context-detail", what
 
 
 def test_a_change_of_mind_refuses(matcher):
-    changed = talk("can you move it to the afternoon?",
-                   "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-                   "Done: Friday at 9:00 at Elm Street.",
-                   "actually cancel the cleaning and book a filling instead",
-                   "Done: Friday at 9:00 at Elm Street.")
+    changed = talk(
+        "can you move it to the afternoon?",
+        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+        "Done: Friday at 9:00 at Elm Street.",
+        "actually cancel the cleaning and book a filling instead",
+        "Done: Friday at 9:00 at Elm Street.",
+    )
     verdict = matcher.explain(BOOKED, changed)
     assert verdict.rejected and "turn 3" in verdict.detail
 
@@ -85,9 +108,11 @@ def test_a_request_that_stands_alone_is_served_whatever_came_before(matcher):
 
 def test_taking_out_the_detail_check_serves_the_other_place(matcher, monkeypatch):
     """The detail check is what refuses another clinic: without it the matcher would serve."""
-    changed = talk("can you move it to the afternoon?",
-                   "I need to book a dentist cleaning at the Oak Avenue clinic on Friday",
-                   "Done: Friday at 9:00 at Oak Avenue.")
+    changed = talk(
+        "can you move it to the afternoon?",
+        "I need to book a dentist cleaning at the Oak Avenue clinic on Friday",
+        "Done: Friday at 9:00 at Oak Avenue.",
+    )
     monkeypatch.setattr(context, "_differing", lambda a, b: [])
     verdict = matcher.explain(BOOKED, changed)
     assert verdict.rule != "context-detail"
@@ -127,12 +152,16 @@ def test_a_conversation_longer_than_the_bound_is_matched_exactly_only(matcher):
 # Each check below, and what taking it out would serve. The monkeypatched runs are the proof
 # that the check, not something else, refuses the pair.
 
-DIAGNOSED = talk("what usually helps with that?",
-                 "I get a dull ache on both sides of my head by the afternoon.",
-                 "Based on what you describe, this sounds most like a tension-type headache.")
-OTHER_DIAGNOSIS = talk("what usually helps with that?",
-                       "I get a dull ache on both sides of my head by the afternoon.",
-                       "Based on what you describe, this sounds most like a migraine.")
+DIAGNOSED = talk(
+    "what usually helps with that?",
+    "I get a dull ache on both sides of my head by the afternoon.",
+    "Based on what you describe, this sounds most like a tension-type headache.",
+)
+OTHER_DIAGNOSIS = talk(
+    "what usually helps with that?",
+    "I get a dull ache on both sides of my head by the afternoon.",
+    "Based on what you describe, this sounds most like a migraine.",
+)
 
 
 def test_a_statement_edited_in_one_word_is_a_difference(matcher, monkeypatch):
@@ -145,14 +174,18 @@ def test_a_statement_edited_in_one_word_is_a_difference(matcher, monkeypatch):
 def test_each_sentence_needs_a_counterpart_not_only_each_turn(matcher, monkeypatch):
     """A turn that keeps one sentence and replaces the other: read whole, the guard would take
     the two turns for one request reworded."""
-    rented = talk("if it's broken will you replace it for free?",
-                  "My internet light is blinking red and nothing connects. The modem is rented from you "
-                  "guys, it's on my bill.",
-                  "Let's try a restart first.")
-    bought = talk("if it's broken will you replace it for free?",
-                  "My internet light is blinking red and nothing connects. I bought my own modem at a "
-                  "store a couple years ago.",
-                  "Let's try a restart first.")
+    rented = talk(
+        "if it's broken will you replace it for free?",
+        "My internet light is blinking red and nothing connects. The modem is rented from you "
+        "guys, it's on my bill.",
+        "Let's try a restart first.",
+    )
+    bought = talk(
+        "if it's broken will you replace it for free?",
+        "My internet light is blinking red and nothing connects. I bought my own modem at a "
+        "store a couple years ago.",
+        "Let's try a restart first.",
+    )
     assert matcher.explain(rented, bought).rejected
     monkeypatch.setattr(context, "segments", lambda text: (text,))
     assert not matcher.explain(rented, bought).rejected
@@ -168,22 +201,31 @@ def test_the_same_words_in_another_order_refuse_a_request_that_points_back(match
 
 
 def test_an_aside_the_user_marks_does_not_block_a_hit(matcher, monkeypatch):
-    aside = talk("can you move it to the afternoon?",
-                 "random q, is there parking at the clinic?", "Yes, free parking behind the building.",
-                 "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-                 "Done: Friday at 9:00 at Elm Street.")
+    aside = talk(
+        "can you move it to the afternoon?",
+        "random q, is there parking at the clinic?",
+        "Yes, free parking behind the building.",
+        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+        "Done: Friday at 9:00 at Elm Street.",
+    )
     assert not matcher.explain(BOOKED, aside).rejected
     monkeypatch.setattr(context, "ASIDE", re.compile("(?!)"))
     assert matcher.explain(BOOKED, aside).rejected
 
 
 def test_a_reaction_said_in_passing_does_not_block_a_hit_but_a_change_of_mind_does(matcher, monkeypatch):
-    reacted = talk("can you move it to the afternoon?",
-                   "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-                   "Done: Friday at 9:00 at Elm Street.", "haha great, my teeth thank you")
-    changed = talk("can you move it to the afternoon?",
-                   "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-                   "Done: Friday at 9:00 at Elm Street.", "haha actually make it a whitening")
+    reacted = talk(
+        "can you move it to the afternoon?",
+        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+        "Done: Friday at 9:00 at Elm Street.",
+        "haha great, my teeth thank you",
+    )
+    changed = talk(
+        "can you move it to the afternoon?",
+        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+        "Done: Friday at 9:00 at Elm Street.",
+        "haha actually make it a whitening",
+    )
     assert not matcher.explain(BOOKED, reacted).rejected
     assert matcher.explain(BOOKED, changed).rejected
     monkeypatch.setattr(context, "aside", lambda turn: False)
@@ -200,10 +242,17 @@ def test_a_request_that_stands_alone_still_needs_the_same_standing_instructions(
     assert not matcher.explain(plain, french).rejected
 
 
-@pytest.mark.parametrize("request_text, points", [
-    ("how much is it?", True), ("is the answer 7/8?", True), ("do I need an x-ray?", True),
-    ("and for two people?", True), ("tell me more about the second one", True),
-    ("how do I reverse a string in python?", False), ("why do onions make people cry when cut?", False),
-])
+@pytest.mark.parametrize(
+    "request_text, points",
+    [
+        ("how much is it?", True),
+        ("is the answer 7/8?", True),
+        ("do I need an x-ray?", True),
+        ("and for two people?", True),
+        ("tell me more about the second one", True),
+        ("how do I reverse a string in python?", False),
+        ("why do onions make people cry when cut?", False),
+    ],
+)
 def test_what_points_back(request_text, points):
     assert context.points_back(request_text) is points

@@ -16,9 +16,11 @@ def talk(request: str, *turns: str) -> Conversation:
     return Conversation(request, tuple(Turn(roles[i % 2], t) for i, t in enumerate(turns)))
 
 
-STORED = talk("how much would that cost per month?",
-              "which of your plans includes international roaming?",
-              "The Traveller plan includes roaming in 40 countries.")
+STORED = talk(
+    "how much would that cost per month?",
+    "which of your plans includes international roaming?",
+    "The Traveller plan includes roaming in 40 countries.",
+)
 
 
 @pytest.fixture
@@ -36,7 +38,9 @@ def test_by_default_earlier_turns_must_be_the_same_word_for_word(real_embedder):
     reworded_final = Conversation("what would that cost monthly?", STORED.context)
     hit = cache.get(reworded_final)
     assert hit is not None and not hit.exact
-    chatty = Conversation(STORED.request, (Turn("user", "hi there"), Turn("assistant", "Hello!"), *STORED.context))
+    chatty = Conversation(
+        STORED.request, (Turn("user", "hi there"), Turn("assistant", "Hello!"), *STORED.context)
+    )
     assert cache.get(chatty) is None
     assert cache.stats().rejections.get("context-differs") == 1
 
@@ -47,18 +51,23 @@ def test_the_exact_conversation_is_an_exact_hit(cache):
 
 
 def test_a_reworded_conversation_with_chatter_is_a_semantic_hit(cache):
-    asked = talk("how much would that cost per month?",
-                 "hi there", "Hello! How can I help?",
-                 "which of your plans has international roaming",
-                 "The Traveller plan includes roaming in 40 countries.")
+    asked = talk(
+        "how much would that cost per month?",
+        "hi there",
+        "Hello! How can I help?",
+        "which of your plans has international roaming",
+        "The Traveller plan includes roaming in 40 countries.",
+    )
     hit = cache.get(asked)
     assert hit is not None and not hit.exact and hit.cached_prompt == STORED
 
 
 def test_a_conversation_about_another_plan_is_refused_and_counted(cache):
-    asked = talk("how much would that cost per month?",
-                 "which of your plans includes unlimited data?",
-                 "The Streamer plan includes unlimited data.")
+    asked = talk(
+        "how much would that cost per month?",
+        "which of your plans includes unlimited data?",
+        "The Streamer plan includes unlimited data.",
+    )
     assert cache.get(asked) is None
     assert any(rule.startswith("context-") for rule in cache.stats().rejections)
 
@@ -68,9 +77,11 @@ def test_the_same_follow_up_without_its_context_is_refused(cache):
 
 
 def test_the_loader_is_handed_the_conversation_it_was_asked(cache):
-    asked = talk("and how do I switch to it?",
-                 "which of your plans includes international roaming?",
-                 "The Traveller plan includes roaming in 40 countries.")
+    asked = talk(
+        "and how do I switch to it?",
+        "which of your plans includes international roaming?",
+        "The Traveller plan includes roaming in 40 countries.",
+    )
     seen = []
     answer = cache.get_or_put(asked, lambda c: seen.append(c) or "From the app, under Plans.")
     assert seen == [asked] and answer == "From the app, under Plans."
@@ -98,7 +109,9 @@ def test_a_conversation_survives_a_snapshot_and_is_matched_the_same_after_it(cac
     loaded = SemanticCache.load(path, embedder=real_embedder, device="cpu", match_context=True)
     hit = loaded.get(STORED)
     assert hit is not None and hit.exact and hit.cached_prompt == STORED
-    other_plan = talk("how much would that cost per month?",
-                      "which of your plans includes unlimited data?",
-                      "The Streamer plan includes unlimited data.")
+    other_plan = talk(
+        "how much would that cost per month?",
+        "which of your plans includes unlimited data?",
+        "The Streamer plan includes unlimited data.",
+    )
     assert loaded.get(other_plan) is None

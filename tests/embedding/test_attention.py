@@ -29,8 +29,11 @@ def _inputs(b: int, h: int, t: int, d: int, seed: int, dtype=torch.float32):
 @pytest.mark.parametrize("mask", ["none", "bool", "additive"])
 def test_short_attention_matches_sdpa(t, mask):
     q, k, v, keep = _inputs(5, 3, t, 8, seed=t)
-    masks = {"none": None, "bool": keep,
-             "additive": torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)}
+    masks = {
+        "none": None,
+        "bool": keep,
+        "additive": torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min),
+    }
     got, _ = attention_module.short_attention(_Module(), q, k, v, masks[mask], scaling=0.3)
     want, _ = sdpa_attention_forward(_Module(), q, k, v, masks[mask], scaling=0.3)
     assert got.shape == (5, t, 3, 8)
@@ -48,8 +51,9 @@ def test_what_it_does_not_handle_goes_to_sdpa(monkeypatch, why):
     calls = []
     import transformers.integrations.sdpa_attention as sdpa
 
-    monkeypatch.setattr(sdpa, "sdpa_attention_forward",
-                        lambda *a, **kw: calls.append(1) or (a[1].transpose(1, 2), None))
+    monkeypatch.setattr(
+        sdpa, "sdpa_attention_forward", lambda *a, **kw: calls.append(1) or (a[1].transpose(1, 2), None)
+    )
     t = attention_module.SHORT_MAX_TOKENS + 1 if why == "long" else 4
     q, k, v, keep = _inputs(2, 2, t, 8, seed=2)
     module = _Module()
@@ -72,9 +76,11 @@ def test_a_short_attention_that_drifts_is_not_adopted(monkeypatch):
     """Whatever the CPU claims: a drifting attention is dropped, the rest of the fast path
     is checked alone."""
     monkeypatch.setattr(embedder_module, "cpu_has_native_bf16", lambda: True)
-    monkeypatch.setattr(attention_module, "short_attention",
-                        lambda module, q, k, v, mask, **kw: (torch.zeros_like(q).transpose(1, 2),
-                                                             None))
+    monkeypatch.setattr(
+        attention_module,
+        "short_attention",
+        lambda module, q, k, v, mask, **kw: (torch.zeros_like(q).transpose(1, 2), None),
+    )
     try:
         embedder = TransformerEmbedder(device="cpu")
         assert embedder.attention != attention_module.ATTENTION_NAME

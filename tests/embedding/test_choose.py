@@ -7,8 +7,14 @@ from gpucache.embedding.choose import plan
 
 
 def tried(**overrides):
-    options = dict(device_type="cpu", dtype_given=None, faster_dtype="bfloat16", lean=True,
-                   lean_supported=True, cuda_graphs=True)
+    options = dict(
+        device_type="cpu",
+        dtype_given=None,
+        faster_dtype="bfloat16",
+        lean=True,
+        lean_supported=True,
+        cuda_graphs=True,
+    )
     options.update(overrides)
     return {stage.name: stage.tried for stage in plan(**options)}
 
@@ -33,8 +39,14 @@ def test_a_model_the_lean_pass_does_not_know_runs_its_own_pass():
 
 
 def test_every_stage_says_why():
-    for stage in plan(device_type="cpu", dtype_given="float32", faster_dtype="float32", lean=False,
-                      lean_supported=True, cuda_graphs=False):
+    for stage in plan(
+        device_type="cpu",
+        dtype_given="float32",
+        faster_dtype="float32",
+        lean=False,
+        lean_supported=True,
+        cuda_graphs=False,
+    ):
         assert not stage.tried and stage.why
 
 

@@ -50,8 +50,7 @@ def test_the_token_budget_splits_a_batch_without_changing_the_embeddings():
     tight = TransformerEmbedder(device="cpu", dtype=torch.float32, max_batch_tokens=2 * longest)
     shapes = []
     forward = tight._forward
-    tight._forward = lambda tokens: shapes.append(tuple(tokens["input_ids"].shape)) or forward(
-        tokens)
+    tight._forward = lambda tokens: shapes.append(tuple(tokens["input_ids"].shape)) or forward(tokens)
     out = tight.encode(TEXTS)
     # two rows of the longest text per pass at most: at least two passes for five texts, and
     # no pass over the budget
@@ -89,16 +88,21 @@ def test_sorting_by_tokens_pads_less_than_sorting_by_characters(real_embedder):
     prompts = [item.prompt for item in load_workload()][:304]
     lengths = [len(ids) for ids in real_embedder._tokenizer(prompts)["input_ids"]]
     by_chars = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-    char_slots = sum(len(b) * max(lengths[i] for i in b)
-                     for b in (by_chars[s : s + 64] for s in range(0, len(by_chars), 64)))
+    char_slots = sum(
+        len(b) * max(lengths[i] for i in b)
+        for b in (by_chars[s : s + 64] for s in range(0, len(by_chars), 64))
+    )
     token_slots = sum(len(b) * lengths[b[0]] for b in real_embedder._batches(lengths))
     assert sum(lengths) <= token_slots < 0.9 * char_slots
 
 
 def test_meaning_paraphrase_closer_than_unrelated(real_embedder):
     a, b, c = real_embedder.encode(
-        ["How do I reset my password?", "I forgot my password, how can I reset it?",
-         "What is the capital of France?"]
+        [
+            "How do I reset my password?",
+            "I forgot my password, how can I reset it?",
+            "What is the capital of France?",
+        ]
     )
     assert float(a @ b) > 0.8 > 0.3 > float(a @ c)
 
@@ -136,8 +140,14 @@ def test_bad_input_raises_type_error(real_embedder):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"batch_size": 0}, {"max_length": 1}, {"max_batch_tokens": 0}, {"max_batch_tokens": 2.5},
-     {"dtype": torch.int8}, {"device": "tpu"}],
+    [
+        {"batch_size": 0},
+        {"max_length": 1},
+        {"max_batch_tokens": 0},
+        {"max_batch_tokens": 2.5},
+        {"dtype": torch.int8},
+        {"device": "tpu"},
+    ],
 )
 def test_bad_settings_raise_value_error(kwargs):
     with pytest.raises(ValueError):
@@ -167,8 +177,10 @@ def test_an_fp32_embedder_runs_no_autocast(real_embedder):
         assert real_embedder.autocast_dtype is None  # the default on this CPU is fp32 too
 
 
-@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX-512 BF16 "
-                    "or AMX): the default runs in fp32 here, checked above")
+@pytest.mark.skipif(
+    not cpu_has_native_bf16(),
+    reason="this CPU has no native bf16 (AVX-512 BF16 or AMX): the default runs in fp32 here, checked above",
+)
 def test_the_default_takes_bf16_only_where_it_agrees_with_fp32(real_embedder):
     """On a CPU with native bf16 the default runs its matmuls in bf16 (autocast) and keeps
     AGREEMENT_MIN cosine with fp32, on its probe texts and on other prompts."""
@@ -176,8 +188,12 @@ def test_the_default_takes_bf16_only_where_it_agrees_with_fp32(real_embedder):
     assert real_embedder.dtype == torch.float32  # the embeddings and LayerNorm stay fp32
     linears = [m for m in real_embedder._model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
-    assert all(p.dtype == torch.float32 for m in real_embedder._model.modules()
-               if isinstance(m, torch.nn.LayerNorm) for p in m.parameters())
+    assert all(
+        p.dtype == torch.float32
+        for m in real_embedder._model.modules()
+        if isinstance(m, torch.nn.LayerNorm)
+        for p in m.parameters()
+    )
     assert real_embedder.agreement is not None and real_embedder.agreement >= AGREEMENT_MIN
     prompts = [item.prompt for item in load_workload()][:200]
     exact = TransformerEmbedder(device="cpu", dtype=torch.float32)
@@ -252,9 +268,12 @@ def test_a_single_prompt_embeds_as_it_does_inside_a_padded_batch(real_embedder):
     """One prompt runs without a mask (it has no padding); in a batch beside a longer one it
     is padded and masked: the same embedding either way."""
     alone = real_embedder.encode(["How do I reset my router?"])
-    padded = real_embedder.encode(["How do I reset my router?",
-                                   "Explain in detail how a home router assigns addresses to "
-                                   "the devices on a network, step by step"])[:1]
+    padded = real_embedder.encode(
+        [
+            "How do I reset my router?",
+            "Explain in detail how a home router assigns addresses to the devices on a network, step by step",
+        ]
+    )[:1]
     assert float((alone * padded).sum()) > 0.99999
 
 
@@ -264,8 +283,9 @@ def test_a_single_text_takes_the_short_path_and_embeds_as_a_list_of_one_does(rea
     assert real_embedder._single is not None
     texts = ["How do I reset my router?", "ok", "word " * 2000, "naïve café ☕ \ud800 end"]
     for text in texts:
-        want = real_embedder._tokenizer([real_embedder._clean(text)], truncation=True,
-                                        max_length=real_embedder.max_length)["input_ids"][0]
+        want = real_embedder._tokenizer(
+            [real_embedder._clean(text)], truncation=True, max_length=real_embedder.max_length
+        )["input_ids"][0]
         assert real_embedder._single.encode(real_embedder._clean(text)).ids == want
     alone = torch.cat([real_embedder.encode([t]) for t in texts])
     assert alone.shape == (len(texts), real_embedder.dim) and alone.dtype == torch.float32
@@ -351,8 +371,7 @@ def test_a_lean_pass_without_packing_embeds_as_the_packed_one(real_embedder):
     lean = real_embedder._lean
     unpacked = LeanEncoder(real_embedder._model, lean.matmul_dtype, pack=False)
     assert not unpacked.packed
-    tokens = real_embedder._tokenizer(["How do I reset my router?", "ok"], padding=True,
-                                      return_tensors="pt")
+    tokens = real_embedder._tokenizer(["How do I reset my router?", "ok"], padding=True, return_tensors="pt")
     with torch.inference_mode():
         a = lean(tokens["input_ids"], tokens["attention_mask"])
         b = unpacked(tokens["input_ids"], tokens["attention_mask"])
@@ -375,13 +394,16 @@ def test_a_lean_pass_that_drifts_is_not_adopted(monkeypatch):
     assert torch.equal(drifting.encode(["ok then"]), exact.encode(["ok then"]))
 
 
-@pytest.mark.parametrize(("config", "supported"), [
-    ({"model_type": "bert", "hidden_act": "gelu"}, True),
-    ({"model_type": "bert", "hidden_act": "relu"}, False),
-    ({"model_type": "bert", "hidden_act": "gelu", "position_embedding_type": "relative_key"}, False),
-    ({"model_type": "roberta", "hidden_act": "gelu"}, False),
-    ({"model_type": "bert", "hidden_act": "gelu", "is_decoder": True}, False),
-])
+@pytest.mark.parametrize(
+    ("config", "supported"),
+    [
+        ({"model_type": "bert", "hidden_act": "gelu"}, True),
+        ({"model_type": "bert", "hidden_act": "relu"}, False),
+        ({"model_type": "bert", "hidden_act": "gelu", "position_embedding_type": "relative_key"}, False),
+        ({"model_type": "roberta", "hidden_act": "gelu"}, False),
+        ({"model_type": "bert", "hidden_act": "gelu", "is_decoder": True}, False),
+    ],
+)
 def test_the_lean_pass_takes_only_the_models_it_was_written_for(config, supported):
     from types import SimpleNamespace
 

@@ -12,19 +12,24 @@ import torch
 
 from gpucache import TransformerEmbedder
 from gpucache.embedding.embedder import AGREEMENT_MIN, PROBE_TEXTS
-from gpucache.embedding.graphs import (
-    BATCH_BUCKETS,
-    LENGTH_BUCKETS,
-    GraphedEncoder,
-    bucket_for,
-    eager_capture,
+from gpucache.embedding.graphs import BATCH_BUCKETS, LENGTH_BUCKETS, GraphedEncoder, bucket_for, eager_capture
+
+
+@pytest.mark.parametrize(
+    "batch, length, bucket",
+    [
+        (1, 1, (1, 16)),
+        (1, 16, (1, 16)),
+        (1, 17, (1, 32)),
+        (2, 12, (2, 16)),
+        (3, 40, (4, 64)),
+        (8, 128, (8, 128)),
+        (9, 5, None),
+        (1, 129, None),
+        (0, 5, None),
+        (1, 0, None),
+    ],
 )
-
-
-@pytest.mark.parametrize("batch, length, bucket", [
-    (1, 1, (1, 16)), (1, 16, (1, 16)), (1, 17, (1, 32)), (2, 12, (2, 16)), (3, 40, (4, 64)),
-    (8, 128, (8, 128)), (9, 5, None), (1, 129, None), (0, 5, None), (1, 0, None),
-])
 def test_an_input_takes_the_smallest_bucket_that_holds_it(batch, length, bucket):
     assert bucket_for(batch, length) == bucket
 
@@ -36,9 +41,11 @@ def test_the_buckets_cover_a_lookup_and_a_small_coalesced_batch():
 
 def recording_forward(calls: list[tuple[int, int]]):
     """A forward that records the shapes it ran and returns ids and mask as features."""
+
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         calls.append(tuple(ids.shape))
         return torch.stack([ids.float(), mask.float()], dim=-1)
+
     return forward
 
 
@@ -62,6 +69,7 @@ def test_a_bucket_is_captured_once_and_pads_and_slices_its_inputs():
 def test_a_replay_that_does_not_reproduce_the_eager_pass_turns_the_graphs_off():
     """A capture whose replay does nothing (or replays stale buffers) would answer every input
     of its bucket with the capture's own output: it is caught when the bucket is made."""
+
     def idle_capture(step, pool):
         output = step()
         return (lambda: None), output  # replays nothing: the output stays the capture's
@@ -120,10 +128,13 @@ def test_the_probe_adopts_graphs_that_agree(graphed):
 
 
 def test_padded_to_a_bucket_a_prompt_embeds_as_it_does_eagerly(graphed):
-    texts = ["ok", "How do I reset my router?",
-             "Explain in detail how a home router assigns addresses to the devices on its "
-             "network, and what changes when a device asks again after a restart",
-             "word " * 400]  # past the last bucket: eager
+    texts = [
+        "ok",
+        "How do I reset my router?",
+        "Explain in detail how a home router assigns addresses to the devices on its "
+        "network, and what changes when a device asks again after a restart",
+        "word " * 400,
+    ]  # past the last bucket: eager
     graphs, graphed.graphs = graphed.graphs, None
     try:
         eager_one = torch.cat([graphed.encode([t]) for t in texts])

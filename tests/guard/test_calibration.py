@@ -103,8 +103,10 @@ def test_one_pair_as_two_machines_compute_it_is_one_similarity(hair):
 def test_the_same_pairs_choose_the_same_point_on_a_machine_whose_arithmetic_differs():
     def as_computed(offset: float) -> list[Scored]:
         # every similarity on a threshold of the grid or between, a hair off on each machine
-        return [Scored(p.label, similarity_milli(p.similarity_milli / 1000 + offset), p.accepted, p.fold)
-                for p in pairs(4000, 1000)]
+        return [
+            Scored(p.label, similarity_milli(p.similarity_milli / 1000 + offset), p.accepted, p.fold)
+            for p in pairs(4000, 1000)
+        ]
 
     here, there = choose(as_computed(-4e-7), budget=0.02), choose(as_computed(4e-7), budget=0.02)
     assert here is not None and here == there
@@ -132,7 +134,9 @@ def test_the_settings_file_is_read_by_the_library_and_by_the_server(tmp_path, fa
 
 
 def test_only_soft_rules_may_be_switched_off():
-    with pytest.raises(ValueError, match=r"only soft rules may be skipped \(added, substitution, .*\), not \['numbers'\]"):
+    with pytest.raises(
+        ValueError, match=r"only soft rules may be skipped \(added, substitution, .*\), not \['numbers'\]"
+    ):
         GuardSettings(("numbers",))
     for not_a_list in ("added", ("added", 3)):
         with pytest.raises(ValueError, match="skip_rules must be a list of rule names"):
@@ -151,11 +155,20 @@ def test_the_command_calibrates_a_file_end_to_end(tmp_path, capsys, monkeypatch)
 
     # a machine whose cache would serve in bf16: the command still embeds in fp32
     monkeypatch.setattr(embedder, "_default_dtype", lambda device: torch.bfloat16)
-    same = [("How do I boil an egg?", "how do you boil an egg"), ("What is the capital of Peru?",
-            "capital of Peru?"), ("Tips for sleeping better", "How can I sleep better?")]
-    different = [("How do I boil an egg?", "How do I poach an egg?"), ("Capital of Peru", "Capital of Chile"),
-                 ("Convert 3 feet to meters", "Convert 3 meters to feet"), ("Is x > 2?", "Is x < 2?")]
-    rows = [{"a": a, "b": b, "label": 1} for a, b in same] + [{"a": a, "b": b, "label": 0} for a, b in different]
+    same = [
+        ("How do I boil an egg?", "how do you boil an egg"),
+        ("What is the capital of Peru?", "capital of Peru?"),
+        ("Tips for sleeping better", "How can I sleep better?"),
+    ]
+    different = [
+        ("How do I boil an egg?", "How do I poach an egg?"),
+        ("Capital of Peru", "Capital of Chile"),
+        ("Convert 3 feet to meters", "Convert 3 meters to feet"),
+        ("Is x > 2?", "Is x < 2?"),
+    ]
+    rows = [{"a": a, "b": b, "label": 1} for a, b in same] + [
+        {"a": a, "b": b, "label": 0} for a, b in different
+    ]
     pairs_file, out = tmp_path / "mine.jsonl", tmp_path / "gpucache.toml"
     write(pairs_file, rows)
     assert main(["calibrate", str(pairs_file), "--budget", "0.99", "--out", str(out), "--device", "cpu"]) == 0
@@ -165,13 +178,34 @@ def test_the_command_calibrates_a_file_end_to_end(tmp_path, capsys, monkeypatch)
     assert "the point is chosen on" in printed and "[embedder]" not in out.read_text()
     assert "[cache]\nthreshold = " in out.read_text() and "[guard]\nskip_rules = [" in out.read_text()
     # a budget the file cannot promise: no settings, and why
-    assert main(["calibrate", str(pairs_file), "--budget", "0.01", "--out", str(tmp_path / "x.toml"),
-                 "--device", "cpu"]) == 1
+    assert (
+        main(
+            [
+                "calibrate",
+                str(pairs_file),
+                "--budget",
+                "0.01",
+                "--out",
+                str(tmp_path / "x.toml"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 1
+    )
     assert "add label-0 pairs" in capsys.readouterr().err and not (tmp_path / "x.toml").exists()
 
 
-@pytest.mark.parametrize("line", ['{"a": "x", "b": "y"}', "not json", '{"a": "", "b": "y", "label": 1}',
-                                  '{"a": "x", "b": "y", "label": 2}', '{"a": "x", "b": "y", "label": true}'])
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"a": "x", "b": "y"}',
+        "not json",
+        '{"a": "", "b": "y", "label": 1}',
+        '{"a": "x", "b": "y", "label": 2}',
+        '{"a": "x", "b": "y", "label": true}',
+    ],
+)
 def test_a_broken_line_is_named_and_nothing_is_written(tmp_path, capsys, line):
     pairs_file = tmp_path / "bad.jsonl"
     pairs_file.write_text('{"a": "x", "b": "y", "label": 1}\n' + line + "\n")
@@ -240,8 +274,10 @@ def test_the_settings_file_records_the_model_the_threshold_was_chosen_with(tmp_p
 
     choice = Choice(905, (), 10, 20, 0, 400, 0.95, chosen_on=420)
     path = tmp_path / "gpucache.toml"
-    path.write_text('upstream = "http://127.0.0.1:1/v1"\n'
-                    + to_toml(choice, "gpucache calibrate x --model /models/mine", model="/models/mine"))
+    path.write_text(
+        'upstream = "http://127.0.0.1:1/v1"\n'
+        + to_toml(choice, "gpucache calibrate x --model /models/mine", model="/models/mine")
+    )
     assert read_settings_file(path)[2] == "/models/mine"
     assert resolve(None, {}, str(path)).settings().embedder.model == "/models/mine"  # the server's too
     assert "chosen on 420 pairs; on the 420 held out" in path.read_text()
@@ -335,8 +371,17 @@ def test_a_similarity_above_one_counts_as_one():
 
 def test_the_split_is_the_same_on_every_machine_and_takes_any_text():
     # SHA-256 of the text: these folds are what every machine, every run, computes
-    folds = [fold_of(a, b) for a, b in (("a", "b"), ("ab", ""), ("How do I boil an egg?", "how do you boil an egg"),
-                                        ("x", "y"), ("capital of Peru", "capital of Chile"), ("1", "2"))]
+    folds = [
+        fold_of(a, b)
+        for a, b in (
+            ("a", "b"),
+            ("ab", ""),
+            ("How do I boil an egg?", "how do you boil an egg"),
+            ("x", "y"),
+            ("capital of Peru", "capital of Chile"),
+            ("1", "2"),
+        )
+    ]
     assert folds == [0, 1, 1, 1, 0, 0]
     assert fold_of("\ud800 lone", "surrogate \udfff") in (0, 1)  # a lone surrogate is text too
 

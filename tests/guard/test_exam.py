@@ -34,8 +34,10 @@ def exam_reads():
 
 def test_any_other_open_of_an_exam_file_is_refused_however_its_path_was_built(exam_reads, tmp_path):
     exam_reads.exam_reads_allowed = False  # as everywhere else in the tests
-    for path in (ROOT / "data" / ("ex" + "am") / "guard_exam_2.jsonl",
-                 str(ROOT / "data" / "tests" / ".." / "exam" / "guard_exam.jsonl")):
+    for path in (
+        ROOT / "data" / ("ex" + "am") / "guard_exam_2.jsonl",
+        str(ROOT / "data" / "tests" / ".." / "exam" / "guard_exam.jsonl"),
+    ):
         with pytest.raises(PermissionError, match="read by their report alone"):
             open(path, encoding="utf-8")
     link = tmp_path.parent / "innocent.jsonl"  # a path with no trace of the folder's name
@@ -147,19 +149,26 @@ def strings_of(path: Path) -> list[str]:
 
 # Where a tuning pair or a test case can live: the data (every folder but the exams'), the
 # tests, and the package's own data and word lists
-FENCED = [("data", ("*.jsonl", "*.json", "*.txt")), ("tests", ("*.py", "*.jsonl", "*.json", "*.txt")),
-          ("gpucache", ("*.jsonl", "*.json", "*.txt"))]
+FENCED = [
+    ("data", ("*.jsonl", "*.json", "*.txt")),
+    ("tests", ("*.py", "*.jsonl", "*.json", "*.txt")),
+    ("gpucache", ("*.jsonl", "*.json", "*.txt")),
+]
 
 
 def fenced_files(root: Path = ROOT) -> list[Path]:
-    found = {path for folder, patterns in FENCED for pattern in patterns for path in (root / folder).rglob(pattern)}
+    found = {
+        path for folder, patterns in FENCED for pattern in patterns for path in (root / folder).rglob(pattern)
+    }
     return sorted(p for p in found if EXAM.rstrip("/") not in p.relative_to(root).parts[:2])
 
 
 def tuning_and_test_prompts(root: Path = ROOT) -> dict[str, list[tuple[str, ...]]]:
     """Every string of four words or more in a fenced file (``FENCED``), by file."""
-    return {str(path.relative_to(root)): [w for s in strings_of(path) if len(w := words(s)) >= 4]
-            for path in fenced_files(root)}
+    return {
+        str(path.relative_to(root)): [w for s in strings_of(path) if len(w := words(s)) >= 4]
+        for path in fenced_files(root)
+    }
 
 
 def shared_templates(exam: list[tuple[str, ...]], others: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
@@ -186,12 +195,19 @@ def test_the_template_finder_finds_a_prompt_with_a_topic_word_changed():
 NEAR_COPY = "Which knot holds best on a wet hemp rope?"  # a topic word changed
 
 
-@pytest.mark.parametrize("where, content", [
-    ("tests/guard/test_x.py", "def test_x(material):\n    check(f'Which knot holds best on a wet {material} rope?')\n"),
-    ("tests/fixtures/cases/more.jsonl", json.dumps({"a": NEAR_COPY, "b": "a knot"}) + "\n"),
-    ("data/extra/pairs.json", json.dumps({"pairs": [{"prompts": [NEAR_COPY, "a knot"]}]})),
-    ("gpucache/guard/framing.txt", "# a word list\nhello there, " + NEAR_COPY + "\n"),
-], ids=["f-string", "a subfolder", "json", "a word list"])
+@pytest.mark.parametrize(
+    "where, content",
+    [
+        (
+            "tests/guard/test_x.py",
+            "def test_x(material):\n    check(f'Which knot holds best on a wet {material} rope?')\n",
+        ),
+        ("tests/fixtures/cases/more.jsonl", json.dumps({"a": NEAR_COPY, "b": "a knot"}) + "\n"),
+        ("data/extra/pairs.json", json.dumps({"pairs": [{"prompts": [NEAR_COPY, "a knot"]}]})),
+        ("gpucache/guard/framing.txt", "# a word list\nhello there, " + NEAR_COPY + "\n"),
+    ],
+    ids=["f-string", "a subfolder", "json", "a word list"],
+)
 def test_the_fence_reads_every_place_a_copy_can_live(tmp_path, where, content):
     """A near-copy of an exam prompt (``Which knot holds best on a wet nylon rope?`` standing in
     for one) placed in each kind of file the fence reads is found there."""
@@ -226,11 +242,15 @@ def conversation_exam_messages() -> list[tuple[str, ...]]:
 
 def test_the_conversations_exam_is_well_formed_and_balanced():
     rows = [json.loads(line) for line in CONVERSATIONS.read_text(encoding="utf-8").splitlines()]
-    assert {tuple(sorted(r)) for r in rows} == {("a", "b", "domain", "final", "id", "kind", "label", "length")}
+    assert {tuple(sorted(r)) for r in rows} == {
+        ("a", "b", "domain", "final", "id", "kind", "label", "length")
+    }
     assert len({r["id"] for r in rows}) == len(rows)
     for r in rows:
         for side in (r["a"], r["b"]):
-            assert side[-1]["role"] == "user" and all(m["role"] in ("system", "user", "assistant") for m in side)
+            assert side[-1]["role"] == "user" and all(
+                m["role"] in ("system", "user", "assistant") for m in side
+            )
     labels = [r["label"] for r in rows]
     assert labels.count(0) >= 80 and labels.count(1) >= 80
 
@@ -240,14 +260,18 @@ def test_no_tuning_pair_or_test_case_shares_a_template_with_the_conversations_ex
     the tests: 17 of its 200 pairs were dropped before any report for sharing one (the tuning
     set's conversations and the older prompt sets among them); any new copy fails here."""
     exam = conversation_exam_messages()
-    copies = {where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()}
+    copies = {
+        where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()
+    }
     assert {where: n for where, n in copies.items() if n} == {}
 
 
 def test_no_tuning_pair_or_test_case_shares_a_template_with_the_exam():
     exam = exam_prompts()
-    copies = {where: {digest(p) for p in shared_templates(exam, prompts)}
-              for where, prompts in tuning_and_test_prompts().items()}
+    copies = {
+        where: {digest(p) for p in shared_templates(exam, prompts)}
+        for where, prompts in tuning_and_test_prompts().items()
+    }
     assert {where: found for where, found in copies.items() if found} == KNOWN_SHARED
 
 
@@ -255,5 +279,7 @@ def test_no_tuning_pair_or_test_case_shares_a_template_with_the_third_exam():
     """The third exam against every string of the tuning data (the learned decision's set
     among them), the tests and the package's data: none shares a template."""
     exam = exam_prompts(EXAM_3)
-    copies = {where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()}
+    copies = {
+        where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()
+    }
     assert {where: n for where, n in copies.items() if n} == {}

@@ -50,7 +50,11 @@ MUST_REJECT = [
     ("Meeting at 10:30 tomorrow", "Meeting at 11:30 tomorrow", "numbers"),
     ("Give me a 5 day itinerary for Rome", "Give me a 7 day itinerary for Rome", "numbers"),
     ("Use HTTP/2 for the API", "Use HTTP/3 for the API", "numbers"),
-    ("Write a function that returns the 10th Fibonacci number", "Write a function that returns the 20th Fibonacci number", "numbers"),
+    (
+        "Write a function that returns the 10th Fibonacci number",
+        "Write a function that returns the 20th Fibonacci number",
+        "numbers",
+    ),
     ("Print numbers 1 to 10 in Python", "Print numbers 1 to 100 in Python", "numbers"),
     # negation
     ("Why does my phone charge?", "Why doesn't my phone charge?", "negation"),
@@ -88,7 +92,11 @@ MUST_REJECT = [
     ("How do I follow someone on Twitter?", "How do I unfollow someone on Twitter?", "antonym"),
     ("Why is my upload speed slow?", "Why is my download speed slow?", "antonym"),
     # reordered around a directional word
-    ("Render this paragraph from Markdown to HTML", "Render this paragraph from HTML to Markdown", "direction"),
+    (
+        "Render this paragraph from Markdown to HTML",
+        "Render this paragraph from HTML to Markdown",
+        "direction",
+    ),
     ("Is Python faster than Java?", "Is Java faster than Python?", "direction"),
     ("How many cups in a liter?", "How many liters in a cup?", "direction"),
     ("Exchange rate from USD to JPY", "Exchange rate from JPY to USD", "direction"),
@@ -98,29 +106,45 @@ MUST_REJECT = [
     ("Copy files from the server to my laptop", "Copy files from my laptop to the server", "direction"),
     # two words traded places (an addition to the founding rules)
     ("Alice sent Bob the report", "Bob sent Alice the report", "swapped"),
-    ("The film was directed by Smith and produced by Jones", "The film was produced by Smith and directed by Jones", "swapped"),
+    (
+        "The film was directed by Smith and produced by Jones",
+        "The film was produced by Smith and directed by Jones",
+        "swapped",
+    ),
     ("dog bites man", "man bites dog", "swapped"),
     # a different wh-thing asked (an addition to the founding rules)
     ("Who wrote Pride and Prejudice?", "When was Pride and Prejudice published?", "question-word"),
     # named differences of the redesign: one example row each here, more in test_differences.py
-    ("Is there a dessert near Tucson worth trying?", "Is there a desert near Tucson worth visiting?", "confusable"),
+    (
+        "Is there a dessert near Tucson worth trying?",
+        "Is there a desert near Tucson worth visiting?",
+        "confusable",
+    ),
     ("Did the Romans conquer the Gauls?", "Were the Romans conquered by the Gauls?", "voice"),
     ("Which phones launched last spring?", "Which phones launched this spring?", "time"),
     ("List 12 percent of 80 as a decimal", "List what percent of 80 is 12 as a decimal", "relation"),
     ("filter orders where paid and shipped", "filter orders where paid or shipped", "relation"),
-    ("the tall engineer met the young pilot and the old doctor at the station near the harbour",
-     "the young engineer met the old pilot and the tall doctor at the station near the harbour",
-     "reordered"),
+    (
+        "the tall engineer met the young pilot and the old doctor at the station near the harbour",
+        "the young engineer met the old pilot and the tall doctor at the station near the harbour",
+        "reordered",
+    ),
     ("Where is the Eiffel Tower?", "Why is the Eiffel Tower famous?", "question-word"),
     ("When does the store open?", "Where does the store open?", "question-word"),
     # shared words cross a directional word while the rest differs (an addition to the founding rules)
     ("How much is 100 EUR in USD?", "Convert 100 USD to EUR", "crossed"),
     ("How long does it take to drive from Boston to New York?", "Driving time New York to Boston", "crossed"),
     # most words shared, some moved (an addition to the founding rules)
-    ("In 2018 the Utah House of Representatives passed a bill to legalize the right to grow and try medical marijuana plants",
-     "In 2018 the House of Representatives of Utah passed a bill to grow the right to try and marijuana plants", "roles"),
-    ("The Villa Pesquera facilities are owned by the Municipality of Ponce but operated by the fishermen themselves",
-     "The facilities of Villa Pesquera are operated by the Municipality of Ponce but are owned by the fishermen", "roles"),
+    (
+        "In 2018 the Utah House of Representatives passed a bill to legalize the right to grow and try medical marijuana plants",
+        "In 2018 the House of Representatives of Utah passed a bill to grow the right to try and marijuana plants",
+        "roles",
+    ),
+    (
+        "The Villa Pesquera facilities are owned by the Municipality of Ponce but operated by the fishermen themselves",
+        "The facilities of Villa Pesquera are operated by the Municipality of Ponce but are owned by the fishermen",
+        "roles",
+    ),
     # substitutions
     ("How do I reset my password?", "How do I reset my username?", "substitution"),
     ("What is the capital of France?", "What is the capital of Germany?", "entity"),
@@ -134,11 +158,19 @@ MUST_REJECT = [
     ("Compute 7 - 3 for me", "Compute 7 + 3 for me", "symbols"),
     ("Why is `i += 1` slow here?", "Why is `i -= 1` slow here?", "symbols"),
     # a payload is compared whole, apart from the instruction around it
-    ("Shorten: 'We will ship the order on Friday.'", "Shorten: 'We will ship the order on Sunday.'", "payload"),
+    (
+        "Shorten: 'We will ship the order on Friday.'",
+        "Shorten: 'We will ship the order on Sunday.'",
+        "payload",
+    ),
     ("What does `ls -a` print?", "What does `ls -l` print?", "payload"),
     ('Proofread "Its a nice day"', 'Proofread "Its a rainy day"', "payload"),
     # the same payload under a different instruction is still a different request
-    ("Count the words in this sentence: 'red fish, blue fish'", "Count the letters in this sentence: 'red fish, blue fish'", "deliverable"),
+    (
+        "Count the words in this sentence: 'red fish, blue fish'",
+        "Count the letters in this sentence: 'red fish, blue fish'",
+        "deliverable",
+    ),
     ("Translate into German: 'see you soon'", "Translate into Italian: 'see you soon'", "entity"),
     # a number scaled by a word is one number
     ("Plan a trip budget of ten dollars", "Plan a trip budget of ten thousand dollars", "numbers"),
@@ -150,8 +182,16 @@ MUST_REJECT = [
     ("How do I center a div in CSS?", "How do I hide a div in CSS?", "substitution"),
     ("Who wrote Pride and Prejudice?", "Who wrote Sense and Sensibility?", "entity"),
     ("How do I upgrade pip?", "How do I upgrade npm?", "substitution"),
-    ("What is the time complexity of binary search?", "What is the time complexity of linear search?", "substitution"),
-    ("What is the difference between TCP and UDP?", "What is the difference between HTTP and HTTPS?", "substitution"),
+    (
+        "What is the time complexity of binary search?",
+        "What is the time complexity of linear search?",
+        "substitution",
+    ),
+    (
+        "What is the difference between TCP and UDP?",
+        "What is the difference between HTTP and HTTPS?",
+        "substitution",
+    ),
     ("Explain what a mutex is", "Explain what a semaphore is", "substitution"),
     ("How do I read a CSV file with pandas?", "How do I read an Excel file with pandas?", "entity"),
     ("What is the weather in Tokyo in April?", "What is the weather in Osaka in April?", "entity"),
@@ -180,8 +220,11 @@ MUST_REJECT = [
     ("What's a good laptop for students?", "What's a good laptop for students that runs Linux?", "entity"),
     ("Tips for a job interview", "Give me advice and tips for preparing for my job interview", "added"),
     # a shared long question, a different closing instruction
-    (LONG_QUESTION + " Answer in the form of a checklist for the on-call engineer.",
-     LONG_QUESTION + " Focus on what the postmortem should say to customers.", "deliverable"),
+    (
+        LONG_QUESTION + " Answer in the form of a checklist for the on-call engineer.",
+        LONG_QUESTION + " Focus on what the postmortem should say to customers.",
+        "deliverable",
+    ),
     (LONG_QUESTION, LONG_QUESTION + " Keep it under a hundred words.", "added"),
     (LONG_QUESTION, LONG_QUESTION + " Include the commands you would run.", "added"),
     # conservative by design: a reworded question that also carries an extra content word
@@ -197,7 +240,11 @@ MUST_REJECT = [
     # joined by "or"/"and" is no excuse for a subject and object, or for numbers
     ("Does the hawk hunt the rabbit?", "Does the rabbit hunt the hawk?", "swapped"),
     ("Divide 12 and 4", "Divide 4 and 12", "swapped"),
-    ("Is London or Paris closer to Berlin than Rome?", "Is Rome or Paris closer to Berlin than London?", "direction"),
+    (
+        "Is London or Paris closer to Berlin than Rome?",
+        "Is Rome or Paris closer to Berlin than London?",
+        "direction",
+    ),
     # a name the parser reads as a stopword still trades places ("Go" the language)
     ("Is Go more popular than Rust?", "Is Rust more popular than Go?", "swapped"),
     # politeness is set aside, the request it wraps is not
@@ -219,14 +266,22 @@ MUST_ACCEPT = [
     # refused it as an added request)
     ("Explain gradient descent in simple terms", "What is gradient descent, simply explained?"),
     # one payload, the instruction worded two ways; nouns that point at the payload add nothing
-    ("Summarize: 'The store moves to Elm Street in May.'", "Please give me a summary of this text: 'The store moves to Elm Street in May.'"),
+    (
+        "Summarize: 'The store moves to Elm Street in May.'",
+        "Please give me a summary of this text: 'The store moves to Elm Street in May.'",
+    ),
     ("Proofread this paragraph: 'I has a apple.'", "Proofread: 'I has a apple.'"),
     # "... or not?" asks what the bare question asks
-    ("Is this review positive or not? 'Great battery life.'", "Is this review positive? 'Great battery life.'"),
+    (
+        "Is this review positive or not? 'Great battery life.'",
+        "Is this review positive? 'Great battery life.'",
+    ),
     ("Is coffee bad for you or not?", "Is coffee bad for you?"),
     # clauses put in another order, each moved whole
-    ("For a team that works remote across three time zones, which meeting schedule keeps everyone awake?",
-     "Which meeting schedule keeps everyone awake for a team that works remote across three time zones?"),
+    (
+        "For a team that works remote across three time zones, which meeting schedule keeps everyone awake?",
+        "Which meeting schedule keeps everyone awake for a team that works remote across three time zones?",
+    ),
     # a number written with a scale word or a suffix is the same number
     ("Plan a trip budget of ten thousand dollars", "Plan a trip budget of 10k dollars"),
     ("Write two hundred words on rain", "Write 200 words on rain"),
@@ -257,7 +312,10 @@ MUST_ACCEPT = [
     ("Summarize the plot of Hamlet", "Give me a summary of Hamlet's plot"),
     ("What is 3.50 plus 2?", "What is 3.5 plus 2?"),
     ("Recommend a good science fiction novel", "Can you recommend a good science fiction novel?"),
-    ("In 1965 he moved to Boston to study law at Harvard", "He moved to Boston in 1965 to study law at Harvard"),
+    (
+        "In 1965 he moved to Boston to study law at Harvard",
+        "He moved to Boston in 1965 to study law at Harvard",
+    ),
     ("Flights from London to Paris tomorrow", "Tomorrow's flights to Paris from London"),
     ("How do I block a number on my iPhone?", "How can I block a number on iPhone?"),
     ("How do I learn Python fast?", "What is the fastest way to learn Python?"),
@@ -275,7 +333,10 @@ MUST_ACCEPT = [
     ("Pls summarize this memo, I'd appreciate it", "Summarize this memo"),
     # the table: spelling variants, abbreviations and units, powers, instruction verbs
     ("How do I organise my photos by colour?", "How do I organize my photos by color?"),
-    ("What does the config file for k8s look like?", "What does the configuration file for Kubernetes look like?"),
+    (
+        "What does the config file for k8s look like?",
+        "What does the configuration file for Kubernetes look like?",
+    ),
     ("How many tbsp of sugar are in 100 g?", "How many tablespoons of sugar are in 100 grams?"),
     ("How many ounces are in a pound?", "How many oz in a pound?"),
     ("What is the derivative of x squared?", "What is the derivative of x^2?"),
@@ -285,7 +346,10 @@ MUST_ACCEPT = [
     ("Who wrote Pride and Prejudice?", "Who is the author of Pride and Prejudice?"),
     ("Outline the stages of mitosis", "List the stages of mitosis"),
     ("Enumerate the causes of the French Revolution", "List the causes of the French Revolution"),
-    ("My web page loads slowly. How can I speed it up?", "My web page loads slowly. How do I make it faster?"),
+    (
+        "My web page loads slowly. How can I speed it up?",
+        "My web page loads slowly. How do I make it faster?",
+    ),
     ("How do I accelerate my laptop's boot?", "How do I speed up my laptop's boot?"),
     # a question and an instruction asking for one exposition
     ("Who was Grace Hopper?", "Tell me about Grace Hopper"),
@@ -475,15 +539,16 @@ def test_every_set_of_rules_switched_off_has_a_name_of_its_own():
     assert LexicalNearMissVerifier(table=False).name not in names
 
 
-@pytest.mark.parametrize("module", ["gpucache.guard.lexical", "gpucache.policy.admission",
-                                    "gpucache.policy.content"])
+@pytest.mark.parametrize(
+    "module", ["gpucache.guard.lexical", "gpucache.policy.admission", "gpucache.policy.content"]
+)
 def test_the_verifier_and_the_policies_import_no_torch(module):
     """The verifier and the policies stay free of torch and numpy: pure CPU code, the same
     answer on every machine. Imported in a fresh process, they load neither."""
-    probe = (f"import sys, {module}; "
-             "print(sorted({'torch', 'numpy', 'transformers'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    probe = f"import sys, {module}; print(sorted({{'torch', 'numpy', 'transformers'}} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -498,10 +563,12 @@ def test_clearing_the_caches_forgets_everything_the_guard_has_read():
     import gpucache.guard
     from gpucache.guard.lexical import MEMOS, clear_caches
 
-    found = {id(value): f"{info.name}.{name}"
-             for info in pkgutil.iter_modules(gpucache.guard.__path__, "gpucache.guard.")
-             for name, value in vars(importlib.import_module(info.name)).items()
-             if isinstance(value, functools._lru_cache_wrapper) and value.cache_parameters()["maxsize"] != 1}
+    found = {
+        id(value): f"{info.name}.{name}"
+        for info in pkgutil.iter_modules(gpucache.guard.__path__, "gpucache.guard.")
+        for name, value in vars(importlib.import_module(info.name)).items()
+        if isinstance(value, functools._lru_cache_wrapper) and value.cache_parameters()["maxsize"] != 1
+    }
     assert sorted(found[i] for i in set(found) - {id(m) for m in MEMOS}) == []
     LexicalNearMissVerifier().explain("How do I reset my password, 10k times?", "how do i resett my pasword")
     assert any(m.cache_info().currsize for m in MEMOS)
@@ -552,10 +619,14 @@ def test_a_verdict_names_the_words_and_the_side():
 def test_a_reworded_long_prompt_is_not_an_added_request():
     """Words that differ on both sides in several places are a rewording, not a replaced
     instruction: the added rule needs one differing place between a shared prefix and suffix."""
-    cached = ("Our payment service started timing out every night after we moved the database "
-              "to a larger instance. What is the most likely cause?")
-    new = ("Every night our payment service began timing out once the database moved to a "
-           "bigger instance. What's most likely causing it?")
+    cached = (
+        "Our payment service started timing out every night after we moved the database "
+        "to a larger instance. What is the most likely cause?"
+    )
+    new = (
+        "Every night our payment service began timing out once the database moved to a "
+        "bigger instance. What's most likely causing it?"
+    )
     assert V.explain(cached, new).rule != "added"
 
 
@@ -601,8 +672,11 @@ def test_a_table_class_never_joins_two_things_of_one_kind():
     from gpucache.guard.words import stem
 
     # one thing named two ways, each listed in categories.txt under both names (read by a person)
-    one_thing = {("audience", ("child", "children")), ("entity", ("postgre", "postgresql")),
-                 ("tone", ("brief", "short"))}
+    one_thing = {
+        ("audience", ("child", "children")),
+        ("entity", ("postgre", "postgresql")),
+        ("tone", ("brief", "short")),
+    }
     kinds = _category_words()
     joined = set()
     for entries in _shipped_classes():
@@ -613,12 +687,15 @@ def test_a_table_class_never_joins_two_things_of_one_kind():
     assert joined - one_thing == set()
 
 
-@pytest.mark.parametrize("cached, new", [
-    ("What is the capital city of Brazil?", "What is the capital city of Argentina?"),
-    ("Book the team lunch for Monday", "Book the team lunch for Tuesday"),
-    ("Summarise the plot of Hamlet in five lines", "Summarise the plot of Macbeth in five lines"),
-    ("what time zone is japan in", "what time zone is korea in"),
-])
+@pytest.mark.parametrize(
+    "cached, new",
+    [
+        ("What is the capital city of Brazil?", "What is the capital city of Argentina?"),
+        ("Book the team lunch for Monday", "Book the team lunch for Tuesday"),
+        ("Summarise the plot of Hamlet in five lines", "Summarise the plot of Macbeth in five lines"),
+        ("what time zone is japan in", "what time zone is korea in"),
+    ],
+)
 def test_two_things_of_one_kind_are_never_one_request(cached, new):
     """The pairs a wrong class in the table would join: each must stay two requests."""
     assert V.explain(cached, new).rejected and V.explain(new, cached).rejected
@@ -629,6 +706,7 @@ def test_every_table_entry_reads_as_its_class_and_only_its_class(entries):
     """Each shipped entry, put in place of its class's first entry, is the same request; and in
     place of a word outside the class it is a substitution still: the table admits its own
     classes and nothing beside them."""
+
     def frame(word: str) -> str:
         return f"Write a note on {word} for my class"
 
@@ -638,12 +716,15 @@ def test_every_table_entry_reads_as_its_class_and_only_its_class(entries):
         assert V.explain(frame(entry), frame("zebras")).rejected, entry
 
 
-@pytest.mark.parametrize("text, message", [
-    ("colour, color\ncolor, hue\n", "already in the class on line 1"),
-    ("colour\n", "two or more entries"),
-    ("a b c d e, f\n", "more than 4 words"),
-    ("colour, , color\n", "two or more entries"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("colour, color\ncolor, hue\n", "already in the class on line 1"),
+        ("colour\n", "two or more entries"),
+        ("a b c d e, f\n", "more than 4 words"),
+        ("colour, , color\n", "two or more entries"),
+    ],
+)
 def test_a_broken_table_is_refused_with_its_line(text, message):
     from gpucache.guard.parsing import parse_table
 
@@ -663,12 +744,15 @@ def test_without_the_table_prompts_are_read_as_written():
     assert both.name == "lexical-near-miss-without-added-table"
 
 
-@pytest.mark.parametrize("cached, new", [
-    ("How many teeth does a shark have?", "How many tooth does a shark have?"),
-    ("Why do some people snore?", "Why do some persons snore?"),
-    ("How do I speed up my laptop?", "How do I accelerate my laptop?"),
-    ("What is the biggest lake in Africa?", "What is the largest lake in Africa?"),
-])
+@pytest.mark.parametrize(
+    "cached, new",
+    [
+        ("How many teeth does a shark have?", "How many tooth does a shark have?"),
+        ("Why do some people snore?", "Why do some persons snore?"),
+        ("How do I speed up my laptop?", "How do I accelerate my laptop?"),
+        ("What is the biggest lake in Africa?", "What is the largest lake in Africa?"),
+    ],
+)
 def test_grammatical_forms_and_phrasal_verbs_are_one_word(cached, new):
     assert not V.explain(cached, new).rejected
 
@@ -715,75 +799,174 @@ def test_a_verdict_reads_as_its_outcome_its_rule_and_what_it_found():
 # the words it names and its reason as a reader sees it (the mutation run found every reason
 # and every list of words unread by a test).
 EXPLAINED = [
-    ("convert 10 miles to km", "convert 10 km to miles",
-     "reject (direction): reordered around a directional word: km mi", ("km", "mi")),
-    ("reset my password", "reset my username",
-     "reject (substitution): words substituted: password -> username", ("password", "username")),
+    (
+        "convert 10 miles to km",
+        "convert 10 km to miles",
+        "reject (direction): reordered around a directional word: km mi",
+        ("km", "mi"),
+    ),
+    (
+        "reset my password",
+        "reset my username",
+        "reject (substitution): words substituted: password -> username",
+        ("password", "username"),
+    ),
     ("What is 5 + 5?", "What is 50 + 5?", "reject (numbers): numbers differ: 5 vs 50", ("5", "50")),
     ("Is -5 less than 3?", "Is 5 less than 3?", "reject (numbers): signs differ: -5 vs -", ("-5",)),
     ("Is 5 bigger than 3?", "Is -5 bigger than 3?", "reject (numbers): signs differ: - vs -5", ("-5",)),
-    ("flights to London", "flights from London", "reject (polarity): polarity swapped: to vs from",
-     ("to", "from")),
-    ("Can I get a virtual card?", "Can I get a non virtual card?",
-     "reject (negation): a negation on one side only", ("not",)),
-    ("How do I enable two factor authentication?", "How can I disable two factor authentication?",
-     "reject (antonym): opposites: enable vs disable", ("enable", "disable")),
-    ("Alice sent Bob the report", "Bob sent Alice the report",
-     "reject (swapped): words traded places: alice / bob", ("alice", "bob")),
-    ("Who wrote Pride and Prejudice?", "When was Pride and Prejudice published?",
-     "reject (question-word): asks who vs when", ("who", "when")),
-    ("Is there a dessert near Tucson worth trying?", "Is there a desert near Tucson worth visiting?",
-     "reject (confusable): different words a letter apart: dessert vs desert", ("dessert", "desert")),
-    ("Did the Romans conquer the Gauls?", "Were the Romans conquered by the Gauls?",
-     "reject (voice): who does what to whom: roman / gaul exchanged across the voice of the verb",
-     ("roman", "gaul")),
-    ("Which phones launched last spring?", "Which phones launched this spring?",
-     "reject (time): time named only in the cached prompt: last", ("last",)),
-    ("List 12 percent of 80 as a decimal", "List what percent of 80 is 12 as a decimal",
-     "reject (relation): a percentage given on one side, asked on the other", ("percent",)),
-    ("Python and Java tutorials", "Python or Java tutorials", "reject (relation): 'and' against 'or'",
-     ("and", "or")),
-    ("the tall engineer met the young pilot and the old doctor at the station near the harbour",
-     "the young engineer met the old pilot and the tall doctor at the station near the harbour",
-     "reject (reordered): shared words moved: tall young pilot", ("tall", "young", "pilot")),
-    ("How much is 100 EUR in USD?", "Convert 100 USD to EUR",
-     "reject (crossed): eur and usd swap sides of a role word", ("eur", "usd")),
-    ("In 2018 the Utah House of Representatives passed a bill to legalize the right to grow and try "
-     "medical marijuana plants", "In 2018 the House of Representatives of Utah passed a bill to grow the "
-     "right to try and marijuana plants",
-     "reject (roles): grow hangs from right to in the cached prompt and from bill to in the new one", ("grow",)),
-    ("What is the capital of France?", "What is the capital of Germany?",
-     "reject (entity): entity named only in the cached prompt: france", ("france",)),
-    ("Translate 'good morning' into Spanish", "Translate 'good night' into Spanish",
-     "reject (payload): the quoted or code payloads differ", ()),
+    (
+        "flights to London",
+        "flights from London",
+        "reject (polarity): polarity swapped: to vs from",
+        ("to", "from"),
+    ),
+    (
+        "Can I get a virtual card?",
+        "Can I get a non virtual card?",
+        "reject (negation): a negation on one side only",
+        ("not",),
+    ),
+    (
+        "How do I enable two factor authentication?",
+        "How can I disable two factor authentication?",
+        "reject (antonym): opposites: enable vs disable",
+        ("enable", "disable"),
+    ),
+    (
+        "Alice sent Bob the report",
+        "Bob sent Alice the report",
+        "reject (swapped): words traded places: alice / bob",
+        ("alice", "bob"),
+    ),
+    (
+        "Who wrote Pride and Prejudice?",
+        "When was Pride and Prejudice published?",
+        "reject (question-word): asks who vs when",
+        ("who", "when"),
+    ),
+    (
+        "Is there a dessert near Tucson worth trying?",
+        "Is there a desert near Tucson worth visiting?",
+        "reject (confusable): different words a letter apart: dessert vs desert",
+        ("dessert", "desert"),
+    ),
+    (
+        "Did the Romans conquer the Gauls?",
+        "Were the Romans conquered by the Gauls?",
+        "reject (voice): who does what to whom: roman / gaul exchanged across the voice of the verb",
+        ("roman", "gaul"),
+    ),
+    (
+        "Which phones launched last spring?",
+        "Which phones launched this spring?",
+        "reject (time): time named only in the cached prompt: last",
+        ("last",),
+    ),
+    (
+        "List 12 percent of 80 as a decimal",
+        "List what percent of 80 is 12 as a decimal",
+        "reject (relation): a percentage given on one side, asked on the other",
+        ("percent",),
+    ),
+    (
+        "Python and Java tutorials",
+        "Python or Java tutorials",
+        "reject (relation): 'and' against 'or'",
+        ("and", "or"),
+    ),
+    (
+        "the tall engineer met the young pilot and the old doctor at the station near the harbour",
+        "the young engineer met the old pilot and the tall doctor at the station near the harbour",
+        "reject (reordered): shared words moved: tall young pilot",
+        ("tall", "young", "pilot"),
+    ),
+    (
+        "How much is 100 EUR in USD?",
+        "Convert 100 USD to EUR",
+        "reject (crossed): eur and usd swap sides of a role word",
+        ("eur", "usd"),
+    ),
+    (
+        "In 2018 the Utah House of Representatives passed a bill to legalize the right to grow and try "
+        "medical marijuana plants",
+        "In 2018 the House of Representatives of Utah passed a bill to grow the "
+        "right to try and marijuana plants",
+        "reject (roles): grow hangs from right to in the cached prompt and from bill to in the new one",
+        ("grow",),
+    ),
+    (
+        "What is the capital of France?",
+        "What is the capital of Germany?",
+        "reject (entity): entity named only in the cached prompt: france",
+        ("france",),
+    ),
+    (
+        "Translate 'good morning' into Spanish",
+        "Translate 'good night' into Spanish",
+        "reject (payload): the quoted or code payloads differ",
+        (),
+    ),
     ("Is y > 10 here?", "Is y < 10 here?", "reject (symbols): symbols differ: > vs <", (">", "<")),
-    ("Summarize this text: 'a b c'. Use bullet points.", "Summarize this text: 'a b c'. Keep it short.",
-     "reject (deliverable): deliverable named only in the cached prompt: bullet", ("bullet",)),
-    ("How do I bake bread?", "How do I bake bread in a cast iron pot?",
-     "reject (constraint): only the new prompt restricts the request: cast iron pot", ("cast", "iron", "pot")),
-    ("Tips for a job interview", "Give me advice and tips for preparing for my job interview",
-     "reject (added): only the new prompt asks for \"prepar\"", ("prepar",)),
+    (
+        "Summarize this text: 'a b c'. Use bullet points.",
+        "Summarize this text: 'a b c'. Keep it short.",
+        "reject (deliverable): deliverable named only in the cached prompt: bullet",
+        ("bullet",),
+    ),
+    (
+        "How do I bake bread?",
+        "How do I bake bread in a cast iron pot?",
+        "reject (constraint): only the new prompt restricts the request: cast iron pot",
+        ("cast", "iron", "pot"),
+    ),
+    (
+        "Tips for a job interview",
+        "Give me advice and tips for preparing for my job interview",
+        'reject (added): only the new prompt asks for "prepar"',
+        ("prepar",),
+    ),
     # a sentence only one prompt has: before the request it is context, after it a request more
-    ("I'm vegan. How do I bake bread?", "How do I bake bread?",
-     "reject (constraint): constraint named only in the context one prompt gives: vegan", ("vegan",)),
-    ("I use Linux. How do I write a regex for emails?", "How do I write a regular expression for emails?",
-     "reject (entity): entity named only in the context one prompt gives: linux", ("linux",)),
-    ("My grandmother is visiting. Write a poem about the sea.", "Write a poem about the sea.",
-     "reject (audience): audience named only in the context one prompt gives: grandmother", ("grandmother",)),
+    (
+        "I'm vegan. How do I bake bread?",
+        "How do I bake bread?",
+        "reject (constraint): constraint named only in the context one prompt gives: vegan",
+        ("vegan",),
+    ),
+    (
+        "I use Linux. How do I write a regex for emails?",
+        "How do I write a regular expression for emails?",
+        "reject (entity): entity named only in the context one prompt gives: linux",
+        ("linux",),
+    ),
+    (
+        "My grandmother is visiting. Write a poem about the sea.",
+        "Write a poem about the sea.",
+        "reject (audience): audience named only in the context one prompt gives: grandmother",
+        ("grandmother",),
+    ),
     ("It rained 3 days ago. How do I plan a budget?", "How do I plan a budget?", "accept (context)", ()),
     ("The deadline is not today. How do I plan a budget?", "How do I plan a budget?", "accept (context)", ()),
-    ("How do I plan a budget? Include a spreadsheet template.", "How do I plan a budget?",
-     "reject (added): only one prompt goes on to ask: \"Include a spreadsheet template.\"",
-     ("include", "spreadsheet", "template")),
+    (
+        "How do I plan a budget? Include a spreadsheet template.",
+        "How do I plan a budget?",
+        'reject (added): only one prompt goes on to ask: "Include a spreadsheet template."',
+        ("include", "spreadsheet", "template"),
+    ),
     # the same sentences but one each: judged alone, and each asks its own
-    ("Here is my table: users with id and name. Explain the indexing options.",
-     "Here is my table: users with id and name. Suggest a schema change.",
-     "reject (added): each prompt asks its own: \"Explain the indexing options.\" / \"Suggest a schema change.\"",
-     ("change", "index", "option", "schema")),
+    (
+        "Here is my table: users with id and name. Explain the indexing options.",
+        "Here is my table: users with id and name. Suggest a schema change.",
+        'reject (added): each prompt asks its own: "Explain the indexing options." / "Suggest a schema change."',
+        ("change", "index", "option", "schema"),
+    ),
     ("Python or Java?", "Java or Python?", "accept (rewording)", ()),
     ("What is 2 + 2?", "What is two plus two (roughly)?", "accept (rewording)", ()),
-    ("Here is my data: 1 2 3. Write a regex for it.", "Here is my data: 1 2 3. Write a regular expression for it.",
-     "accept (identical)", ()),
+    (
+        "Here is my data: 1 2 3. Write a regex for it.",
+        "Here is my data: 1 2 3. Write a regular expression for it.",
+        "accept (identical)",
+        (),
+    ),
 ]
 
 
@@ -793,10 +976,16 @@ def test_explain_says_which_rule_decided_and_what_it_found(cached, new, said, wo
     assert (str(verdict), verdict.words) == (said, words)
 
 
-@pytest.mark.parametrize("cached, new", [
-    ("Here is my data: 1 2 3. Write a regex for it.", "Here is my data: 1 2 3. Write a regular expression for it."),
-    ("How do I write a regex for emails?", "How do I write a regular expression for emails?"),
-])
+@pytest.mark.parametrize(
+    "cached, new",
+    [
+        (
+            "Here is my data: 1 2 3. Write a regex for it.",
+            "Here is my data: 1 2 3. Write a regular expression for it.",
+        ),
+        ("How do I write a regex for emails?", "How do I write a regular expression for emails?"),
+    ],
+)
 def test_without_the_table_a_word_and_its_written_out_form_are_a_substitution(cached, new):
     verdict = LexicalNearMissVerifier(table=False).explain(cached, new)
     assert str(verdict) == "reject (substitution): words substituted: regex -> regular expression"
@@ -805,32 +994,45 @@ def test_without_the_table_a_word_and_its_written_out_form_are_a_substitution(ca
 def test_a_verifier_names_what_it_leaves_out():
     assert repr(LexicalNearMissVerifier(skip=("added",))) == "LexicalNearMissVerifier(skip=('added',))"
     assert repr(LexicalNearMissVerifier(skip=("added", "swapped"), table=False)) == (
-        "LexicalNearMissVerifier(skip=('swapped', 'added'), table=False)")
+        "LexicalNearMissVerifier(skip=('swapped', 'added'), table=False)"
+    )
     with pytest.raises(TypeError, match="skip takes a collection of rule names, not one string"):
         LexicalNearMissVerifier(skip="added")
-    with pytest.raises(ValueError, match=r"unknown rules \['colour'\]; the rules are symbols, payload, numbers, "):
+    with pytest.raises(
+        ValueError, match=r"unknown rules \['colour'\]; the rules are symbols, payload, numbers, "
+    ):
         LexicalNearMissVerifier(skip=("colour",))
 
 
 def test_context_before_a_request_and_reworded_instructions_are_accepted_as_such():
     """The verdict is the accepted rule's own (rejected is False, not merely falsy)."""
-    assert V.explain("I have been at this for 2 hours. It is not working. How do I reset my password?",
-                     "How do I reset my password?") == Verdict(False, "context")
-    assert V.explain("Here is my situation. Explain how to reset my password.",
-                     "Here is my situation. Tell me how to reset my password.") == Verdict(False, "rewording")
-    assert V.explain("tea or coffee for breakfast", "coffee or tea for breakfast") == Verdict(False, "rewording")
+    assert V.explain(
+        "I have been at this for 2 hours. It is not working. How do I reset my password?",
+        "How do I reset my password?",
+    ) == Verdict(False, "context")
+    assert V.explain(
+        "Here is my situation. Explain how to reset my password.",
+        "Here is my situation. Tell me how to reset my password.",
+    ) == Verdict(False, "rewording")
+    assert V.explain("tea or coffee for breakfast", "coffee or tea for breakfast") == Verdict(
+        False, "rewording"
+    )
 
 
 def test_a_name_told_by_its_capital_alone_counts_in_a_near_identical_edit_only():
     """Capitals are typed loosely, and a question asked at more length often names what the
     shorter leaves implied: an unknown capitalised word is a name where the edit is small."""
     assert V.explain("best Zorblax 3DS games", "best 3DS games").rule == "entity"
-    long_edit = V.explain("What games should I play", "What games should I play on my new Zorblax handheld tonight")
+    long_edit = V.explain(
+        "What games should I play", "What games should I play on my new Zorblax handheld tonight"
+    )
     assert long_edit.rule == "time"  # the time it adds decides, not the capital
 
 
 def test_a_word_added_to_two_to_four_shared_words_asks_for_more():
-    assert V.explain("cook rice beans pot", "cook rice beans pot quickly").rule == "added"  # four shared: the band's edge
+    assert (
+        V.explain("cook rice beans pot", "cook rice beans pot quickly").rule == "added"
+    )  # four shared: the band's edge
 
 
 def test_a_constraint_names_the_words_of_the_side_that_restricts():
@@ -847,5 +1049,7 @@ def test_context_and_instructions_are_read_through_the_table_as_the_request_is()
     plain = LexicalNearMissVerifier(table=False)
     assert plain.explain(*pair) == Verdict(False, "context")
     assert plain.explain("Compose a haiku about autumn", "Compose a haiku on autumn").rule == "rewording"
-    assert plain.explain("Here is my situation. Compose the steps to reset my password.",
-                         "Here is my situation. Compose how to reset my password.") == Verdict(False, "rewording")
+    assert plain.explain(
+        "Here is my situation. Compose the steps to reset my password.",
+        "Here is my situation. Compose how to reset my password.",
+    ) == Verdict(False, "rewording")

@@ -12,11 +12,30 @@ from labelled_pairs import half_of, read_jsonl
 DATA = Path(__file__).resolve().parents[2] / "data"
 DEV, HELD = DATA / "llm_prompts.jsonl", DATA / "llm_prompts_heldout.jsonl"
 TUNING = DATA / "llm_prompts_tuning.jsonl"  # tuning only, never reported
-NEAR_MISS_KINDS = {"added-constraint", "output-language", "length-format", "audience", "tone",
-                   "programming-language", "without-only", "quantity", "entity", "direction",
-                   "swapped-roles", "changed-instruction"}
-PARAPHRASE_KINDS = {"fillers", "reordering", "synonyms", "spelling", "abbreviations",
-                    "question-form", "long-paraphrase", "mixed-paraphrase"}
+NEAR_MISS_KINDS = {
+    "added-constraint",
+    "output-language",
+    "length-format",
+    "audience",
+    "tone",
+    "programming-language",
+    "without-only",
+    "quantity",
+    "entity",
+    "direction",
+    "swapped-roles",
+    "changed-instruction",
+}
+PARAPHRASE_KINDS = {
+    "fillers",
+    "reordering",
+    "synonyms",
+    "spelling",
+    "abbreviations",
+    "question-form",
+    "long-paraphrase",
+    "mixed-paraphrase",
+}
 
 
 @pytest.mark.parametrize("path", [DEV, HELD, TUNING])
@@ -76,7 +95,7 @@ def _one_word_apart(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
     i = 0
     while i < min(len(x), len(y)) and x[i] == y[i]:
         i += 1
-    return x[i + 1:] == y[i + 1:] or x[i + 1:] == y[i:] or x[i:] == y[i + 1:]
+    return x[i + 1 :] == y[i + 1 :] or x[i + 1 :] == y[i:] or x[i:] == y[i + 1 :]
 
 
 def _edit(x: tuple[str, ...], y: tuple[str, ...]) -> frozenset[str]:
@@ -90,6 +109,7 @@ def _copies(tested: list[tuple[str, str]], data: list[tuple[str, str]]) -> list[
     pairs on one template that change different words ("reset my password" / "reset my
     username" beside "reset my PW" / "reset my password") are two cases, not a copy; short
     sides (under four words) must match exactly."""
+
     def close(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
         return x == y or (min(len(x), len(y)) >= 4 and _one_word_apart(x, y))
 
@@ -112,7 +132,9 @@ def test_the_copy_finder_finds_a_copy_with_a_name_changed():
     assert _copies([("give me a 3 day itinerary for Paris", "Give me a 5 day itinerary for Paris!")], data)
     assert _copies([("Give me a 5-day itinerary for Rome.", "Give me a 3 day itinerary for Rome")], data)
     # the same template changing other words is another case
-    assert not _copies([("Give me a 3 day itinerary for Rome", "Give me a three day itinerary for Rome")], data)
+    assert not _copies(
+        [("Give me a 3 day itinerary for Rome", "Give me a three day itinerary for Rome")], data
+    )
 
 
 def test_no_test_pair_is_a_pair_of_the_data():
@@ -122,7 +144,10 @@ def test_no_test_pair_is_a_pair_of_the_data():
     import test_lexical
 
     data = [(r["a"], r["b"]) for path in (DEV, HELD, TUNING) for r in read_jsonl(path)]
-    tested = ([(a, b) for a, b, _ in test_lexical.MUST_REJECT] + list(test_lexical.MUST_ACCEPT)
-              + [(a, b) for a, b, _ in test_lexical.TABLE_STILL_REJECTS]
-              + list(test_lexical.STILL_SUBSTITUTIONS))
+    tested = (
+        [(a, b) for a, b, _ in test_lexical.MUST_REJECT]
+        + list(test_lexical.MUST_ACCEPT)
+        + [(a, b) for a, b, _ in test_lexical.TABLE_STILL_REJECTS]
+        + list(test_lexical.STILL_SUBSTITUTIONS)
+    )
     assert _copies(tested, data) == []

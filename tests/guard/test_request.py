@@ -10,34 +10,43 @@ from gpucache.guard import request
 from gpucache.guard.request import MAX_MEND_CHARS, MEMO_MAX_CHARS, one_edit, one_edit_apart, request_text
 
 
-@pytest.mark.parametrize("prompt, text", [
-    ("Flights from the US to Canada", "Flights from the USA to Canada"),  # never the pronoun "us"
-    ("Flights from the U.S. to Canada", "Flights from the USA to Canada"),
-    ("Flights from the U.S.A. to the U.K.", "Flights from the USA to the UK"),
-    ("Is the UK in the EU?", "Is the UK in the EU?"),
-    ("Convert 10 US dollars to euros", "Convert 10 US dollars to euros"),  # a currency stays
-])
+@pytest.mark.parametrize(
+    "prompt, text",
+    [
+        ("Flights from the US to Canada", "Flights from the USA to Canada"),  # never the pronoun "us"
+        ("Flights from the U.S. to Canada", "Flights from the USA to Canada"),
+        ("Flights from the U.S.A. to the U.K.", "Flights from the USA to the UK"),
+        ("Is the UK in the EU?", "Is the UK in the EU?"),
+        ("Convert 10 US dollars to euros", "Convert 10 US dollars to euros"),  # a currency stays
+    ],
+)
 def test_a_country_code_in_capitals_reads_as_one_form(prompt, text):
     assert request_text(prompt) == text
 
 
-@pytest.mark.parametrize("prompt, text", [
-    ("hey, can you please tell me how to reset my password", "how to reset my password"),  # leads, in rounds
-    ("Hi! Can you tell me how to reset my password? Thanks in advance!", "how to reset my password?"),
-    ("Please, how do I boil an egg", "how do I boil an egg"),
-    ("how do I boil an egg thanks so much", "how do I boil an egg"),
-    ("Could you please explain how to boil an egg, thanks", "how to boil an egg"),  # its comma goes too
-    ("how to boil an egg - thanks!", "how to boil an egg"),
-    ("how to boil an egg; thank you", "how to boil an egg"),
-    ("how to boil an egg?! thanks", "how to boil an egg?!"),  # a question's own marks stay
-    ("can you tell me", "tell me"),  # a lead is cut only where something follows it
-    ("thanks in advance", "thanks in advance"),  # all framing: the text as it is
-    ("Can you help me out? Why do cats knead blankets", "Why do cats knead blankets"),
-    ("random question but why do cats knead blankets", "why do cats knead blankets"),
-    ("random question: why do cats knead blankets", "why do cats knead blankets"),
-    ("random question generator for a party game", "random question generator for a party game"),
-    ("why do cats knead blankets? cheers mate", "why do cats knead blankets?"),
-])
+@pytest.mark.parametrize(
+    "prompt, text",
+    [
+        (
+            "hey, can you please tell me how to reset my password",
+            "how to reset my password",
+        ),  # leads, in rounds
+        ("Hi! Can you tell me how to reset my password? Thanks in advance!", "how to reset my password?"),
+        ("Please, how do I boil an egg", "how do I boil an egg"),
+        ("how do I boil an egg thanks so much", "how do I boil an egg"),
+        ("Could you please explain how to boil an egg, thanks", "how to boil an egg"),  # its comma goes too
+        ("how to boil an egg - thanks!", "how to boil an egg"),
+        ("how to boil an egg; thank you", "how to boil an egg"),
+        ("how to boil an egg?! thanks", "how to boil an egg?!"),  # a question's own marks stay
+        ("can you tell me", "tell me"),  # a lead is cut only where something follows it
+        ("thanks in advance", "thanks in advance"),  # all framing: the text as it is
+        ("Can you help me out? Why do cats knead blankets", "Why do cats knead blankets"),
+        ("random question but why do cats knead blankets", "why do cats knead blankets"),
+        ("random question: why do cats knead blankets", "why do cats knead blankets"),
+        ("random question generator for a party game", "random question generator for a party game"),
+        ("why do cats knead blankets? cheers mate", "why do cats knead blankets?"),
+    ],
+)
 def test_framing_is_cut_from_both_ends(prompt, text):
     assert request_text(prompt) == text
 
@@ -50,19 +59,22 @@ def test_the_strings_one_edit_away_are_every_slip_of_one_letter():
     assert "aab" not in one_edit("aab")  # equal letters swapped are the word itself
 
 
-@pytest.mark.parametrize("typed, meant", [
-    ("pyhton", "python"),  # two letters transposed
-    ("untill", "until"),  # a letter too many
-    ("pasword", "password"),  # a letter missing
-    ("seperate", "separate"),  # a letter wrong
-    ("reqest", "request"),  # the likeliest word, not the first slip ("reest": a letter dropped)
-    ("adress", "address"),  # a doubled letter typed once outweighs a commoner word ("dress")
-    ("acount", "account"),  # ... ("count")
-    ("resett", "reset"),  # a letter typed twice outweighs a commoner word ("resent")
-    ("throught", "throught"),  # "thought" or "through", about as likely: left as written
-    ("nything", "nything"),  # "anything" or "nothing": left as written
-    ("kubernets", "kubernets"),  # no dictionary word one edit away
-])
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        ("pyhton", "python"),  # two letters transposed
+        ("untill", "until"),  # a letter too many
+        ("pasword", "password"),  # a letter missing
+        ("seperate", "separate"),  # a letter wrong
+        ("reqest", "request"),  # the likeliest word, not the first slip ("reest": a letter dropped)
+        ("adress", "address"),  # a doubled letter typed once outweighs a commoner word ("dress")
+        ("acount", "account"),  # ... ("count")
+        ("resett", "reset"),  # a letter typed twice outweighs a commoner word ("resent")
+        ("throught", "throught"),  # "thought" or "through", about as likely: left as written
+        ("nything", "nything"),  # "anything" or "nothing": left as written
+        ("kubernets", "kubernets"),  # no dictionary word one edit away
+    ],
+)
 def test_a_misspelling_is_mended_to_the_clearly_likeliest_word_or_left(typed, meant):
     assert request.mended(typed) == meant
 
@@ -101,16 +113,27 @@ def test_a_doubling_slip_counts_four_times_its_frequency():
     assert request.likelihood("seperate", "separate", 10) == 10
 
 
-@pytest.mark.parametrize("x, y, apart", [
-    ("abcde", "abdce", True), ("abcde", "bacde", True),  # two neighbours transposed
-    ("abcde", "abxde", True), ("abcde", "abcdx", True),  # one letter changed
-    ("abcde", "abcdef", True), ("abcdef", "abcde", True), ("abcde", "xabcde", True),  # one more
-    ("abcde", "acde", True),
-    ("abcde", "abcdefg", False), ("abcde", "axcye", False), ("abcde", "adcbe", False),
-    ("abcde", "abced", True), ("abcde", "abdcx", False),  # a swap and a change are two edits
-    ("abcde", "xbcdey", False), ("abcde", "abcde", False),
-    ("abcd", "axcde", False),  # a change and a letter more, the change at the second letter
-])
+@pytest.mark.parametrize(
+    "x, y, apart",
+    [
+        ("abcde", "abdce", True),
+        ("abcde", "bacde", True),  # two neighbours transposed
+        ("abcde", "abxde", True),
+        ("abcde", "abcdx", True),  # one letter changed
+        ("abcde", "abcdef", True),
+        ("abcdef", "abcde", True),
+        ("abcde", "xabcde", True),  # one more
+        ("abcde", "acde", True),
+        ("abcde", "abcdefg", False),
+        ("abcde", "axcye", False),
+        ("abcde", "adcbe", False),
+        ("abcde", "abced", True),
+        ("abcde", "abdcx", False),  # a swap and a change are two edits
+        ("abcde", "xbcdey", False),
+        ("abcde", "abcde", False),
+        ("abcd", "axcde", False),  # a change and a letter more, the change at the second letter
+    ],
+)
 def test_two_words_one_edit_apart(x, y, apart):
     assert one_edit_apart(x, y) is apart and one_edit_apart(y, x) is apart
 
@@ -138,23 +161,27 @@ def test_a_prompt_of_the_memos_length_is_kept_and_one_longer_is_not():
     assert request.request_memo.cache_info().currsize == 1
 
 
-@pytest.mark.parametrize("typed, read", [
-    ("how 2 unclog a drain", "how to unclog a drain"),  # "2" for "to" before a verb
-    ("How 2 discuss pay with a manager", "How to discuss pay with a manager"),  # a verb in -ss
-    ("trying 2 repot a cactus", "trying to repot a cactus"),
-    ("which tent is best 4 the desert", "which tent is best for the desert"),  # before a determiner
-    ("forward it 2 my landlord", "forward it to my landlord"),
-    ("meet b4 noon", "meet before noon"), ("is any1 selling", "is anyone selling"),  # whole words
-    ("want 2 tickets to Lisbon", "want 2 tickets to Lisbon"),  # a plural: a count
-    ("going 2 km uphill", "going 2 km uphill"),  # a measure
-    ("add 4 cups of stock", "add 4 cups of stock"),  # no word that takes "to" before it
-    ("read chapter 2 the night before", "read chapter 2 the night before"),  # a label's number
-    ("pick 1, 2 the rest later", "pick 1, 2 the rest later"),  # a list of numbers
-    ("we won 3 2 the first leg", "we won 3 2 the first leg"),  # a score
-    ("chapter 2 the ending", "chapter 2 the ending"), ("please read chapter 2 the night before",
-                                                       "please read chapter 2 the night before"),
-    ("4 the record, who won", "for the record, who won"),  # at the start
-    ("buy a ps5 4 the kids", "buy a ps5 for the kids"),  # a name ending in a digit is no number
-])
+@pytest.mark.parametrize(
+    "typed, read",
+    [
+        ("how 2 unclog a drain", "how to unclog a drain"),  # "2" for "to" before a verb
+        ("How 2 discuss pay with a manager", "How to discuss pay with a manager"),  # a verb in -ss
+        ("trying 2 repot a cactus", "trying to repot a cactus"),
+        ("which tent is best 4 the desert", "which tent is best for the desert"),  # before a determiner
+        ("forward it 2 my landlord", "forward it to my landlord"),
+        ("meet b4 noon", "meet before noon"),
+        ("is any1 selling", "is anyone selling"),  # whole words
+        ("want 2 tickets to Lisbon", "want 2 tickets to Lisbon"),  # a plural: a count
+        ("going 2 km uphill", "going 2 km uphill"),  # a measure
+        ("add 4 cups of stock", "add 4 cups of stock"),  # no word that takes "to" before it
+        ("read chapter 2 the night before", "read chapter 2 the night before"),  # a label's number
+        ("pick 1, 2 the rest later", "pick 1, 2 the rest later"),  # a list of numbers
+        ("we won 3 2 the first leg", "we won 3 2 the first leg"),  # a score
+        ("chapter 2 the ending", "chapter 2 the ending"),
+        ("please read chapter 2 the night before", "please read chapter 2 the night before"),
+        ("4 the record, who won", "for the record, who won"),  # at the start
+        ("buy a ps5 4 the kids", "buy a ps5 for the kids"),  # a name ending in a digit is no number
+    ],
+)
 def test_a_number_typed_for_a_word_is_read_as_the_word_only_where_no_count_can_stand(typed, read):
     assert request.expand_shorthand(typed) == read

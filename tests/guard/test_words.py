@@ -10,31 +10,66 @@ from gpucache.guard import differences, request, words
 from gpucache.guard.words import stem
 
 
-@pytest.mark.parametrize("word, stemmed", [
-    ("cities", "city"), ("flies", "fly"),  # "ies" is "y" from five letters
-    ("ties", "tie"),  # a shorter one loses its "s" only
-    ("resetting", "reset"), ("getting", "get"), ("stopped", "stop"), ("planned", "plan"),
-    ("added", "add"), ("adding", "add"), ("erred", "err"),  # a three-letter root keeps its double
-    ("sued", "sue"), ("used", "use"), ("tied", "tie"), ("dyed", "dye"), ("owed", "owe"),  # root in "e"
-    ("feed", "feed"), ("need", "need"), ("bled", "bled"), ("shed", "shed"),  # "fee", "ble": no root
-    ("calling", "call"), ("passed", "pass"), ("buzzed", "buzz"),  # l, s and z double in roots
-    ("sing", "sing"), ("bring", "bring"),  # "ing" from six letters
-    ("boxes", "box"), ("wishes", "wish"), ("churches", "church"), ("buzzes", "buzz"),
-    ("classes", "class"), ("asses", "ass"),  # "es" after the sounds that take it
-    ("tomatoes", "tomatoe"), ("goes", "goe"),  # after any other, only the "s"
-    ("cats", "cat"), ("resets", "reset"),
-    ("glass", "glass"), ("status", "status"), ("analysis", "analysis"),  # no "s" to take off
-    ("bus", "bus"), ("was", "was"), ("its", "its"),  # three letters: whole
-    ("c3pos", "c3pos"), ("x-rays", "x-rays"),  # not a word of letters: as written
-])
+@pytest.mark.parametrize(
+    "word, stemmed",
+    [
+        ("cities", "city"),
+        ("flies", "fly"),  # "ies" is "y" from five letters
+        ("ties", "tie"),  # a shorter one loses its "s" only
+        ("resetting", "reset"),
+        ("getting", "get"),
+        ("stopped", "stop"),
+        ("planned", "plan"),
+        ("added", "add"),
+        ("adding", "add"),
+        ("erred", "err"),  # a three-letter root keeps its double
+        ("sued", "sue"),
+        ("used", "use"),
+        ("tied", "tie"),
+        ("dyed", "dye"),
+        ("owed", "owe"),  # root in "e"
+        ("feed", "feed"),
+        ("need", "need"),
+        ("bled", "bled"),
+        ("shed", "shed"),  # "fee", "ble": no root
+        ("calling", "call"),
+        ("passed", "pass"),
+        ("buzzed", "buzz"),  # l, s and z double in roots
+        ("sing", "sing"),
+        ("bring", "bring"),  # "ing" from six letters
+        ("boxes", "box"),
+        ("wishes", "wish"),
+        ("churches", "church"),
+        ("buzzes", "buzz"),
+        ("classes", "class"),
+        ("asses", "ass"),  # "es" after the sounds that take it
+        ("tomatoes", "tomatoe"),
+        ("goes", "goe"),  # after any other, only the "s"
+        ("cats", "cat"),
+        ("resets", "reset"),
+        ("glass", "glass"),
+        ("status", "status"),
+        ("analysis", "analysis"),  # no "s" to take off
+        ("bus", "bus"),
+        ("was", "was"),
+        ("its", "its"),  # three letters: whole
+        ("c3pos", "c3pos"),
+        ("x-rays", "x-rays"),  # not a word of letters: as written
+    ],
+)
 def test_a_word_loses_the_ending_its_rule_names(word, stemmed):
     assert stem(word) == stemmed
 
 
 def test_an_inflected_verb_and_its_root_stem_alike():
-    for forms in (("add", "adds", "added", "adding"), ("reset", "resets", "resetting"),
-                  ("stop", "stops", "stopped", "stopping"), ("call", "calls", "called", "calling"),
-                  ("sue", "sues", "sued"), ("use", "uses", "used")):
+    for forms in (
+        ("add", "adds", "added", "adding"),
+        ("reset", "resets", "resetting"),
+        ("stop", "stops", "stopped", "stopping"),
+        ("call", "calls", "called", "calling"),
+        ("sue", "sues", "sued"),
+        ("use", "uses", "used"),
+    ):
         assert {stem(f) for f in forms} == {forms[0]}, forms
 
 
@@ -42,8 +77,9 @@ def test_the_confusables_file_is_read_into_groups_of_casefolded_words():
     groups = words._confusable_pairs()
     assert groups == words.CONFUSABLE_GROUPS
     assert groups[:3] == (("desert", "dessert"), ("affect", "effect"), ("accept", "except"))
-    assert all(len(g) >= 2 and all(w == w.strip().casefold() and w and "#" not in w for w in g)
-               for g in groups)
+    assert all(
+        len(g) >= 2 and all(w == w.strip().casefold() and w and "#" not in w for w in g) for g in groups
+    )
     assert words.CONFUSABLE["dessert"] == {"desert"}
 
 
@@ -98,12 +134,16 @@ def test_a_category_section_must_be_a_known_kind_and_words_before_any_section_ar
 
 def test_a_confusables_line_is_one_group_and_drops_its_comment():
     assert words._confusable_pairs("# groups\n Affect, effect # verb / noun\n\nfrom,form\n") == (
-        ("affect", "effect"), ("from", "form"))
+        ("affect", "effect"),
+        ("from", "form"),
+    )
     assert words._confusable_pairs("bear, beer # a comment # with a second mark\n") == (("bear", "beer"),)
 
 
-@pytest.mark.parametrize("word, is_adverb", [("badly", True), ("automatically", True), ("ugly", False),
-                                             ("fly", False), ("lying", False)])
+@pytest.mark.parametrize(
+    "word, is_adverb",
+    [("badly", True), ("automatically", True), ("ugly", False), ("fly", False), ("lying", False)],
+)
 def test_an_adverb_is_a_word_of_five_letters_or_more_in_ly(word, is_adverb):
     assert words.adverb(word) is is_adverb
 

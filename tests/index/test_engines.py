@@ -33,16 +33,22 @@ def engines_for(mode: str) -> list[tuple[str, object]]:
     if mode == "fp32":
         found.append(("numpy", NumpyEngine()))
     if mode == "int8":
-        found += [(f"int8-cpu-mm{m}-gemv{g}", Int8CpuEngine(matmul=m, gemv=g))
-                  for m in (True, False) for g in (True, False)]
+        found += [
+            (f"int8-cpu-mm{m}-gemv{g}", Int8CpuEngine(matmul=m, gemv=g))
+            for m in (True, False)
+            for g in (True, False)
+        ]
     if mode != "int8" and triton_available():
         found.append(("triton", TritonEngine()))
     return found
 
 
-CASES = [(mode, name, engine) for mode in ("fp32", "fp16", "bf16", "int8")
-         for name, engine in engines_for(mode)
-         if not (name == "triton" and mode == "bf16")]  # the interpreter has no bf16 (test_kernels)
+CASES = [
+    (mode, name, engine)
+    for mode in ("fp32", "fp16", "bf16", "int8")
+    for name, engine in engines_for(mode)
+    if not (name == "triton" and mode == "bf16")
+]  # the interpreter has no bf16 (test_kernels)
 
 
 def unit_rows(n: int, d: int, seed: int) -> torch.Tensor:
@@ -74,10 +80,10 @@ def check_true_top_k(rows: RowsView, queries, k, scope_id, now, scores, found, t
     for qi in range(queries.shape[0]):
         got = found[qi].tolist()
         real = [r for r in got if r >= 0]
-        assert got[: len(real)] == real and all(r == -1 for r in got[len(real):])  # padded at the end
+        assert got[: len(real)] == real and all(r == -1 for r in got[len(real) :])  # padded at the end
         assert len(real) == min(k, live) and len(set(real)) == len(real)
         assert all(not bool(dead[r]) for r in real)
-        assert scores[qi, len(real):].tolist() == [-math.inf] * (k - len(real))
+        assert scores[qi, len(real) :].tolist() == [-math.inf] * (k - len(real))
         torch.testing.assert_close(scores[qi, : len(real)], reference[qi, real], rtol=0, atol=tolerance)
         if real:  # nothing left out scores clearly above the last one kept
             kth = float(reference[qi, real].min())
@@ -97,9 +103,16 @@ def _shapes():
             for chunk in (1, 7, 64, 10_000):
                 for k in (1, 4, 60):
                     slow = name == "triton" and (q == 100 or chunk == 1 or k == 60)
-                    yield pytest.param(mode, name, engine, q, chunk, k,
-                                       id=f"{mode}-{name}-q{q}-c{chunk}-k{k}",
-                                       marks=[pytest.mark.slow] if slow else [])
+                    yield pytest.param(
+                        mode,
+                        name,
+                        engine,
+                        q,
+                        chunk,
+                        k,
+                        id=f"{mode}-{name}-q{q}-c{chunk}-k{k}",
+                        marks=[pytest.mark.slow] if slow else [],
+                    )
 
 
 @pytest.mark.parametrize(("mode", "name", "engine", "q", "chunk", "k"), list(_shapes()))
@@ -129,8 +142,9 @@ def test_the_choosing_engine_answers_with_whichever_it_measured_faster():
             self.measured.append(run)
             return 0.5 if len(self.measured) % 2 == 0 else 1.0  # the second engine timed wins
 
-    chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=Timer(),
-                                start=lambda measure: measure())
+    chooser = ScanKernelChooser(
+        torch.device("cpu"), min_rows=1, timer=Timer(), start=lambda measure: measure()
+    )
     engine = ChoosingEngine(chooser, {"torch": TorchEngine(), "triton": NumpyEngine()})
     vectors = unit_rows(200, 16, 3)
     rows = stored_rows("fp32", vectors, [0] * 200, [math.inf] * 200)
@@ -140,19 +154,29 @@ def test_the_choosing_engine_answers_with_whichever_it_measured_faster():
     check_true_top_k(rows, queries, 4, 0, 0.0, scores, found, 1e-5)
 
 
-@pytest.mark.parametrize(("dtype", "q", "want"), [
-    (torch.float32, 1, True), (torch.float32, 40, True), (torch.float32, 256, True),
-    (torch.float32, 257, False), (torch.bfloat16, 32, False), (torch.bfloat16, 64, True),
-    (torch.bfloat16, 128, True), (torch.bfloat16, 200, False), (torch.float16, 64, False),
-])
+@pytest.mark.parametrize(
+    ("dtype", "q", "want"),
+    [
+        (torch.float32, 1, True),
+        (torch.float32, 40, True),
+        (torch.float32, 256, True),
+        (torch.float32, 257, False),
+        (torch.bfloat16, 32, False),
+        (torch.bfloat16, 64, True),
+        (torch.bfloat16, 128, True),
+        (torch.bfloat16, 200, False),
+        (torch.float16, 64, False),
+    ],
+)
 def test_torch_products_come_rows_first_where_that_is_faster(dtype, q, want):
     assert rows_first(q, dtype) == want
     block = unit_rows(300, 16, 1).to(dtype)
     product = torch_product(unit_rows(q, 16, 2).to(dtype), block)
     if q > 1:
         assert product.T.is_contiguous() == want
-    torch.testing.assert_close(product.float(), unit_rows(q, 16, 2).to(dtype).float() @ block.float().T,
-                               rtol=0, atol=2e-2)
+    torch.testing.assert_close(
+        product.float(), unit_rows(q, 16, 2).to(dtype).float() @ block.float().T, rtol=0, atol=2e-2
+    )
 
 
 @pytest.mark.parametrize("dim", [24, 32, 33, 48, 384])
@@ -215,8 +239,15 @@ def test_a_k_beyond_the_kernels_tiles_goes_to_the_torch_engine():
 
     from gpucache import SemanticCache, StoreEverything, ThresholdOnly
 
-    cache = SemanticCache(FakeEmbedder(dim=32), device="cpu", quantization="fp16", top_k=20,
-                          scan_kernel="triton", verifier=ThresholdOnly(), cache_policy=StoreEverything())
+    cache = SemanticCache(
+        FakeEmbedder(dim=32),
+        device="cpu",
+        quantization="fp16",
+        top_k=20,
+        scan_kernel="triton",
+        verifier=ThresholdOnly(),
+        cache_policy=StoreEverything(),
+    )
     cache.warm((f"stored question number {i}", str(i)) for i in range(300))
     scans = cache.stats().scans
     hit = cache.get("Stored question, number 7?")  # the same words: the same fake embedding

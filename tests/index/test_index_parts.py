@@ -72,9 +72,9 @@ def test_releasing_a_free_row_is_a_bug_and_clear_forgets_everything():
 # --------------------------------------------------------------------- codecs
 
 
-@pytest.mark.parametrize(("mode", "tolerance"), [
-    ("fp32", 0.0), ("fp16", 1e-3), ("bf16", 4e-3), ("int8", None),
-])
+@pytest.mark.parametrize(
+    ("mode", "tolerance"), [("fp32", 0.0), ("fp16", 1e-3), ("bf16", 4e-3), ("int8", None)]
+)
 def test_a_codec_stores_rows_within_its_precision_and_keeps_them_through_growth(mode, tolerance):
     n, d = 150, 32
     vectors = unit_rows(n, d, 1)

@@ -57,9 +57,7 @@ def test_query_buckets(queries, want):
 
 
 def test_size_classes_are_powers_of_four():
-    assert [size_class(n) for n in (1, 3, 4, 15, 16, 65536, 262143, 262144)] == [
-        0, 0, 1, 1, 2, 8, 8, 9
-    ]
+    assert [size_class(n) for n in (1, 3, 4, 15, 16, 65536, 262143, 262144)] == [0, 0, 1, 1, 2, 8, 8, 9]
     assert [size_class(4**k) for k in range(1, 30)] == list(range(1, 30))
     assert [size_class(4**k - 1) for k in range(1, 30)] == list(range(0, 29))
 
@@ -121,8 +119,9 @@ def test_an_auto_store_answers_the_same_whichever_kernel_wins(faster):
     timer = ScriptedTimer({"torch": 1.0, "triton": 1.0, faster: 0.5})
     chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=timer, start=INLINE)
     # the engine a CUDA store with Triton is built with, here on the CPU
-    auto = ExactScanStore(d, device="cpu", engine=ChoosingEngine(
-        chooser, {"torch": TorchEngine(), "triton": TritonEngine()}))
+    auto = ExactScanStore(
+        d, device="cpu", engine=ChoosingEngine(chooser, {"torch": TorchEngine(), "triton": TritonEngine()})
+    )
     for store in (reference, auto):
         store.add(vectors, 0, expires)
     want = reference.search(queries, k, 0, now=10.0)
@@ -134,8 +133,7 @@ def test_an_auto_store_answers_the_same_whichever_kernel_wins(faster):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()),
-                    reason="needs CUDA and triton")
+@pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()), reason="needs CUDA and triton")
 def test_on_cuda_auto_measures_and_agrees_with_torch():
     n, d, q, k = 70_000, 384, 64, 4
     vectors, queries = unit_rows(n, d, 3).cuda(), unit_rows(q, d, 4).cuda()
@@ -207,8 +205,9 @@ def test_an_auto_store_answers_while_its_kernels_are_measured_in_the_background(
     timer = GatedTimer({"torch": 2.0, "triton": 1.0})
     chooser = ScanKernelChooser(torch.device("cpu"), min_rows=1, timer=timer)
     # "triton" here is a second torch engine: the thread and the choice are what is tested
-    auto = ExactScanStore(d, device="cpu", engine=ChoosingEngine(
-        chooser, {"torch": TorchEngine(), "triton": TorchEngine()}))
+    auto = ExactScanStore(
+        d, device="cpu", engine=ChoosingEngine(chooser, {"torch": TorchEngine(), "triton": TorchEngine()})
+    )
     auto.add(vectors, 0, [math.inf] * n)
     first = auto.search(queries, k, 0)
     assert chooser.choices == {}  # the measurement is still held at the gate
@@ -221,11 +220,19 @@ def test_an_auto_store_answers_while_its_kernels_are_measured_in_the_background(
         assert torch.equal(result[1], first[1])
 
 
-@pytest.mark.parametrize(("dtype", "capability", "takes"), [
-    (torch.float32, (7, 5), True), (torch.float16, (7, 0), True),
-    (torch.bfloat16, (7, 5), False), (torch.bfloat16, (8, 0), True), (torch.bfloat16, (9, 0), True),
-    (torch.bfloat16, None, True), (torch.int8, (9, 0), False), (torch.int8, None, False),
-])
+@pytest.mark.parametrize(
+    ("dtype", "capability", "takes"),
+    [
+        (torch.float32, (7, 5), True),
+        (torch.float16, (7, 0), True),
+        (torch.bfloat16, (7, 5), False),
+        (torch.bfloat16, (8, 0), True),
+        (torch.bfloat16, (9, 0), True),
+        (torch.bfloat16, None, True),
+        (torch.int8, (9, 0), False),
+        (torch.int8, None, False),
+    ],
+)
 def test_the_kernel_takes_bf16_only_from_compute_capability_8(dtype, capability, takes):
     from gpucache.index.engines.triton_engine import kernel_takes
 
@@ -242,12 +249,18 @@ def test_rows_the_kernel_cannot_take_are_scanned_by_torch(monkeypatch):
     monkeypatch.setattr(triton_engine, "device_capability", lambda device: (7, 5))
     n, d = 50, 16
     vectors = unit_rows(n, d, 7).to(torch.bfloat16)
-    rows = RowsView(vectors, torch.empty(0), torch.zeros(n, dtype=torch.int64),
-                    torch.full((n,), math.inf, dtype=torch.float64), n)
+    rows = RowsView(
+        vectors,
+        torch.empty(0),
+        torch.zeros(n, dtype=torch.int64),
+        torch.full((n,), math.inf, dtype=torch.float64),
+        n,
+    )
     job = ScanJob(unit_rows(2, d, 8), 3, 0, 0.0, 64)
     scanned = []
-    monkeypatch.setattr(TorchEngine, "scan",
-                        lambda self, r, j, b: scanned.append(r.vectors.dtype) or ("torch", None))
+    monkeypatch.setattr(
+        TorchEngine, "scan", lambda self, r, j, b: scanned.append(r.vectors.dtype) or ("torch", None)
+    )
     assert TritonEngine().scan(rows, job, host_buffer) == ("torch", None)
     assert scanned == [torch.bfloat16]
 
@@ -273,8 +286,9 @@ def measured_int8_store(n: int, seconds: dict[str, float]):
     store = ExactScanStore(32, device="cpu", quantization="int8")
     assert store.path_chooser is not None and store.path_chooser.min_rows == PATH_CHOICE_MIN_ROWS
     timer = ScriptedTimer(seconds)
-    store.path_chooser = ScanKernelChooser(store.device, min_rows=64, timer=timer, start=INLINE,
-                                           options=STORE_PATHS, unmeasured=unmeasured_path)
+    store.path_chooser = ScanKernelChooser(
+        store.device, min_rows=64, timer=timer, start=INLINE, options=STORE_PATHS, unmeasured=unmeasured_path
+    )
     store.add(unit_rows(n, 32, seed=5), 0, [math.inf] * n)
     store.engine = CountingEngine(store.engine)
     return store, timer
@@ -295,7 +309,11 @@ def test_a_quantized_cpu_store_answers_batches_the_way_measured_faster(faster):
     assert (store.engine.scans > scans_before) is (faster == "quantized")
     # the measured runs and the lookups agree: the path moves speed, never an answer (the
     # measured runs scanned the bucket's largest batch: these 40 queries, repeated to 64)
-    for got_scores, got_rows in (timer.results["quantized"], timer.results["copy"], (again_scores, again_rows)):
+    for got_scores, got_rows in (
+        timer.results["quantized"],
+        timer.results["copy"],
+        (again_scores, again_rows),
+    ):
         torch.testing.assert_close(got_scores[:40], scores, rtol=0, atol=1e-6)
         assert torch.equal(got_rows[:40], rows)
 
@@ -351,8 +369,10 @@ def test_a_bucket_is_measured_at_its_largest_batch_whatever_batch_met_it():
     store, timer = measured_int8_store(3000, {"quantized": 1.0, "copy": 2.0})
     sizes = []
     search_path = store._search_path
-    store._search_path = lambda path, view, queries, *rest: (sizes.append(queries.shape[0]),
-                                                              search_path(path, view, queries, *rest))[1]
+    store._search_path = lambda path, view, queries, *rest: (
+        sizes.append(queries.shape[0]),
+        search_path(path, view, queries, *rest),
+    )[1]
     store.search(unit_rows(2, 32, seed=8), 3, 0)
     assert sizes == [64, 64] and timer.measured == ["quantized", "copy"]
 

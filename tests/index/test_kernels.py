@@ -56,24 +56,32 @@ def test_matches_the_reference(q, n, d, k, dead_every):
 def test_all_rows_dead_gives_padding():
     queries, vectors, live = case(2, 50, 16, seed=3)
     live[:] = False
-    scores, rows = scan_topk(queries.to(KERNEL_DEVICE), vectors.to(KERNEL_DEVICE),
-                             live.to(KERNEL_DEVICE), 3)
+    scores, rows = scan_topk(queries.to(KERNEL_DEVICE), vectors.to(KERNEL_DEVICE), live.to(KERNEL_DEVICE), 3)
     assert torch.all(scores.cpu() == -math.inf) and torch.all(rows.cpu() == -1)
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.parametrize("dtype", [
-    torch.float16,
-    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-        INTERPRETED, reason="Triton's CPU interpreter computes through numpy, which has no "
-        "bfloat16 (it returns garbage); the bf16 path is checked natively on CUDA")),
-])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float16,
+        pytest.param(
+            torch.bfloat16,
+            marks=pytest.mark.skipif(
+                INTERPRETED,
+                reason="Triton's CPU interpreter computes through numpy, which has no "
+                "bfloat16 (it returns garbage); the bf16 path is checked natively on CUDA",
+            ),
+        ),
+    ],
+)
 def test_half_precision_inputs(dtype):
     queries, vectors, live = case(4, 150, 32, seed=9)
-    got, _ = scan_topk(queries.to(KERNEL_DEVICE, dtype), vectors.to(KERNEL_DEVICE, dtype),
-                       live.to(KERNEL_DEVICE), 4)
+    got, _ = scan_topk(
+        queries.to(KERNEL_DEVICE, dtype), vectors.to(KERNEL_DEVICE, dtype), live.to(KERNEL_DEVICE), 4
+    )
     want, _ = scan_topk_ref(queries, vectors, live, 4)
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=2e-2)  # half-precision inputs
 

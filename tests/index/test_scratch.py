@@ -103,8 +103,9 @@ def engine_for(mode: str, via_numpy: bool):
 @pytest.mark.parametrize("via_numpy", [True, False])
 def test_a_store_keeps_its_scan_buffers_within_the_budget(mode, via_numpy):
     n, d, q, budget = 3000, 32, 40, 4 * 40 * 1000  # three chunks of 1000 rows
-    store = ExactScanStore(d, device="cpu", quantization=mode, scan_budget_bytes=budget,
-                           engine=engine_for(mode, via_numpy))
+    store = ExactScanStore(
+        d, device="cpu", quantization=mode, scan_budget_bytes=budget, engine=engine_for(mode, via_numpy)
+    )
     store.add(unit_rows(n, d, 1), 0, [math.inf] * n)
     assert store.scratch.nbytes == 0
     store.search(unit_rows(q, d, 2), 4, 0)
@@ -123,8 +124,13 @@ def test_answers_stay_exact_whatever_the_last_scan_left_in_the_buffers(mode, via
     other rows, must never leak into the next answer."""
     n, d = 2500, 32
     vectors = unit_rows(n, d, 11)
-    store = ExactScanStore(d, device="cpu", quantization=mode, scan_budget_bytes=4 * 300 * 700,
-                           engine=engine_for(mode, via_numpy))
+    store = ExactScanStore(
+        d,
+        device="cpu",
+        quantization=mode,
+        scan_budget_bytes=4 * 300 * 700,
+        engine=engine_for(mode, via_numpy),
+    )
     store.add(vectors[:1500], 0, [math.inf] * 1500)
     store.add(vectors[1500:], 1, [math.inf] * 1000)
     for step, (q, scope) in enumerate([(300, 0), (3, 1), (150, 0), (1, 1), (300, 1), (2, 0)]):

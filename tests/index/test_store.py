@@ -55,7 +55,10 @@ def test_search_matches_brute_force_for_awkward_chunks(device, kernel, rows_per_
     scopes = [i % 3 for i in range(n)]
     expires = [math.inf if i % 5 else 10.0 for i in range(n)]
     store = ExactScanStore(
-        d, device=device, initial_rows=3, scan_budget_bytes=chunk_budget(rows_per_chunk, q),
+        d,
+        device=device,
+        initial_rows=3,
+        scan_budget_bytes=chunk_budget(rows_per_chunk, q),
         scan_kernel=kernel,
     )
     for i in range(n):
@@ -84,8 +87,7 @@ def test_zero_queries_give_empty_results(device):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_ties_keep_every_tied_row_once(device, kernel):
-    store = ExactScanStore(4, device=device, scan_budget_bytes=chunk_budget(2, 1),
-                           scan_kernel=kernel)
+    store = ExactScanStore(4, device=device, scan_budget_bytes=chunk_budget(2, 1), scan_kernel=kernel)
     v = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     store.add(v.repeat(5, 1), 0, [math.inf] * 5)
     scores, rows = store.search(v.to(device), 5, scope_id=0)
@@ -165,8 +167,13 @@ def test_quantized_scores_are_exact_and_recall_matches_fp32(device, mode, q, sma
     # queries near stored rows, so the top candidates are close together: the hard case
     queries = torch.nn.functional.normalize(vectors[:q] + 0.3 * unit_rows(q, d, seed=12), dim=1)
     exact = ExactScanStore(d, device=device)
-    quant = ExactScanStore(d, device=device, quantization=mode, scan_budget_bytes=4 * q * 97,
-                           refine=RefinePolicy(small_index_rows=small_index_rows))
+    quant = ExactScanStore(
+        d,
+        device=device,
+        quantization=mode,
+        scan_budget_bytes=4 * q * 97,
+        refine=RefinePolicy(small_index_rows=small_index_rows),
+    )
     for store in (exact, quant):
         store.add(vectors, 0, [math.inf] * n)
     want_scores, want_rows = exact.search(queries.to(device), k, 0)
@@ -205,8 +212,9 @@ def test_a_small_cpu_store_answers_a_large_batch_from_its_exact_copy(mode):
     queries = unit_rows(SMALL_INDEX_MIN_QUERIES, d, seed=32)
     exact = ExactScanStore(d, device="cpu")
     small = ExactScanStore(d, device="cpu", quantization=mode)
-    past = ExactScanStore(d, device="cpu", quantization=mode,
-                          refine=RefinePolicy(small_index_rows={mode: n - 1}))
+    past = ExactScanStore(
+        d, device="cpu", quantization=mode, refine=RefinePolicy(small_index_rows={mode: n - 1})
+    )
     for store in (exact, small, past):
         store.add(vectors, 0, [math.inf] * n)
     want = exact.search(queries, 4, 0)
@@ -225,8 +233,7 @@ def test_a_single_int8_query_is_exact_whatever_the_dimension(d, gemv):
     vectors = unit_rows(n, d, seed=41)
     query = torch.nn.functional.normalize(vectors[7:8] + 0.3 * unit_rows(1, d, seed=42), dim=1)
     exact = ExactScanStore(d, device="cpu")
-    quant = ExactScanStore(d, device="cpu", quantization="int8",
-                           engine=Int8CpuEngine(matmul=True, gemv=gemv))
+    quant = ExactScanStore(d, device="cpu", quantization="int8", engine=Int8CpuEngine(matmul=True, gemv=gemv))
     for store in (exact, quant):
         store.add(vectors, 0, [math.inf] * n)
     scores, rows = quant.search(query, 4, 0)
@@ -247,10 +254,15 @@ def test_quantized_modes_keep_scopes_expiry_and_padding(device, mode):
     torch.testing.assert_close(store.vectors([0]).cpu(), vectors[:1], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode, device_bytes, host_bytes", [
-    ("fp32", 4 * 384 + 16, 0), ("fp16", 2 * 384 + 16, 4 * 384),
-    ("bf16", 2 * 384 + 16, 4 * 384), ("int8", 384 + 20, 4 * 384),
-])
+@pytest.mark.parametrize(
+    "mode, device_bytes, host_bytes",
+    [
+        ("fp32", 4 * 384 + 16, 0),
+        ("fp16", 2 * 384 + 16, 4 * 384),
+        ("bf16", 2 * 384 + 16, 4 * 384),
+        ("int8", 384 + 20, 4 * 384),
+    ],
+)
 def test_memory_per_row_is_as_documented(mode, device_bytes, host_bytes):
     store = ExactScanStore(384, device="cpu", quantization=mode, initial_rows=100)
     assert store.row_bytes == device_bytes
@@ -275,19 +287,23 @@ CPU = torch.device("cpu")
 CUDA = torch.device("cuda")  # a device object only: resolving a mode touches no GPU
 
 
-@pytest.mark.parametrize("given, device, dim, cap, kernel, gemv, mode", [
-    (None, CPU, 384, None, "auto", True, "fp32"),  # None is full precision, as always
-    ("bf16", CPU, 384, None, "auto", True, "bf16"),  # an explicit mode is kept
-    ("auto", CPU, 384, None, "auto", True, "int8"),  # a CPU: a quarter of the bytes per lookup
-    ("auto", CPU, 384, None, "torch", True, "int8"),
-    ("auto", CPU, 384, 10**9, "auto", True, "fp32"),  # capped: the fp32 copy shares the RAM
-    ("auto", CPU, 24, None, "auto", True, "fp32"),  # no int8 GEMV for this dimension
-    ("auto", CPU, 384, None, "auto", False, "fp32"),  # no int8 GEMV in this torch
-    ("auto", CPU, 384, None, "triton", True, "fp32"),  # the kernel scans no int8
-    ("auto", CUDA, 384, None, "auto", True, "fp32"),  # exact, no host copy, already fast
-])
+@pytest.mark.parametrize(
+    "given, device, dim, cap, kernel, gemv, mode",
+    [
+        (None, CPU, 384, None, "auto", True, "fp32"),  # None is full precision, as always
+        ("bf16", CPU, 384, None, "auto", True, "bf16"),  # an explicit mode is kept
+        ("auto", CPU, 384, None, "auto", True, "int8"),  # a CPU: a quarter of the bytes per lookup
+        ("auto", CPU, 384, None, "torch", True, "int8"),
+        ("auto", CPU, 384, 10**9, "auto", True, "fp32"),  # capped: the fp32 copy shares the RAM
+        ("auto", CPU, 24, None, "auto", True, "fp32"),  # no int8 GEMV for this dimension
+        ("auto", CPU, 384, None, "auto", False, "fp32"),  # no int8 GEMV in this torch
+        ("auto", CPU, 384, None, "triton", True, "fp32"),  # the kernel scans no int8
+        ("auto", CUDA, 384, None, "auto", True, "fp32"),  # exact, no host copy, already fast
+    ],
+)
 def test_auto_quantization_is_int8_on_a_cpu_and_fp32_elsewhere(
-        monkeypatch, given, device, dim, cap, kernel, gemv, mode):
+    monkeypatch, given, device, dim, cap, kernel, gemv, mode
+):
     from gpucache.index.paths import resolve_quantization
     from gpucache.index.probes import CpuPaths
 
@@ -323,8 +339,7 @@ def test_both_scan_loops_agree_with_brute_force_on_masked_rows(engine, q, chunk_
     queries = unit_rows(q, 24, 42)
     scopes = [i % 3 for i in range(n)]
     expires = [5.0 if i % 7 == 0 else math.inf for i in range(n)]
-    store = ExactScanStore(24, device="cpu", scan_budget_bytes=chunk_budget(chunk_rows, q),
-                           engine=engine)
+    store = ExactScanStore(24, device="cpu", scan_budget_bytes=chunk_budget(chunk_rows, q), engine=engine)
     for scope in range(3):
         rows = [i for i in range(n) if scopes[i] == scope]
         store.add(vectors[rows], scope, [expires[i] for i in rows])
@@ -346,8 +361,9 @@ def test_every_int8_scan_path_keeps_recall_and_exact_scores(paths):
     d, n, q, k = 48, 3000, 30, 4
     vectors = unit_rows(n, d, seed=41)
     queries = torch.nn.functional.normalize(vectors[:q] + 0.3 * unit_rows(q, d, seed=42), dim=1)
-    store = ExactScanStore(d, device="cpu", quantization="int8",
-                           engine=Int8CpuEngine(matmul=paths[0], gemv=paths[1]))
+    store = ExactScanStore(
+        d, device="cpu", quantization="int8", engine=Int8CpuEngine(matmul=paths[0], gemv=paths[1])
+    )
     store.add(vectors, 0, [math.inf] * n)
     for batch in (queries, queries[:1]):
         scores, rows = store.search(batch, k, 0)
@@ -410,7 +426,7 @@ def test_int8_search_is_exact_and_finds_small_rows_beside_large_ones():
     store = ExactScanStore(d, device="cpu", quantization="int8")
     store.add(vectors, 0, [5.0 if i % 7 == 0 else math.inf for i in range(n)])
     scores, rows = store.search(queries, 4, 0, now=10.0)
-    want = (queries @ vectors.T)
+    want = queries @ vectors.T
     want[:, ::7] = -math.inf
     want = want.topk(4, dim=1)
     torch.testing.assert_close(scores, want.values, rtol=0, atol=1e-5)

@@ -44,9 +44,7 @@ def _torch_rows_first(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     return topk_module.block_topk_rows(scores.T.contiguous(), k)
 
 
-def _torch_rows_first_always_by_blocks(
-    scores: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _torch_rows_first_always_by_blocks(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     floor, topk_module.MIN_SCORES = topk_module.MIN_SCORES, 0
     try:
         return _torch_rows_first(scores, k)
@@ -55,7 +53,8 @@ def _torch_rows_first_always_by_blocks(
 
 
 SELECTIONS: dict[str, Select] = {
-    "torch": block_topk, "torch-always-by-blocks": _torch_always_by_blocks,
+    "torch": block_topk,
+    "torch-always-by-blocks": _torch_always_by_blocks,
     "torch-rows-first": _torch_rows_first,
     "torch-rows-first-always-by-blocks": _torch_rows_first_always_by_blocks,
     "numpy-rows-first": _numpy_rows_first,
@@ -129,7 +128,10 @@ def test_bad_k(select):
 @every_selection
 @settings(max_examples=60, deadline=None)
 @given(
-    q=st.integers(1, 20), c=st.integers(1, 600), k=st.integers(1, 40), seed=st.integers(0, 999),
+    q=st.integers(1, 20),
+    c=st.integers(1, 600),
+    k=st.integers(1, 40),
+    seed=st.integers(0, 999),
     levels=st.integers(2, 50),
 )
 def test_property_same_values_as_topk(select, q, c, k, seed, levels):

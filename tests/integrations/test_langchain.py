@@ -40,19 +40,31 @@ def test_a_chat_model_is_answered_from_the_cache_for_a_rewording(adapter):
 def test_a_follow_up_is_served_after_the_same_conversation_reworded(real_embedder):
     adapter = GpuSemanticCache(SemanticCache(real_embedder, device="cpu", match_context=True))
     model = FakeListChatModel(responses=["1815", "1867", "asked"], cache=adapter)
-    ada = [HumanMessage(content="Who was Ada Lovelace?"), AIMessage(content="A mathematician."),
-           HumanMessage(content="When was she born?")]
+    ada = [
+        HumanMessage(content="Who was Ada Lovelace?"),
+        AIMessage(content="A mathematician."),
+        HumanMessage(content="When was she born?"),
+    ]
     assert model.invoke(ada).content == "1815"
-    reworded = [HumanMessage(content="hey!"), AIMessage(content="Hello, how can I help?"),
-                HumanMessage(content="who was ada lovelace"), AIMessage(content="A mathematician."),
-                HumanMessage(content="When was she born?")]
+    reworded = [
+        HumanMessage(content="hey!"),
+        AIMessage(content="Hello, how can I help?"),
+        HumanMessage(content="who was ada lovelace"),
+        AIMessage(content="A mathematician."),
+        HumanMessage(content="When was she born?"),
+    ]
     assert model.invoke(reworded).content == "1815"
-    curie = [HumanMessage(content="Who was Marie Curie?"), AIMessage(content="A physicist."),
-             HumanMessage(content="When was she born?")]
+    curie = [
+        HumanMessage(content="Who was Marie Curie?"),
+        AIMessage(content="A physicist."),
+        HumanMessage(content="When was she born?"),
+    ]
     assert model.invoke(curie).content == "1867"
-    tool = [HumanMessage(content="Who was Ada Lovelace?"),
-            AIMessage(content="", tool_calls=[{"name": "bio", "args": {}, "id": "c1"}]),
-            HumanMessage(content="When was she born?")]
+    tool = [
+        HumanMessage(content="Who was Ada Lovelace?"),
+        AIMessage(content="", tool_calls=[{"name": "bio", "args": {}, "id": "c1"}]),
+        HumanMessage(content="When was she born?"),
+    ]
     assert model.invoke(tool).content == "asked"  # a history with a tool call is exact
 
 
@@ -61,12 +73,23 @@ def test_the_model_settings_and_the_earlier_turns_are_the_scope(adapter):
     other = FakeListChatModel(responses=["x", "y"], cache=adapter)
     assert model.invoke("What is the capital of Peru?").content == "a"
     assert other.invoke("What is the capital of Peru?").content == "x"  # another llm_string
-    history = [SystemMessage(content="Answer in French."), HumanMessage(content="What is the capital of Peru?")]
+    history = [
+        SystemMessage(content="Answer in French."),
+        HumanMessage(content="What is the capital of Peru?"),
+    ]
     assert model.invoke(history).content == "b"
-    follow_ups = [[HumanMessage(content="Who was Ada Lovelace?"), AIMessage(content="A mathematician."),
-                   HumanMessage(content="How old was she?")],
-                  [HumanMessage(content="Who was Marie Curie?"), AIMessage(content="A physicist."),
-                   HumanMessage(content="How old was she?")]]
+    follow_ups = [
+        [
+            HumanMessage(content="Who was Ada Lovelace?"),
+            AIMessage(content="A mathematician."),
+            HumanMessage(content="How old was she?"),
+        ],
+        [
+            HumanMessage(content="Who was Marie Curie?"),
+            AIMessage(content="A physicist."),
+            HumanMessage(content="How old was she?"),
+        ],
+    ]
     assert model.invoke(follow_ups[0]).content == "c"
     assert model.invoke(follow_ups[1]).content == "d"
     assert model.invoke(follow_ups[0]).content == "c"
@@ -97,8 +120,11 @@ def test_a_chat_answer_comes_back_as_stored_and_its_run_id_is_no_phone_number(ad
     assert (again.content, again.id) == ("first", answer.id) and answer.id is not None
     # these digits, 7303-7531-8412, read as a phone number: in plain JSON the record of this
     # answer would be refused as personal data
-    message = AIMessage(content="A monad is a monoid.", id="lc_run--01a2354b-7303-7531-8412-34c44d9933a7-0",
-                        response_metadata={"model_name": "fake"})
+    message = AIMessage(
+        content="A monad is a monoid.",
+        id="lc_run--01a2354b-7303-7531-8412-34c44d9933a7-0",
+        response_metadata={"model_name": "fake"},
+    )
     stored = [ChatGeneration(message=message, generation_info={"finish_reason": "stop"})]
     prompt = dumps([HumanMessage(content="What is a functor?")])
     assert not adapter.cache.cache_policy.decide("What is a functor?", dumps(stored), "any").allowed
@@ -110,8 +136,9 @@ def test_a_chat_answer_comes_back_as_stored_and_its_run_id_is_no_phone_number(ad
 def test_each_generation_passes_the_cache_policy_as_the_text_it_is(adapter):
     # a refusal opens the answer, where the policy's pattern looks; inside a record it would no
     # longer open the entry, and would pass
-    model = FakeListChatModel(responses=["I'm sorry, I can't help with that.", "A monad is a monoid."],
-                              cache=adapter)
+    model = FakeListChatModel(
+        responses=["I'm sorry, I can't help with that.", "A monad is a monoid."], cache=adapter
+    )
     assert model.invoke("What is a monad?").content == "I'm sorry, I can't help with that."
     assert model.invoke("What is a monad?").content == "A monad is a monoid."
     assert adapter.cache.stats().refusals == {"error-response": 1}

@@ -94,8 +94,7 @@ def test_rows_use_independent_hashes():
     for c in columns:
         by_row0.setdefault(c[0], []).append(c)
     shared_everywhere = sum(
-        1 for group in by_row0.values() for i, a in enumerate(group) for b in group[i + 1 :]
-        if a == b
+        1 for group in by_row0.values() for i, a in enumerate(group) for b in group[i + 1 :] if a == b
     )
     assert shared_everywhere == 0
 
@@ -116,8 +115,15 @@ def test_default_reset_period_is_ten_times_the_width():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"min_sightings": 0}, {"sketch_width": 0}, {"sketch_depth": 0}, {"sketch_depth": 9},
-     {"reset_after": 1}, {"min_sightings": 2.5}, {"sketch_width": True}],
+    [
+        {"min_sightings": 0},
+        {"sketch_width": 0},
+        {"sketch_depth": 0},
+        {"sketch_depth": 9},
+        {"reset_after": 1},
+        {"min_sightings": 2.5},
+        {"sketch_width": True},
+    ],
 )
 def test_bad_settings_raise_value_error(kwargs):
     with pytest.raises(ValueError):
@@ -169,14 +175,16 @@ def test_a_prompt_sits_in_the_same_counters_in_every_version():
     assert sketch.slots("default", "How do I reset my password?") == [3704, 6915, 11695, 15472]
     assert sketch.slots("tenant-a", "é") == [1563, 5441, 9913, 13331]
     # a width that is no power of two reads exactly the row's 8 bytes (a ninth would change it)
-    assert AdmissionPolicy(sketch_width=1000, sketch_depth=3).slots("default", "How do I reset my password?") \
-        == [150, 1918, 2933]
+    assert AdmissionPolicy(sketch_width=1000, sketch_depth=3).slots(
+        "default", "How do I reset my password?"
+    ) == [150, 1918, 2933]
     small = AdmissionPolicy(sketch_width=8, sketch_depth=2)
     for prompt in ("p", "p", "q"):
         small.record("s", prompt)
     assert small.state()["counters"] == (  # uint32 little-endian, row by row
         "0000000000000000000000000000000003000000000000000000000000000000"
-        "0200000001000000000000000000000000000000000000000000000000000000")
+        "0200000001000000000000000000000000000000000000000000000000000000"
+    )
 
 
 def test_a_counter_saturates_at_the_largest_uint32_instead_of_overflowing():
@@ -214,22 +222,31 @@ def test_snapshot_bytes_are_little_endian_on_any_machine(monkeypatch):
     assert swapped.typecode == "I" and swapped.tolist() == [1 << 24, 2**32 - 1]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"min_sightings": 0}, r"min_sightings must be an int in \[1, 2147483648\], got 0"),
-    ({"min_sightings": 2**31 + 1}, r"min_sightings must be an int in \[1, 2147483648\]"),
-    ({"sketch_width": 2**28 + 1}, r"sketch_width must be an int in \[1, 268435456\]"),
-    ({"sketch_depth": 9}, r"sketch_depth must be an int in \[1, 8\], got 9"),
-    ({"reset_after": 1}, r"reset_after must be an int >= 2 or None, got 1"),
-    ({"reset_after": 2.5}, r"reset_after must be an int >= 2 or None, got 2.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"min_sightings": 0}, r"min_sightings must be an int in \[1, 2147483648\], got 0"),
+        ({"min_sightings": 2**31 + 1}, r"min_sightings must be an int in \[1, 2147483648\]"),
+        ({"sketch_width": 2**28 + 1}, r"sketch_width must be an int in \[1, 268435456\]"),
+        ({"sketch_depth": 9}, r"sketch_depth must be an int in \[1, 8\], got 9"),
+        ({"reset_after": 1}, r"reset_after must be an int >= 2 or None, got 1"),
+        ({"reset_after": 2.5}, r"reset_after must be an int >= 2 or None, got 2.5"),
+    ],
+)
 def test_a_bad_setting_is_named_with_its_range(kwargs, message):
     with pytest.raises(ValueError, match=message):
         AdmissionPolicy(**kwargs)
 
 
 def test_every_setting_accepts_both_ends_of_its_range():
-    for kwargs in ({"min_sightings": 1}, {"min_sightings": 2**31}, {"sketch_width": 1},
-                   {"sketch_depth": 1}, {"sketch_depth": 8}, {"reset_after": 2}):
+    for kwargs in (
+        {"min_sightings": 1},
+        {"min_sightings": 2**31},
+        {"sketch_width": 1},
+        {"sketch_depth": 1},
+        {"sketch_depth": 8},
+        {"reset_after": 2},
+    ):
         AdmissionPolicy(**kwargs)
 
 

@@ -63,8 +63,7 @@ def test_allows_ordinary_answers(response):
 
 def test_rules_can_be_configured():
     lenient = ContentPolicy(
-        max_response_chars=20, error_patterns=[r"^nope"], refuse_secrets=False,
-        refuse_personal_data=False,
+        max_response_chars=20, error_patterns=[r"^nope"], refuse_secrets=False, refuse_personal_data=False
     )
     assert lenient.decide("q", "x" * 21, "s").reason == "too-large"
     assert lenient.decide("q", "nope, not today", "s").reason == "error-response"
@@ -79,24 +78,30 @@ def test_rules_can_be_configured():
         ContentPolicy(max_prompt_chars=300, max_scan_chars=200)
 
 
-@pytest.mark.parametrize("text", [
-    "Card 4222222222222 was charged.",  # 13 digits, the fewest a card has
-    "Card 1234567890123456785 was charged.",  # 19, the most
-    "Card 5555555555554444 was charged.",  # a 5 doubled is 1 in the checksum
-    "Call 12 345 6789 now.",  # 9 digits, the fewest a phone number has
-    "Call +123 4567 8901 2345 now.",  # 15 digits, the most, longer than that with its spaces
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Card 4222222222222 was charged.",  # 13 digits, the fewest a card has
+        "Card 1234567890123456785 was charged.",  # 19, the most
+        "Card 5555555555554444 was charged.",  # a 5 doubled is 1 in the checksum
+        "Call 12 345 6789 now.",  # 9 digits, the fewest a phone number has
+        "Call +123 4567 8901 2345 now.",  # 15 digits, the most, longer than that with its spaces
+    ],
+)
 def test_personal_data_at_the_edges_of_its_lengths_is_refused(text):
     assert policy().decide("q", text, "s").reason == "personal-data"
 
 
-@pytest.mark.parametrize("text", [
-    "Call 1234 5678 now.",  # 8 digits: too few for a phone number
-    "Call +1234 5678 9012 3456 now.",  # 16: too many
-    "In 2024 the population was 1 000 000 000.",  # a number in groups of thousands
-    "The budget rose to 1.000.000.000 euros.",
-    "Reference 12345678901234567894 is on file.",  # 20 digits passing the checksum: no card is that long
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Call 1234 5678 now.",  # 8 digits: too few for a phone number
+        "Call +1234 5678 9012 3456 now.",  # 16: too many
+        "In 2024 the population was 1 000 000 000.",  # a number in groups of thousands
+        "The budget rose to 1.000.000.000 euros.",
+        "Reference 12345678901234567894 is on file.",  # 20 digits passing the checksum: no card is that long
+    ],
+)
 def test_numbers_that_are_not_personal_data_are_allowed(text):
     assert policy().decide("q", text, "s").allowed
 
@@ -115,7 +120,9 @@ def test_the_limits_are_the_longest_text_stored_and_scanned():
     assert policy().decide("x" * 200_000, "fine", "s").allowed
     short = policy(max_response_chars=20, max_prompt_chars=10)
     assert short.decide("x" * 10, "y" * 20, "s").allowed
-    assert short.decide("x" * 11, "y" * 20, "s").reason == short.decide("x", "y" * 21, "s").reason == "too-large"
+    assert (
+        short.decide("x" * 11, "y" * 20, "s").reason == short.decide("x", "y" * 21, "s").reason == "too-large"
+    )
     # a credential past the scan is not read: the scan bounds the cost, and a prompt is never
     # longer than the scan, so only a response longer than the scan holds text unread
     key = "AKIAIOSFODNN7EXAMPLE"
@@ -170,18 +177,26 @@ def test_deciding_costs_in_proportion_to_the_text_on_adversarial_input(unit):
     assert growth < 8, f"{unit!r}: {growth:.1f}x the cost for 4x the text"
 
 
-@pytest.mark.parametrize("text", [
-    "write to john.doe@example.com", "(bob_smith+tag@mail.example.org)", "--john@x.com",
-    "a." * 1000 + "a@example.com",  # an address at the end of a long run of address characters
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "write to john.doe@example.com",
+        "(bob_smith+tag@mail.example.org)",
+        "--john@x.com",
+        "a." * 1000 + "a@example.com",  # an address at the end of a long run of address characters
+    ],
+)
 def test_an_address_anywhere_in_a_run_of_address_characters_is_found(text):
     assert policy().decide(text, "an answer", "default") == PolicyDecision(False, "personal-data")
 
 
-@pytest.mark.parametrize("text", [
-    "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
-    "the cookie (eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N)",
-    "eyJ-" * 500 + " eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+        "the cookie (eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N)",
+        "eyJ-" * 500 + " eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+    ],
+)
 def test_a_jwt_after_adversarial_text_is_still_found(text):
     assert policy().decide(text, "an answer", "default") == PolicyDecision(False, "secret")

@@ -29,8 +29,16 @@ from gpucache.serve.metrics import ProxyMetrics  # noqa: E402
 
 
 def exchange() -> Exchange:
-    return Exchange(kind="chat", method="POST", headers={}, query={}, raw=b"{}",
-                    body={"model": "smol"}, key=None, control=CacheControl())  # type: ignore[arg-type]
+    return Exchange(
+        kind="chat",
+        method="POST",
+        headers={},
+        query={},
+        raw=b"{}",
+        body={"model": "smol"},
+        key=None,
+        control=CacheControl(),
+    )  # type: ignore[arg-type]
 
 
 def body(response) -> dict:
@@ -45,8 +53,12 @@ def sample(metrics: ProxyMetrics, name: str, **labels) -> float:
 def test_a_refusal_is_an_openai_error_the_client_must_not_retry():
     response = answers.respond(None, Refused(400, "messages must be a list", "invalid_type", "messages"), 512)
     assert response.status_code == 400 and response.headers["x-should-retry"] == "false"
-    assert body(response)["error"] == {"message": "messages must be a list", "type": "invalid_request_error",
-                                       "code": "invalid_type", "param": "messages"}
+    assert body(response)["error"] == {
+        "message": "messages must be a list",
+        "type": "invalid_request_error",
+        "code": "invalid_type",
+        "param": "messages",
+    }
 
 
 def test_a_client_that_went_away_gets_no_body():
@@ -63,7 +75,9 @@ def test_an_unavailable_upstream_is_an_error_the_client_may_retry(status, code):
 def test_shedding_says_when_to_come_back_and_names_the_limit():
     response = answers.respond(None, Shed(retry_after=3), 64)
     assert response.status_code == 503 and response.headers["retry-after"] == "3"
-    assert response.headers["x-should-retry"] == "true" and "64 requests" in body(response)["error"]["message"]
+    assert (
+        response.headers["x-should-retry"] == "true" and "64 requests" in body(response)["error"]["message"]
+    )
 
 
 def test_a_semantic_hit_says_its_tier_age_and_similarity_and_carries_a_completion():
@@ -81,8 +95,11 @@ def test_an_exact_hit_of_unknown_age_sends_no_age_and_no_similarity():
 
 
 def test_an_upstream_answer_passes_with_its_status_and_says_miss():
-    loaded = Fetched(status=201, headers={"content-type": "application/json", "x-request-id": "r1"},
-                    content=b'{"ok": true}')
+    loaded = Fetched(
+        status=201,
+        headers={"content-type": "application/json", "x-request-id": "r1"},
+        content=b'{"ok": true}',
+    )
     response = answers.respond(exchange(), loaded, 512)
     assert response.status_code == 201 and response.body == b'{"ok": true}'
     assert response.headers["x-gpucache"] == "miss" and response.headers["x-request-id"] == "r1"
@@ -115,8 +132,13 @@ def test_each_outcome_is_counted_once_under_its_own_name():
     for kind in ("shed", "upstream_timeout", "unauthorized"):
         assert sample(metrics, "gpucache_errors_total", kind=kind) == 1
     # a refusal is an error, not a request the cache handled
-    total = sum(s.value for m in metrics.registry.collect() if m.name == "gpucache_requests"
-                for s in m.samples if s.name == "gpucache_requests_total")
+    total = sum(
+        s.value
+        for m in metrics.registry.collect()
+        if m.name == "gpucache_requests"
+        for s in m.samples
+        if s.name == "gpucache_requests_total"
+    )
     assert total == 6
 
 

@@ -37,8 +37,16 @@ class ModelServer:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.headers.get("authorization") != GOOD:
-            return httpx.Response(401, json={"error": {"message": "invalid key", "type": "invalid_request_error",
-                                                       "code": "invalid_api_key"}})
+            return httpx.Response(
+                401,
+                json={
+                    "error": {
+                        "message": "invalid key",
+                        "type": "invalid_request_error",
+                        "code": "invalid_api_key",
+                    }
+                },
+            )
         if request.url.path == "/v1/models":
             self.checks += 1
             return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
@@ -50,19 +58,53 @@ class ModelServer:
             raise instead
         text = f"answer to {prompt}"
         if isinstance(instead, int):  # an error status whose body still reads as an answer
-            return httpx.Response(instead, json={"choices": [{"index": 0, "finish_reason": "stop", "message": {
-                "role": "assistant", "content": text}}], "error": {"message": "upstream trouble"}})
+            return httpx.Response(
+                instead,
+                json={
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": text},
+                        }
+                    ],
+                    "error": {"message": "upstream trouble"},
+                },
+            )
         if body.get("stream"):
-            events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": text[:6]},
-                                    "finish_reason": None}]},
-                      {"choices": [{"index": 0, "delta": {"content": text[6:]}, "finish_reason": instead}]}]
-            sse = "".join(f"data: {json.dumps({'id': 'c1', 'object': 'chat.completion.chunk', 'model': 'm', **e})}\n\n"
-                          for e in events) + "data: [DONE]\n\n"
+            events = [
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": text[:6]},
+                            "finish_reason": None,
+                        }
+                    ]
+                },
+                {"choices": [{"index": 0, "delta": {"content": text[6:]}, "finish_reason": instead}]},
+            ]
+            sse = (
+                "".join(
+                    f"data: {json.dumps({'id': 'c1', 'object': 'chat.completion.chunk', 'model': 'm', **e})}\n\n"
+                    for e in events
+                )
+                + "data: [DONE]\n\n"
+            )
             return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={
-            "id": "c1", "object": "chat.completion", "model": "m", "created": 0,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": instead}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+        return httpx.Response(
+            200,
+            json={
+                "id": "c1",
+                "object": "chat.completion",
+                "model": "m",
+                "created": 0,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": instead}
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+            },
+        )
 
 
 @pytest.fixture
@@ -72,20 +114,31 @@ def upstream() -> ModelServer:
 
 @pytest.fixture
 def proxy(upstream):
-    config = ServeSettings(upstream="http://model-server.invalid/v1", namespace_secret=b"a-secret-for-these-tests")
-    app = create_app(config, cache_factory=lambda: SemanticCache(FakeEmbedder(), device="cpu"),
-                     upstream_transport=httpx.MockTransport(upstream))
+    config = ServeSettings(
+        upstream="http://model-server.invalid/v1", namespace_secret=b"a-secret-for-these-tests"
+    )
+    app = create_app(
+        config,
+        cache_factory=lambda: SemanticCache(FakeEmbedder(), device="cpu"),
+        upstream_transport=httpx.MockTransport(upstream),
+    )
     with TestClient(app) as client:
         yield client
 
 
 def ask(proxy, prompt: str, key: str = GOOD, stream: bool = False, **headers: str):
-    return proxy.post("/v1/chat/completions", headers={"authorization": key, **headers},
-                      json={"model": "m", "messages": [{"role": "user", "content": prompt}], "stream": stream})
+    return proxy.post(
+        "/v1/chat/completions",
+        headers={"authorization": key, **headers},
+        json={"model": "m", "messages": [{"role": "user", "content": prompt}], "stream": stream},
+    )
 
 
 def test_a_miss_is_asked_of_the_upstream_once_and_its_repeat_answered_from_the_cache(proxy, upstream):
-    first, again = ask(proxy, "What is the boiling point of water?"), ask(proxy, "What is the boiling point of water?")
+    first, again = (
+        ask(proxy, "What is the boiling point of water?"),
+        ask(proxy, "What is the boiling point of water?"),
+    )
     assert (first.status_code, first.headers["x-gpucache"]) == (200, "miss")
     assert (again.status_code, again.headers["x-gpucache"]) == (200, "exact")
     assert again.json()["choices"][0]["message"]["content"] == "answer to What is the boiling point of water?"
@@ -102,8 +155,10 @@ def test_a_key_the_upstream_refuses_gets_its_refusal_and_nothing_from_the_cache(
 
 def test_a_request_without_a_key_is_refused_before_the_cache(proxy, upstream):
     assert ask(proxy, "Name the largest moon of Saturn").status_code == 200
-    keyless = proxy.post("/v1/chat/completions", json={"model": "m", "messages": [
-        {"role": "user", "content": "Name the largest moon of Saturn"}]})
+    keyless = proxy.post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "Name the largest moon of Saturn"}]},
+    )
     assert keyless.status_code == 401 and "answer to" not in keyless.text
 
 
@@ -117,8 +172,9 @@ def test_an_upstream_error_or_a_cut_answer_is_passed_on_and_never_stored(proxy, 
     assert upstream.completions == ["Summarise the plot of Hamlet"] * 2
 
 
-@pytest.mark.parametrize("failure, status", [(httpx.ConnectError("refused"), 502),
-                                             (httpx.ReadTimeout("slow"), 504)])
+@pytest.mark.parametrize(
+    "failure, status", [(httpx.ConnectError("refused"), 502), (httpx.ReadTimeout("slow"), 504)]
+)
 def test_an_upstream_that_cannot_answer_is_a_clear_error_and_stores_nothing(proxy, upstream, failure, status):
     upstream.then = [failure]
     failed = ask(proxy, "How tall is Mount Kilimanjaro?")
@@ -141,10 +197,16 @@ def test_a_no_cache_answer_is_stored_as_a_misss_is_admission_included(upstream, 
     under an admission policy a prompt seen once is not kept, refreshed or not."""
     from gpucache import AdmissionPolicy
 
-    config = ServeSettings(upstream="http://model-server.invalid/v1", namespace_secret=b"a-secret-for-these-tests")
-    app = create_app(config, cache_factory=lambda: SemanticCache(
-        FakeEmbedder(), device="cpu", admission=AdmissionPolicy(min_sightings=2)),
-        upstream_transport=httpx.MockTransport(upstream))
+    config = ServeSettings(
+        upstream="http://model-server.invalid/v1", namespace_secret=b"a-secret-for-these-tests"
+    )
+    app = create_app(
+        config,
+        cache_factory=lambda: SemanticCache(
+            FakeEmbedder(), device="cpu", admission=AdmissionPolicy(min_sightings=2)
+        ),
+        upstream_transport=httpx.MockTransport(upstream),
+    )
     with TestClient(app) as proxy:
         prompt = "Who composed the Goldberg Variations?"
         fresh = ask(proxy, prompt, stream=stream, **{"cache-control": "no-cache"})
@@ -157,7 +219,10 @@ def test_a_no_cache_answer_is_stored_as_a_misss_is_admission_included(upstream, 
 def test_an_answer_to_a_client_asking_no_store_is_never_kept(proxy, upstream):
     """RFC 9111's request ``no-store``: nothing of this exchange is kept (a stored answer may
     still serve it)."""
-    assert ask(proxy, "Who sculpted the Thinker?", **{"cache-control": "no-store"}).headers["x-gpucache"] == "miss"
+    assert (
+        ask(proxy, "Who sculpted the Thinker?", **{"cache-control": "no-store"}).headers["x-gpucache"]
+        == "miss"
+    )
     assert ask(proxy, "Who sculpted the Thinker?").headers["x-gpucache"] == "miss"
     assert upstream.completions == ["Who sculpted the Thinker?"] * 2
 
@@ -165,8 +230,11 @@ def test_an_answer_to_a_client_asking_no_store_is_never_kept(proxy, upstream):
 def test_a_streamed_miss_is_relayed_as_sent_and_its_repeat_answered_from_the_cache(proxy, upstream):
     streamed = ask(proxy, "Spell the word cat", stream=True)
     assert streamed.status_code == 200 and streamed.headers["x-gpucache"] == "miss"
-    pieces = [json.loads(line[6:])["choices"][0]["delta"].get("content", "")
-              for line in streamed.text.splitlines() if line.startswith("data: {")]
+    pieces = [
+        json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+        for line in streamed.text.splitlines()
+        if line.startswith("data: {")
+    ]
     assert "".join(pieces) == "answer to Spell the word cat"
     assert streamed.text.rstrip().endswith("data: [DONE]")
     whole = ask(proxy, "Spell the word cat")

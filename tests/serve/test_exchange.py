@@ -58,7 +58,9 @@ def test_an_answer_that_varies_on_a_request_header_is_not_kept():
     assert not upstream_allows_storing({"vary": "Accept-Encoding, X-User-Tier"})
     assert upstream_allows_storing({"vary": "Accept-Encoding"}) and upstream_allows_storing({"vary": ""})
     # CORS varies its Access-Control-* headers by Origin, never the answer (vLLM sends it always)
-    assert upstream_allows_storing({"vary": "Origin"}) and upstream_allows_storing({"vary": "origin, accept-encoding"})
+    assert upstream_allows_storing({"vary": "Origin"}) and upstream_allows_storing(
+        {"vary": "origin, accept-encoding"}
+    )
 
 
 def test_an_expires_in_the_past_or_malformed_is_not_kept_and_a_future_one_caps_the_life():

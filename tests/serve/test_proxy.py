@@ -33,8 +33,18 @@ def test_only_a_complete_answer_its_text_replays_is_stored():
         assert storable("chat", Answer(chat({**plain, **more})), CacheControl()) is None, more
 
 
-@pytest.mark.parametrize("header", ["no-store", "private", "no-cache", "max-age=0", "public, s-maxage=0",
-                                    "No-Store", 'private="set-cookie"'])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "no-store",
+        "private",
+        "no-cache",
+        "max-age=0",
+        "public, s-maxage=0",
+        "No-Store",
+        'private="set-cookie"',
+    ],
+)
 def test_an_answer_the_upstream_forbids_keeping_is_not_stored(header):
     plain = {"role": "assistant", "content": "Lima.", "tool_calls": [], "reasoning_content": None}
     assert storable("chat", Answer(chat(plain), headers={"cache-control": header}), CacheControl()) is None

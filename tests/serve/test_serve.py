@@ -42,19 +42,35 @@ def upstream():
 @pytest.fixture(scope="module")
 def proxy(upstream, real_embedder, tmp_path_factory):
     # keyless clients let in: this module's clients tell themselves apart by namespace
-    config = ServeSettings(upstream=f"{upstream.url}/v1", admin_token=ADMIN, require_auth=False,
-                         namespace_secret=SECRET,
-                         snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"))
-    app = create_app(config, cache_factory=lambda: SemanticCache(
-        real_embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0,
-        match_context=True))
+    config = ServeSettings(
+        upstream=f"{upstream.url}/v1",
+        admin_token=ADMIN,
+        require_auth=False,
+        namespace_secret=SECRET,
+        snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"),
+    )
+    app = create_app(
+        config,
+        cache_factory=lambda: SemanticCache(
+            real_embedder,
+            device="cpu",
+            lookup_window_seconds=0.002,
+            lookup_timeout_seconds=30.0,
+            match_context=True,
+        ),
+    )
     with Served(app) as served:
         yield served
 
 
 def client(proxy, tenant: str, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=kwargs.pop("api_key", "k"), max_retries=0,
-                         default_headers={"x-gpucache-namespace": tenant} if tenant else {}, **kwargs)
+    return openai.OpenAI(
+        base_url=f"{proxy.url}/v1",
+        api_key=kwargs.pop("api_key", "k"),
+        max_retries=0,
+        default_headers={"x-gpucache-namespace": tenant} if tenant else {},
+        **kwargs,
+    )
 
 
 def ask(c: openai.OpenAI, text: str, **kwargs):
@@ -71,15 +87,22 @@ def upstream_calls(upstream, text: str) -> int:
 def test_exact_semantic_miss_and_near_miss(proxy, upstream):
     c = client(proxy, "t-tiers")
     headers, first = ask(c, "How do I reset my password?")
-    assert headers["x-gpucache"] == "miss" and first.choices[0].message.content == answer_to("How do I reset my password?")
+    assert headers["x-gpucache"] == "miss" and first.choices[0].message.content == answer_to(
+        "How do I reset my password?"
+    )
     headers, again = ask(c, "How do I reset my password?")
-    assert headers["x-gpucache"] == "exact" and again.choices[0].message.content == first.choices[0].message.content
+    assert (
+        headers["x-gpucache"] == "exact"
+        and again.choices[0].message.content == first.choices[0].message.content
+    )
     headers, reworded = ask(c, "how can I reset my password")
     assert headers["x-gpucache"] == "semantic" and 0.8 < float(headers["x-gpucache-similarity"]) < 1.0
     assert reworded.choices[0].message.content == first.choices[0].message.content
     assert reworded.usage.total_tokens == 0  # nothing was generated for a hit
     headers, near = ask(c, "How do I reset my username?")  # a different question
-    assert headers["x-gpucache"] == "miss" and near.choices[0].message.content == answer_to("How do I reset my username?")
+    assert headers["x-gpucache"] == "miss" and near.choices[0].message.content == answer_to(
+        "How do I reset my username?"
+    )
     assert upstream_calls(upstream, "How do I reset my password?") == 1
     assert upstream_calls(upstream, "how can I reset my password") == 0
 
@@ -95,8 +118,11 @@ def test_a_near_miss_with_a_number_changed_is_a_miss(proxy):
 def test_a_miss_the_guard_refused_names_the_rule_streamed_or_not_within_the_tenant_only(proxy):
     from gpucache import LexicalNearMissVerifier
 
-    stored, swapped, negated = ("Convert 26 miles to km", "Convert 26 km to miles",
-                                "Do not convert 26 miles to km")
+    stored, swapped, negated = (
+        "Convert 26 miles to km",
+        "Convert 26 km to miles",
+        "Do not convert 26 miles to km",
+    )
     guard = LexicalNearMissVerifier()
     c = client(proxy, "t-refused")
     headers, _ = ask(c, stored)
@@ -104,8 +130,9 @@ def test_a_miss_the_guard_refused_names_the_rule_streamed_or_not_within_the_tena
     headers, _ = ask(c, swapped)
     assert headers["x-gpucache"] == "miss"
     assert headers["x-gpucache-refused"] == guard.explain(stored, swapped).rule
-    with c.chat.completions.with_streaming_response.create(model="smol", stream=True, messages=[
-            {"role": "user", "content": negated}]) as raw:
+    with c.chat.completions.with_streaming_response.create(
+        model="smol", stream=True, messages=[{"role": "user", "content": negated}]
+    ) as raw:
         assert raw.headers["x-gpucache"] == "miss" and raw.headers["x-gpucache-refused"] == "negation"
         list(raw.parse())
     # another tenant's near-miss of the same prompts: nothing of the first tenant is judged
@@ -124,12 +151,16 @@ def test_the_legacy_completions_endpoint_is_cached_too(proxy):
 
 def test_a_follow_up_matches_only_after_the_same_conversation(proxy, upstream):
     c = client(proxy, "t-turns")
-    about_ada = [{"role": "user", "content": "Who was Ada Lovelace?"},
-                 {"role": "assistant", "content": "A mathematician."},
-                 {"role": "user", "content": "How old was she when she died?"}]
-    about_tesla = [{"role": "user", "content": "Who was Nikola Tesla?"},
-                   {"role": "assistant", "content": "An inventor."},
-                   {"role": "user", "content": "How old was she when she died?"}]
+    about_ada = [
+        {"role": "user", "content": "Who was Ada Lovelace?"},
+        {"role": "assistant", "content": "A mathematician."},
+        {"role": "user", "content": "How old was she when she died?"},
+    ]
+    about_tesla = [
+        {"role": "user", "content": "Who was Nikola Tesla?"},
+        {"role": "assistant", "content": "An inventor."},
+        {"role": "user", "content": "How old was she when she died?"},
+    ]
     assert ask(c, "", messages=about_ada)[0]["x-gpucache"] == "miss"
     assert ask(c, "", messages=about_ada)[0]["x-gpucache"] == "exact"
     assert ask(c, "", messages=about_tesla)[0]["x-gpucache"] == "miss"
@@ -140,26 +171,39 @@ def test_a_follow_up_matches_only_after_the_same_conversation(proxy, upstream):
 
 def test_a_follow_up_is_served_after_the_same_conversation_reworded_and_never_after_another(proxy, upstream):
     c = client(proxy, "t-context")
-    about_ada = [{"role": "user", "content": "Who was Ada Lovelace?"},
-                 {"role": "assistant", "content": "A mathematician."},
-                 {"role": "user", "content": "When was she born?"}]
-    reworded = [{"role": "user", "content": "hello!"},
-                {"role": "assistant", "content": "Hi! What can I do for you?"},
-                {"role": "user", "content": "who was ada lovelace"},
-                {"role": "assistant", "content": "A mathematician."},
-                {"role": "user", "content": "When was she born?"}]
-    about_marie = [{"role": "user", "content": "Who was Marie Curie?"},
-                   {"role": "assistant", "content": "A physicist and chemist."},
-                   {"role": "user", "content": "When was she born?"}]
+    about_ada = [
+        {"role": "user", "content": "Who was Ada Lovelace?"},
+        {"role": "assistant", "content": "A mathematician."},
+        {"role": "user", "content": "When was she born?"},
+    ]
+    reworded = [
+        {"role": "user", "content": "hello!"},
+        {"role": "assistant", "content": "Hi! What can I do for you?"},
+        {"role": "user", "content": "who was ada lovelace"},
+        {"role": "assistant", "content": "A mathematician."},
+        {"role": "user", "content": "When was she born?"},
+    ]
+    about_marie = [
+        {"role": "user", "content": "Who was Marie Curie?"},
+        {"role": "assistant", "content": "A physicist and chemist."},
+        {"role": "user", "content": "When was she born?"},
+    ]
     assert ask(c, "", messages=about_ada)[0]["x-gpucache"] == "miss"
     headers, answer = ask(c, "", messages=reworded)
     assert headers["x-gpucache"] == "semantic"
     assert answer.choices[0].message.content == answer_to("When was she born?")
     assert ask(c, "", messages=about_marie)[0]["x-gpucache"] == "miss"
     # a conversation holding a tool call keeps every earlier message in its scope: exact only
-    tools = [about_ada[0], {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "bio", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "born 1815"}, about_ada[-1]]
+    tools = [
+        about_ada[0],
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bio", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "born 1815"},
+        about_ada[-1],
+    ]
     assert ask(c, "", messages=tools)[0]["x-gpucache"] == "miss"
     assert upstream_calls(upstream, "When was she born?") == 3
 
@@ -167,12 +211,15 @@ def test_a_follow_up_is_served_after_the_same_conversation_reworded_and_never_af
 def test_a_conversation_an_earlier_version_stored_is_served_for_its_exact_repeat(proxy, upstream):
     """Before conversations were matched by meaning, every earlier turn was in the scope: such
     an entry (a snapshot's) is still served for exactly the same conversation."""
-    messages = [{"role": "user", "content": "Who painted the Night Watch?"},
-                {"role": "assistant", "content": "Rembrandt."},
-                {"role": "user", "content": "Where does it hang?"}]
+    messages = [
+        {"role": "user", "content": "Who painted the Night Watch?"},
+        {"role": "assistant", "content": "Rembrandt."},
+        {"role": "user", "content": "Where does it hang?"},
+    ]
     app = proxy.app
-    tenant = app.state.config.tenancy.tenant({"x-gpucache-namespace": "t-legacy-turns",
-                                              "authorization": "Bearer k"})
+    tenant = app.state.config.tenancy.tenant(
+        {"x-gpucache-namespace": "t-legacy-turns", "authorization": "Bearer k"}
+    )
     key = request_key("chat", {"model": "smol", "messages": messages}, tenant)
     assert key.context and key.legacy_scope not in (None, key.scope)
     app.state.proxy.cache.put("Where does it hang?", "In the Rijksmuseum.", scope=key.legacy_scope)
@@ -187,8 +234,15 @@ def test_a_conversation_an_earlier_version_stored_is_served_for_its_exact_repeat
 def test_every_setting_that_changes_the_answer_is_part_of_the_scope(proxy):
     c = client(proxy, "t-params")
     ask(c, "Write a haiku about rain")
-    for params in ({"temperature": 0}, {"temperature": 0.7}, {"max_tokens": 20}, {"seed": 1},
-                   {"stop": ["\n"]}, {"top_p": 0.5}, {"response_format": {"type": "json_object"}}):
+    for params in (
+        {"temperature": 0},
+        {"temperature": 0.7},
+        {"max_tokens": 20},
+        {"seed": 1},
+        {"stop": ["\n"]},
+        {"top_p": 0.5},
+        {"response_format": {"type": "json_object"}},
+    ):
         assert ask(c, "Write a haiku about rain", **params)[0]["x-gpucache"] == "miss", params
     assert ask(c, "Write a haiku about rain", temperature=0)[0]["x-gpucache"] == "exact"
     assert ask(c, "Write a haiku about rain", user="someone")[0]["x-gpucache"] == "exact"  # transport only
@@ -204,9 +258,7 @@ def test_one_tenant_never_receives_another_tenants_entry(proxy):
     assert ask(dave, "What is on my calendar today?")[0]["x-gpucache"] == "miss"
 
 
-@pytest.mark.parametrize(("params", "reason"), [
-    ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
-])
+@pytest.mark.parametrize(("params", "reason"), [({"n": 2}, "n"), ({"logprobs": True}, "logprobs")])
 def test_requests_a_cache_cannot_stand_for_are_bypassed(proxy, upstream, params, reason):
     c = client(proxy, f"t-bypass-{reason}")
     text = f"Tell me a fact about owls ({reason})"
@@ -218,8 +270,10 @@ def test_requests_a_cache_cannot_stand_for_are_bypassed(proxy, upstream, params,
 
 def test_a_last_message_that_is_not_the_users_or_too_short_is_bypassed(proxy):
     c = client(proxy, "t-bypass-shape")
-    tool_turn = [{"role": "user", "content": "What is the weather?"},
-                 {"role": "assistant", "content": "Let me check."}]
+    tool_turn = [
+        {"role": "user", "content": "What is the weather?"},
+        {"role": "assistant", "content": "Let me check."},
+    ]
     assert ask(c, "", messages=tool_turn)[0]["x-gpucache"] == "bypass"
     assert ask(c, " ")[0]["x-gpucache"] == "bypass"
 
@@ -227,14 +281,19 @@ def test_a_last_message_that_is_not_the_users_or_too_short_is_bypassed(proxy):
 def test_a_streamed_miss_then_a_streamed_hit_parse_in_the_client(proxy, upstream):
     c = client(proxy, "t-stream")
     text = "Explain what a closure is"
-    with c.chat.completions.with_streaming_response.create(model="smol", stream=True, messages=[
-            {"role": "user", "content": text}]) as raw:
+    with c.chat.completions.with_streaming_response.create(
+        model="smol", stream=True, messages=[{"role": "user", "content": text}]
+    ) as raw:
         assert raw.headers["x-gpucache"] == "miss"
         chunks = list(raw.parse())
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == answer_to(text)
     assert chunks[-1].choices[0].finish_reason == "stop"
-    stream = c.chat.completions.create(model="smol", stream=True, stream_options={"include_usage": True},
-                                       messages=[{"role": "user", "content": "Explain what a closure is."}])
+    stream = c.chat.completions.create(
+        model="smol",
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "Explain what a closure is."}],
+    )
     replayed = list(stream)
     assert replayed[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in replayed if ch.choices) == answer_to(text)
@@ -246,11 +305,21 @@ def test_a_streamed_miss_then_a_streamed_hit_parse_in_the_client(proxy, upstream
 def test_an_answer_stored_either_way_is_served_the_other_way(proxy):
     c = client(proxy, "t-cross")
     ask(c, "What is the capital of Peru?")  # stored from JSON
-    stream = c.chat.completions.create(model="smol", stream=True, messages=[
-        {"role": "user", "content": "What is the capital of Peru?"}])
-    assert "".join(ch.choices[0].delta.content or "" for ch in stream) == answer_to("What is the capital of Peru?")
-    list(c.chat.completions.create(model="smol", stream=True, messages=[  # stored from a stream
-        {"role": "user", "content": "What is the capital of Chile?"}]))
+    stream = c.chat.completions.create(
+        model="smol", stream=True, messages=[{"role": "user", "content": "What is the capital of Peru?"}]
+    )
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream) == answer_to(
+        "What is the capital of Peru?"
+    )
+    list(
+        c.chat.completions.create(
+            model="smol",
+            stream=True,
+            messages=[  # stored from a stream
+                {"role": "user", "content": "What is the capital of Chile?"}
+            ],
+        )
+    )
     headers, answer = ask(c, "What is the capital of Chile?")
     assert headers["x-gpucache"] == "exact"
     assert answer.choices[0].message.content == answer_to("What is the capital of Chile?")
@@ -259,8 +328,11 @@ def test_an_answer_stored_either_way_is_served_the_other_way(proxy):
 @pytest.mark.parametrize("status", [500, 429])
 def test_an_upstream_error_passes_through_unchanged_and_is_never_cached(proxy, upstream, status):
     text = f"Summarise this [{status}]"
-    raw = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"x-gpucache-namespace": "t-err"},
-                     json={"model": "smol", "messages": [{"role": "user", "content": text}]})
+    raw = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        headers={"x-gpucache-namespace": "t-err"},
+        json={"model": "smol", "messages": [{"role": "user", "content": text}]},
+    )
     assert raw.status_code == status and raw.json()["error"]["message"] in ("the model crashed", "slow down")
     assert raw.headers["retry-after"] == ("7" if status == 500 else "3")
     with pytest.raises(openai.APIStatusError):
@@ -276,7 +348,9 @@ def test_incomplete_or_tool_call_answers_are_served_but_not_stored(proxy, upstre
         headers, answer = ask(c, text)
         assert headers["x-gpucache"] == "miss"
     assert answer.choices[0].finish_reason == ("length" if marker == "[length]" else "tool_calls")
-    stream = list(c.chat.completions.create(model="smol", stream=True, messages=[{"role": "user", "content": text}]))
+    stream = list(
+        c.chat.completions.create(model="smol", stream=True, messages=[{"role": "user", "content": text}])
+    )
     assert [ch.choices[0].finish_reason for ch in stream if ch.choices][-1] in ("length", "tool_calls")
     assert upstream_calls(upstream, text) == 3
 
@@ -301,7 +375,9 @@ def test_bad_requests_get_an_openai_error_and_no_retry(proxy):
     assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "messages"
     no_model = httpx.post(url, json={"messages": [{"role": "user", "content": "hi there"}]})
     assert no_model.status_code == 400 and no_model.json()["error"]["param"] == "model"
-    huge = httpx.post(url, json={"model": "smol", "messages": [{"role": "user", "content": "x" * (9 * 2**20)}]})
+    huge = httpx.post(
+        url, json={"model": "smol", "messages": [{"role": "user", "content": "x" * (9 * 2**20)}]}
+    )
     assert huge.status_code == 413 and huge.headers["x-should-retry"] == "false"
     with pytest.raises(openai.BadRequestError):
         client(proxy, "t-bad").chat.completions.create(model="smol", messages="hello")  # type: ignore[arg-type]
@@ -356,7 +432,8 @@ class FirstCallHeld:
 
 
 def test_sixty_four_concurrent_clients_share_lookup_batches_and_one_upstream_call_per_prompt(
-        upstream, real_embedder):
+    upstream, real_embedder
+):
     """The first of 64 requests is looked up at once, alone (no batch was computing); the 63
     that arrive while it is in the embedder (held there until all 63 have gathered) share the
     next batch, sent as it returns: two batches, where looked up one by one they would be 64.
@@ -366,26 +443,43 @@ def test_sixty_four_concurrent_clients_share_lookup_batches_and_one_upstream_cal
     made: list[SemanticCache] = []
 
     def factory() -> SemanticCache:
-        made.append(SemanticCache(held, device="cpu", lookup_batch=64, lookup_window_seconds=0.002,
-                                  lookup_timeout_seconds=120.0))
+        made.append(
+            SemanticCache(
+                held, device="cpu", lookup_batch=64, lookup_window_seconds=0.002, lookup_timeout_seconds=120.0
+            )
+        )
         held.ready = lambda: made[0]._core.onloop.coalescer.gathered >= 63
         held.watch(made[0]._core.onloop.coalescer)
         return made[0]
 
-    app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET),
-                     cache_factory=factory)
+    app = create_app(
+        ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET), cache_factory=factory
+    )
     with Served(app) as served:
         assert lookup_batches(served) == 0
 
         async def main():
-            c = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="k", max_retries=0, timeout=120,
-                                   default_headers={"x-gpucache-namespace": "t-burst"})
+            c = openai.AsyncOpenAI(
+                base_url=f"{served.url}/v1",
+                api_key="k",
+                max_retries=0,
+                timeout=120,
+                default_headers={"x-gpucache-namespace": "t-burst"},
+            )
             async with c:
-                return await asyncio.gather(*(c.chat.completions.create(
-                    model="smol", messages=[{"role": "user", "content": prompts[i % 8]}]) for i in range(64)))
+                return await asyncio.gather(
+                    *(
+                        c.chat.completions.create(
+                            model="smol", messages=[{"role": "user", "content": prompts[i % 8]}]
+                        )
+                        for i in range(64)
+                    )
+                )
 
         answers = asyncio.run(main())
-        assert [a.choices[0].message.content for a in answers] == [answer_to(prompts[i % 8]) for i in range(64)]
+        assert [a.choices[0].message.content for a in answers] == [
+            answer_to(prompts[i % 8]) for i in range(64)
+        ]
         assert [upstream_calls(upstream, p) for p in prompts] == [1] * 8
         assert lookup_batches(served) == 2
         assert held.calls[:2] == [1, 8]  # the lone one; then the 63, the 8 prompts embedded once
@@ -408,8 +502,11 @@ def test_metrics_count_what_happened(proxy):
     text = httpx.get(f"{proxy.url}/metrics").text
     assert "gpucache_entries " in text and "gpucache_lookup_seconds_count" in text
     assert "gpucache_hit_similarity_bucket" in text and "gpucache_device_bytes " in text
-    timings = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-               if line.startswith(("gpucache_embed", "gpucache_scan"))}
+    timings = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith(("gpucache_embed", "gpucache_scan"))
+    }
     assert timings["gpucache_embed_seconds_total"] > 0 and timings["gpucache_embedded_prompts_total"] >= 2
     assert timings["gpucache_scan_seconds_total"] > 0 and timings["gpucache_scans_total"] >= 1
 
@@ -423,8 +520,15 @@ def test_admin_endpoints_need_the_token_and_do_their_job(proxy, real_embedder):
     c = client(proxy, "t-admin")
     ask(c, "What is the speed of light?")
     assert ask(c, "What is the speed of light?")[0]["x-gpucache"] == "exact"  # a hit to count
-    request = {"kind": "chat", "namespace": "t-admin", "credentials": {"authorization": "Bearer k"},
-               "request": {"model": "smol", "messages": [{"role": "user", "content": "What is the speed of light?"}]}}
+    request = {
+        "kind": "chat",
+        "namespace": "t-admin",
+        "credentials": {"authorization": "Bearer k"},
+        "request": {
+            "model": "smol",
+            "messages": [{"role": "user", "content": "What is the speed of light?"}],
+        },
+    }
     assert httpx.post(f"{proxy.url}/admin/invalidate", json=request).status_code == 401
     auth = {"authorization": f"Bearer {ADMIN}"}
     assert httpx.post(f"{proxy.url}/admin/invalidate", json=request, headers=auth).json() == {"removed": True}
@@ -443,13 +547,18 @@ def test_admin_endpoints_need_the_token_and_do_their_job(proxy, real_embedder):
 def test_every_admin_route_the_app_has_is_one_of_those_checked_below(proxy):
     """The router checks the token for every route it holds; the routes are listed below so
     that each is also asked for real."""
+
     def walk(routes):  # an included router stands as one route holding its own
         for r in routes:
             inner = getattr(r, "original_router", None)
             yield from walk(inner.routes) if inner is not None else (r,)
 
-    routes = {(m, r.path.removeprefix("/admin/")) for r in walk(proxy.app.routes)
-              if getattr(r, "path", "").startswith("/admin") for m in r.methods}
+    routes = {
+        (m, r.path.removeprefix("/admin/"))
+        for r in walk(proxy.app.routes)
+        if getattr(r, "path", "").startswith("/admin")
+        for m in r.methods
+    }
     assert routes == set(ADMIN_ROUTES)
 
 
@@ -463,7 +572,9 @@ def test_a_route_added_to_the_admin_router_is_closed_without_its_own_check():
     try:
         app = FastAPI()
         app.include_router(admin.router)
-        app.state.config = ServeSettings(upstream="http://127.0.0.1:9/v1", admin_token=ADMIN, require_auth=False)
+        app.state.config = ServeSettings(
+            upstream="http://127.0.0.1:9/v1", admin_token=ADMIN, require_auth=False
+        )
         app.add_exception_handler(admin.AdminRefusal, lambda request, exc: exc.response)
         with TestClient(app) as client:
             assert client.get("/admin/added-later").status_code == 401
@@ -473,7 +584,13 @@ def test_a_route_added_to_the_admin_router_is_closed_without_its_own_check():
         admin.router.routes.pop()
 
 
-ADMIN_ROUTES = [("POST", "invalidate"), ("POST", "clear"), ("POST", "revoke"), ("POST", "snapshot"), ("GET", "stats")]
+ADMIN_ROUTES = [
+    ("POST", "invalidate"),
+    ("POST", "clear"),
+    ("POST", "revoke"),
+    ("POST", "snapshot"),
+    ("GET", "stats"),
+]
 
 
 @pytest.mark.parametrize("method, path", ADMIN_ROUTES)
@@ -482,8 +599,12 @@ def test_every_admin_endpoint_refuses_a_wrong_token_before_its_body_is_read(prox
         headers = {"authorization": token} if token else {}
         refused = httpx.request(method, f"{proxy.url}/admin/{path}", headers=headers, content=b"{not json")
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
-    answered = httpx.request(method, f"{proxy.url}/admin/{path}", content=b"{not json",
-                             headers={"authorization": f"bearer {ADMIN}"})
+    answered = httpx.request(
+        method,
+        f"{proxy.url}/admin/{path}",
+        content=b"{not json",
+        headers={"authorization": f"bearer {ADMIN}"},
+    )
     assert answered.status_code == (400 if method == "POST" and path != "snapshot" else 200)
 
 
@@ -503,9 +624,15 @@ def test_a_text_that_imitates_a_conversation_key_goes_upstream_uncached(proxy, u
 def test_a_client_that_disconnects_mid_stream_cancels_the_upstream_and_stores_nothing(proxy, upstream):
     text = "[drip] Tell me a very long story"
     upstream.app.state.closed.clear()
-    with httpx.Client(timeout=30) as h, h.stream(
-            "POST", f"{proxy.url}/v1/chat/completions", headers={"x-gpucache-namespace": "t-gone"},
-            json={"model": "smol", "stream": True, "messages": [{"role": "user", "content": text}]}) as r:
+    with (
+        httpx.Client(timeout=30) as h,
+        h.stream(
+            "POST",
+            f"{proxy.url}/v1/chat/completions",
+            headers={"x-gpucache-namespace": "t-gone"},
+            json={"model": "smol", "stream": True, "messages": [{"role": "user", "content": text}]},
+        ) as r,
+    ):
         assert r.headers["x-gpucache"] == "miss"
         lines = r.iter_lines()
         assert next(line for line in lines if '"content"' in line and "The" in line)
@@ -543,22 +670,38 @@ def test_a_cache_that_fails_fails_open(upstream, fake_embedder):
         headers, answer = ask(client(served, "t-broken"), "Does the cache matter?")
         assert answer.choices[0].message.content == answer_to("Does the cache matter?")
         stream = client(served, "t-broken").chat.completions.create(
-            model="smol", stream=True, messages=[{"role": "user", "content": "And streamed?"}])
-        assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == answer_to("And streamed?")
+            model="smol", stream=True, messages=[{"role": "user", "content": "And streamed?"}]
+        )
+        assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == answer_to(
+            "And streamed?"
+        )
         assert 'gpucache_errors_total{kind="cache"} 2.0' in httpx.get(f"{served.url}/metrics").text
 
 
 def test_sigterm_finishes_and_saves_the_snapshot_which_the_next_start_serves(upstream, tmp_path):
     snapshot, port = tmp_path / "cache.gpucache", free_port()
-    command = [sys.executable, "-m", "gpucache", "serve", "--upstream", f"{upstream.url}/v1",
-               "--port", str(port), "--snapshot", str(snapshot), "--log-level", "info"]
+    command = [
+        sys.executable,
+        "-m",
+        "gpucache",
+        "serve",
+        "--upstream",
+        f"{upstream.url}/v1",
+        "--port",
+        str(port),
+        "--snapshot",
+        str(snapshot),
+        "--log-level",
+        "info",
+    ]
     env = {**os.environ, "GPUCACHE_NAMESPACE_SECRET": "a-stable-secret-of-some-length"}
 
     def start():
         """The server process, once it says it serves: its log line is the event waited on
         (within two minutes, the model's load included); its output is drained throughout."""
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True)
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         ready, lines = threading.Event(), []
 
         def drain():
@@ -585,7 +728,9 @@ def test_sigterm_finishes_and_saves_the_snapshot_which_the_next_start_serves(ups
     assert snapshot.exists()
     process = start()
     try:
-        assert ask(client(served, "", api_key="key-sig"), "Where is Machu Picchu?")[0]["x-gpucache"] == "exact"
+        assert (
+            ask(client(served, "", api_key="key-sig"), "Where is Machu Picchu?")[0]["x-gpucache"] == "exact"
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)

@@ -28,8 +28,12 @@ SECRET = b"tenancy-secret-for-auth-tests"
 
 def served_proxy(upstream, real_embedder, **settings):
     config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, **settings)
-    return Served(create_app(config, cache_factory=lambda: SemanticCache(
-        real_embedder, device="cpu", lookup_timeout_seconds=30.0)))
+    return Served(
+        create_app(
+            config,
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+        )
+    )
 
 
 def chat(proxy, key, text, stream=False):
@@ -37,7 +41,8 @@ def chat(proxy, key, text, stream=False):
     messages = [{"role": "user", "content": text}]
     if stream:
         with c.chat.completions.with_streaming_response.create(
-                model="smol", messages=messages, stream=True) as r:
+            model="smol", messages=messages, stream=True
+        ) as r:
             list(r.iter_lines())
             return r.headers["x-gpucache"]
     return c.chat.completions.with_raw_response.create(model="smol", messages=messages).headers["x-gpucache"]
@@ -50,9 +55,11 @@ def test_a_revoked_key_gets_the_upstreams_401_and_nothing_from_its_cache(real_em
         assert chat(proxy, "sk-bob", text) == "exact"
         upstream.app.state.revoked.add("sk-bob")
         completions = len(upstream.app.state.calls)
-        for ask in (lambda: chat(proxy, "sk-bob", text),
-                    lambda: chat(proxy, "sk-bob", text, stream=True),
-                    lambda: chat(proxy, "sk-bob", "what did i ask about my medical results")):
+        for ask in (
+            lambda: chat(proxy, "sk-bob", text),
+            lambda: chat(proxy, "sk-bob", text, stream=True),
+            lambda: chat(proxy, "sk-bob", "what did i ask about my medical results"),
+        ):
             with pytest.raises(openai.AuthenticationError) as refused:
                 ask()
             assert refused.value.status_code == 401
@@ -230,6 +237,7 @@ def test_a_check_the_upstream_could_not_answer_is_remembered_for_the_checks_time
 def test_new_keys_are_checked_within_a_bound_and_past_it_refused_at_once():
     """A flood of made-up keys would each be a request to the upstream: past max_checks in
     flight, a new key gets a 503 without one."""
+
     async def main():
         up = FakeUpstream([200, 200])
         check = CredentialCheck(up, ttl=60, max_checks=2)
@@ -247,8 +255,10 @@ def test_new_keys_are_checked_within_a_bound_and_past_it_refused_at_once():
 def test_a_hung_credential_check_holds_a_keys_hits_for_its_timeout_only(real_embedder):
     """/v1/models hangs: with a verdict expired, an exact hit waits auth_timeout, not the
     completions' upstream_timeout, and the kept verdict answers."""
-    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=0,
-                                                           auth_timeout=0.5) as proxy:
+    with (
+        Served(make_upstream()) as upstream,
+        served_proxy(upstream, real_embedder, auth_ttl=0, auth_timeout=0.5) as proxy,
+    ):
         text = "When does the library open on Sundays?"
         assert chat(proxy, "sk-gina", text) == "miss"
         upstream.app.state.hang_checks = True
@@ -258,6 +268,7 @@ def test_a_hung_credential_check_holds_a_keys_hits_for_its_timeout_only(real_emb
 def test_an_upstream_that_accepts_a_key_it_never_issued_is_no_authority_on_keys():
     """The probe: a random key. A 2xx to it proves the upstream checks no keys at /v1/models, so
     every verdict after would be 'allowed': every key is refused instead, saying why."""
+
     async def main():
         up = FakeUpstream([200])
         up.release.set()
@@ -285,7 +296,9 @@ def test_an_upstream_down_at_the_probe_is_probed_again_before_the_first_verdict(
     assert at_start is None and authority is True and isinstance(verdict, Allowed) and probed == 2
 
 
-def test_gpucache_serve_refuses_to_start_with_auth_upstream_before_an_upstream_that_checks_no_keys(real_embedder):
+def test_gpucache_serve_refuses_to_start_with_auth_upstream_before_an_upstream_that_checks_no_keys(
+    real_embedder,
+):
     """llama.cpp's server answers /v1/models to anyone: behind it --auth upstream would let
     every key, revoked or made up, keep its hits for ever."""
     import subprocess
@@ -294,16 +307,32 @@ def test_gpucache_serve_refuses_to_start_with_auth_upstream_before_an_upstream_t
     from serving import free_port
 
     with Served(make_upstream(public_models=True)) as upstream:
-        run = subprocess.run([sys.executable, "-m", "gpucache", "serve", "--upstream", f"{upstream.url}/v1",
-                              "--port", str(free_port()), "--device", "cpu"],
-                             capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "GPUCACHE_NAMESPACE_SECRET": "a-secret-for-this-test"})
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpucache",
+                "serve",
+                "--upstream",
+                f"{upstream.url}/v1",
+                "--port",
+                str(free_port()),
+                "--device",
+                "cpu",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "GPUCACHE_NAMESPACE_SECRET": "a-secret-for-this-test"},
+        )
         assert run.returncode == 2 and "Traceback" not in run.stderr
         assert "checks no keys there" in run.stderr and "--auth keys" in run.stderr
         assert len(upstream.app.state.probes) == 1 and upstream.app.state.calls == []
         # create_app refuses it too, for a caller that builds the app itself
-        app = create_app(ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET),
-                         cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))
+        app = create_app(
+            ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET),
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu"),
+        )
 
         async def start() -> None:
             async with app.router.lifespan_context(app):
@@ -333,8 +362,13 @@ def test_keyless_clients_let_in_are_checked_like_any_credential(real_embedder):
     settings = {"require_auth": False, "auth_ttl": 0}
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, **settings) as proxy:
         text = "What is on the shared team calendar?"
-        ask = lambda: httpx.post(f"{proxy.url}/v1/chat/completions",  # noqa: E731
-                                 json={"model": "smol", "messages": [{"role": "user", "content": text}]})
+
+        def ask():
+            return httpx.post(
+                f"{proxy.url}/v1/chat/completions",
+                json={"model": "smol", "messages": [{"role": "user", "content": text}]},
+            )
+
         assert ask().headers["x-gpucache"] == "miss" and ask().headers["x-gpucache"] == "exact"
         assert upstream.app.state.checks == ["", ""]  # asked with no key, as the request came
         upstream.app.state.revoked.add("")  # an upstream that wants a key
@@ -347,8 +381,11 @@ def test_a_refused_credential_is_answered_before_a_large_body_is_parsed(real_emb
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
         upstream.app.state.revoked.add("sk-gone")
         big = b'{"model": "smol", "messages": [' + b'{"role": "user", "content": "x"},' * 100_000 + b"}"
-        r = httpx.post(f"{proxy.url}/v1/{path}", content=big,
-                       headers={"authorization": "Bearer sk-gone", "content-type": "application/json"})
+        r = httpx.post(
+            f"{proxy.url}/v1/{path}",
+            content=big,
+            headers={"authorization": "Bearer sk-gone", "content-type": "application/json"},
+        )
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert upstream.app.state.calls == []
 
@@ -360,8 +397,9 @@ def test_a_large_body_is_parsed_off_the_event_loop(real_embedder, monkeypatch):
 
     threads = []
     keyed = proxy_module.keyed
-    monkeypatch.setattr(proxy_module, "keyed", lambda *a: (threads.append(threading.current_thread()),
-                                                           keyed(*a))[1])
+    monkeypatch.setattr(
+        proxy_module, "keyed", lambda *a: (threads.append(threading.current_thread()), keyed(*a))[1]
+    )
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
         c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-big", max_retries=0)
         for text in ("a short question", "a long question " + "with many words " * 8000):
@@ -391,9 +429,11 @@ def test_with_auth_keys_only_listed_keys_are_served_and_the_upstream_is_never_as
             chat(proxy, "sk-mallory", text)
         assert refused.value.body["code"] == "invalid_api_key"
         # one listed key cannot vouch for an unlisted one beside it
-        both = httpx.post(f"{proxy.url}/v1/chat/completions",
-                          json={"model": "smol", "messages": [{"role": "user", "content": text}]},
-                          headers={"authorization": "Bearer sk-erin", "x-api-key": "sk-mallory"})
+        both = httpx.post(
+            f"{proxy.url}/v1/chat/completions",
+            json={"model": "smol", "messages": [{"role": "user", "content": text}]},
+            headers={"authorization": "Bearer sk-erin", "x-api-key": "sk-mallory"},
+        )
         assert both.status_code == 401
         assert upstream.app.state.checks == []
 
@@ -425,7 +465,9 @@ def test_auth_keys_needs_a_readable_key_file_at_start(tmp_path):
     with pytest.raises(ValueError, match="auth=keys needs keys_file"):
         ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys")
     with pytest.raises(ValueError, match="cannot be read"):
-        create_app(ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys", keys_file=str(tmp_path / "absent")))
+        create_app(
+            ServeSettings(upstream="http://127.0.0.1:9/v1", auth="keys", keys_file=str(tmp_path / "absent"))
+        )
     bad = tmp_path / "bad"
     bad.write_text("sha256:1234\n")
     with pytest.raises(ValueError, match="64 hex digits"):
@@ -438,25 +480,40 @@ ADMIN = "admin-token-for-revoke-tests"
 
 
 def test_admin_revoke_drops_every_scope_of_one_credential_and_its_verdict(real_embedder):
-    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, admin_token=ADMIN,
-                                                           auth_ttl=3600) as proxy:
+    with (
+        Served(make_upstream()) as upstream,
+        served_proxy(upstream, real_embedder, admin_token=ADMIN, auth_ttl=3600) as proxy,
+    ):
+
         def ask(key, text, namespace=None, query=""):
             headers = {"authorization": f"Bearer {key}"}
             if namespace:
                 headers["x-gpucache-namespace"] = namespace
-            return httpx.post(f"{proxy.url}/v1/chat/completions?{query}", headers=headers, json={
-                "model": "smol", "messages": [{"role": "user", "content": text}]}).headers["x-gpucache"]
+            return httpx.post(
+                f"{proxy.url}/v1/chat/completions?{query}",
+                headers=headers,
+                json={"model": "smol", "messages": [{"role": "user", "content": text}]},
+            ).headers["x-gpucache"]
 
         text = "Summarise my private notes"
-        scopes = [("sk-leaked", None, ""), ("sk-leaked", "team-a", ""), ("sk-leaked", None, "api-version=1"),
-                  ("sk-other", None, "")]
+        scopes = [
+            ("sk-leaked", None, ""),
+            ("sk-leaked", "team-a", ""),
+            ("sk-leaked", None, "api-version=1"),
+            ("sk-other", None, ""),
+        ]
         for key, namespace, query in scopes:
             assert ask(key, text, namespace, query) == "miss"
         assert upstream.app.state.checks.count("sk-leaked") == 1
-        refused = httpx.post(f"{proxy.url}/admin/revoke", json={"credentials": {"authorization": "Bearer sk-leaked"}})
+        refused = httpx.post(
+            f"{proxy.url}/admin/revoke", json={"credentials": {"authorization": "Bearer sk-leaked"}}
+        )
         assert refused.status_code == 401  # the admin token is needed
-        done = httpx.post(f"{proxy.url}/admin/revoke", headers={"authorization": f"bearer {ADMIN}"},
-                          json={"credentials": {"authorization": "Bearer sk-leaked"}}).json()
+        done = httpx.post(
+            f"{proxy.url}/admin/revoke",
+            headers={"authorization": f"bearer {ADMIN}"},
+            json={"credentials": {"authorization": "Bearer sk-leaked"}},
+        ).json()
         assert done["removed"] == 3 and done["revoked"].startswith("key:")
         assert ask("sk-other", text) == "exact"  # another key keeps its entries
         # every scope of the revoked key is empty, and its verdict was dropped: asked again at
@@ -464,21 +521,35 @@ def test_admin_revoke_drops_every_scope_of_one_credential_and_its_verdict(real_e
         for key, namespace, query in scopes[:3]:
             assert ask(key, text, namespace, query) == "miss"
         assert upstream.app.state.checks.count("sk-leaked") == 2
-        nothing = httpx.post(f"{proxy.url}/admin/revoke", headers={"authorization": f"Bearer {ADMIN}"},
-                             json={"credentials": {}})
+        nothing = httpx.post(
+            f"{proxy.url}/admin/revoke",
+            headers={"authorization": f"Bearer {ADMIN}"},
+            json={"credentials": {}},
+        )
         assert nothing.status_code == 400
 
 
 def test_admin_revoke_by_a_bare_key_drops_it_in_every_header_and_parameter_form(real_embedder):
-    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, admin_token=ADMIN) as proxy:
+    with (
+        Served(make_upstream()) as upstream,
+        served_proxy(upstream, real_embedder, admin_token=ADMIN) as proxy,
+    ):
+
         def ask(headers, query=""):
-            return httpx.post(f"{proxy.url}/v1/chat/completions?{query}", headers=headers, json={
-                "model": "smol", "messages": [{"role": "user", "content": "List my saved addresses"}]}
+            return httpx.post(
+                f"{proxy.url}/v1/chat/completions?{query}",
+                headers=headers,
+                json={"model": "smol", "messages": [{"role": "user", "content": "List my saved addresses"}]},
             ).headers["x-gpucache"]
 
-        forms = [({"authorization": "Bearer sk-leaked"}, ""), ({"authorization": "bearer sk-leaked"}, ""),
-                 ({"x-api-key": "sk-leaked"}, ""), ({"api-key": "sk-leaked"}, ""), ({}, "key=sk-leaked"),
-                 ({}, "api_key=sk-leaked")]
+        forms = [
+            ({"authorization": "Bearer sk-leaked"}, ""),
+            ({"authorization": "bearer sk-leaked"}, ""),
+            ({"x-api-key": "sk-leaked"}, ""),
+            ({"api-key": "sk-leaked"}, ""),
+            ({}, "key=sk-leaked"),
+            ({}, "api_key=sk-leaked"),
+        ]
         kept = [({"x-api-key": "sk-other"}, ""), ({"authorization": "Bearer sk-leaked-too"}, "")]
         for headers, query in forms + kept:
             assert ask(headers, query) == "miss"
@@ -489,14 +560,23 @@ def test_admin_revoke_by_a_bare_key_drops_it_in_every_header_and_parameter_form(
             assert ask(headers, query) == "exact"
         for headers, query in forms:
             assert ask(headers, query) == "miss"
-        for bad in ({"key": ""}, {"key": "  "}, {"key": 7}, {"key": None},
-                    {"key": "sk-other", "credentials": {"x-api-key": "sk-other"}}, {"key": "sk-other", "query": ""}):
+        for bad in (
+            {"key": ""},
+            {"key": "  "},
+            {"key": 7},
+            {"key": None},
+            {"key": "sk-other", "credentials": {"x-api-key": "sk-other"}},
+            {"key": "sk-other", "query": ""},
+        ):
             refused = httpx.post(f"{proxy.url}/admin/revoke", headers=admin, json=bad)
             assert refused.status_code == 400 and refused.json()["error"]["param"] == "key"
 
 
 def test_health_says_ready_and_nothing_more_without_the_admin_token(real_embedder):
-    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, admin_token=ADMIN) as proxy:
+    with (
+        Served(make_upstream()) as upstream,
+        served_proxy(upstream, real_embedder, admin_token=ADMIN) as proxy,
+    ):
         assert httpx.get(f"{proxy.url}/health").json() == {"status": "ok"}
         assert upstream.app.state.checks == []  # and the upstream was not called for it
         full = httpx.get(f"{proxy.url}/health", headers={"authorization": f"Bearer {ADMIN}"}).json()
@@ -511,8 +591,11 @@ def test_a_refused_request_with_a_large_unread_body_has_its_connection_closed(re
 
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
-            sock.sendall(f"POST /v1/{path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n".encode()
-                         + b"content-length: 8000000\r\n\r\n" + b'{"model": "smol", "messages": [')
+            sock.sendall(
+                f"POST /v1/{path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n".encode()
+                + b"content-length: 8000000\r\n\r\n"
+                + b'{"model": "smol", "messages": ['
+            )
             reply = b""
             while part := sock.recv(65536):  # until the proxy closes the connection
                 reply += part

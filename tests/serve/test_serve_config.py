@@ -46,12 +46,39 @@ def test_every_setting_is_a_flag_and_no_setting_has_two_names(capsys):
 
 
 def test_flags_reach_every_section_and_the_rest_keep_the_servers_defaults():
-    config = config_of("--threshold", "0.9", "--top-k", "2", "--ttl", "3600", "--quantization", "fp32",
-                       "--capacity", "5000", "--max-device-bytes", "1000000", "--device", "cpu",
-                       "--dtype", "fp32", "--port", "9000", "--max-concurrency", "8", "--require-auth",
-                       "--credential-header", "x-key", "--credential-header", "x-org")
+    config = config_of(
+        "--threshold",
+        "0.9",
+        "--top-k",
+        "2",
+        "--ttl",
+        "3600",
+        "--quantization",
+        "fp32",
+        "--capacity",
+        "5000",
+        "--max-device-bytes",
+        "1000000",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--port",
+        "9000",
+        "--max-concurrency",
+        "8",
+        "--require-auth",
+        "--credential-header",
+        "x-key",
+        "--credential-header",
+        "x-org",
+    )
     assert (config.cache.threshold, config.cache.top_k, config.cache.ttl) == (0.9, 2, 3600.0)
-    assert (config.cache.quantization, config.cache.capacity, config.cache.max_device_bytes) == ("fp32", 5000, 10**6)
+    assert (config.cache.quantization, config.cache.capacity, config.cache.max_device_bytes) == (
+        "fp32",
+        5000,
+        10**6,
+    )
     assert config.embedder == EmbedderSettings(model=None, device="cpu", dtype="fp32")
     assert (config.port, config.max_concurrency, config.require_auth) == (9000, 8, True)
     assert config.credential_headers == ("x-key", "x-org")
@@ -60,10 +87,20 @@ def test_flags_reach_every_section_and_the_rest_keep_the_servers_defaults():
     assert config_of("--lookup-timeout-seconds", "none").cache.lookup_timeout_seconds is None
 
 
-@pytest.mark.parametrize("given", [["--threshold", "1.5"], ["--ttl", "1e16"], ["--top-k", "0"],
-                                   ["--quantization", "int4"], ["--port", "70000"], ["--port", "eighty"],
-                                   ["--max-concurrency", "0"], ["--dtype", "int8"],
-                                   ["--redis", "http://not-redis"]])
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--threshold", "1.5"],
+        ["--ttl", "1e16"],
+        ["--top-k", "0"],
+        ["--quantization", "int4"],
+        ["--port", "70000"],
+        ["--port", "eighty"],
+        ["--max-concurrency", "0"],
+        ["--dtype", "int8"],
+        ["--redis", "http://not-redis"],
+    ],
+)
 def test_a_setting_out_of_range_is_refused_with_its_reason(given):
     with pytest.raises((ValueError, TypeError, ConfigError)):
         config_of(*given)
@@ -91,12 +128,15 @@ def test_the_layers_stack_defaults_file_environment_flags(tmp_path):
     assert resolve(None, {"GPUCACHE_CONFIG": str(path)}).settings().port == 9001
 
 
-@pytest.mark.parametrize("text, complaint", [
-    ("thresold = 0.9\n", "unknown setting 'thresold'"),
-    ("[cache]\nthreshhold = 0.9\n", "unknown setting 'cache.threshhold'"),
-    ('namespace_secret = "in the file"\n', "secret_file or the environment"),
-    ("port = \n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, complaint",
+    [
+        ("thresold = 0.9\n", "unknown setting 'thresold'"),
+        ("[cache]\nthreshhold = 0.9\n", "unknown setting 'cache.threshhold'"),
+        ('namespace_secret = "in the file"\n', "secret_file or the environment"),
+        ("port = \n", "not valid TOML"),
+    ],
+)
 def test_a_settings_file_with_an_unknown_or_broken_key_is_refused_by_name(tmp_path, text, complaint):
     path = tmp_path / "bad.toml"
     path.write_text(text)
@@ -117,7 +157,9 @@ def test_settings_file_values_of_the_wrong_type_name_the_setting(tmp_path):
 def test_a_misspelt_environment_variable_is_refused_and_others_are_left_alone():
     with pytest.raises(ConfigError, match="GPUCACHE_THRESHHOLD"):
         resolve(None, {"GPUCACHE_THRESHHOLD": "0.9", "GPUCACHE_UPSTREAM": UPSTREAM})
-    config = resolve(None, {"GPUCACHE_UPSTREAM": UPSTREAM, "GPUCACHE_MODEL_DIR": "/x", "HOME": "/h"}).settings()
+    config = resolve(
+        None, {"GPUCACHE_UPSTREAM": UPSTREAM, "GPUCACHE_MODEL_DIR": "/x", "HOME": "/h"}
+    ).settings()
     assert config.embedder.model is None
 
 
@@ -143,8 +185,11 @@ def test_a_cache_factory_beside_a_redis_url_is_refused():
     pytest.importorskip("fastapi")
     from gpucache.serve.app import create_app
 
-    config = ServeSettings(upstream=UPSTREAM, namespace_secret=b"a-secret-for-the-config-test",
-                           replication=ReplicationSettings(redis="redis://127.0.0.1:1/0"))
+    config = ServeSettings(
+        upstream=UPSTREAM,
+        namespace_secret=b"a-secret-for-the-config-test",
+        replication=ReplicationSettings(redis="redis://127.0.0.1:1/0"),
+    )
     with pytest.raises(ConfigError, match="cache_factory"):
         create_app(config, cache_factory=lambda: None)
 
@@ -162,9 +207,13 @@ def test_a_snapshot_is_restored_with_the_servers_settings(tmp_path, real_embedde
     path = tmp_path / "c.gpucache"
     settings = dataclasses.replace(SERVE_CACHE_DEFAULTS, capacity=777, threshold=0.91, quantization="fp32")
     with Served(make_upstream()) as upstream:
-        config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(path), cache=settings,
-                               embedder=EmbedderSettings(device="cpu"),
-                             namespace_secret=b"a-secret-for-the-config-test")
+        config = ServeSettings(
+            upstream=f"{upstream.url}/v1",
+            snapshot=str(path),
+            cache=settings,
+            embedder=EmbedderSettings(device="cpu"),
+            namespace_secret=b"a-secret-for-the-config-test",
+        )
         saved = SemanticCache(real_embedder, device="cpu")
         saved.put("A question kept in the snapshot", "kept", scope="somewhere")
         saved.save(path, key=config.snapshot_key)
@@ -200,8 +249,11 @@ def test_a_snapshot_is_restored_into_the_factorys_cache_and_nothing_is_left_open
     path = tmp_path / "c.gpucache"
     made: list[Kept] = []
     with Served(make_upstream()) as upstream:
-        config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(path),
-                               namespace_secret=b"a-secret-for-the-config-test")
+        config = ServeSettings(
+            upstream=f"{upstream.url}/v1",
+            snapshot=str(path),
+            namespace_secret=b"a-secret-for-the-config-test",
+        )
         saved = SemanticCache(real_embedder, device="cpu")
         saved.put("A question kept in the snapshot", "kept", scope="somewhere")
         saved.save(path, key=config.snapshot_key)
@@ -225,11 +277,13 @@ def test_constructing_settings_reads_nothing_and_resolving_reads_what_they_name(
     monkeypatch.setenv("GPUCACHE_NAMESPACE_SECRET", "a-secret-from-the-environment")
     token, keys = tmp_path / "admin-token", tmp_path / "keys"
     token.write_text("an-admin-token-from-its-file\n")
-    config = ServeSettings(upstream="http://127.0.0.1:9/v1", admin_token_file=str(token), auth="keys",
-                           keys_file=str(keys))  # the key file does not exist yet: nothing read
+    config = ServeSettings(
+        upstream="http://127.0.0.1:9/v1", admin_token_file=str(token), auth="keys", keys_file=str(keys)
+    )  # the key file does not exist yet: nothing read
     assert config.admin_token is None and config.namespace_secret is None
-    assert config == ServeSettings(upstream="http://127.0.0.1:9/v1", admin_token_file=str(token),
-                                   auth="keys", keys_file=str(keys))
+    assert config == ServeSettings(
+        upstream="http://127.0.0.1:9/v1", admin_token_file=str(token), auth="keys", keys_file=str(keys)
+    )
     with pytest.raises(ConfigError, match="cannot be read"):
         config.resolved()  # the server would refuse to start
     keys.write_text("sk-one\n")
@@ -245,9 +299,20 @@ def test_constructing_settings_reads_nothing_and_resolving_reads_what_they_name(
 
 def test_every_tunable_of_the_share_is_a_setting_that_reaches_it():
     pytest.importorskip("redis")
-    config = config_of("--redis", "redis://127.0.0.1:1/0", "--redis-stream-maxlen", "500",
-                       "--redis-deadline", "0.25", "--redis-pending-max", "64", "--claim-wait", "5",
-                       "--claim-ttl", "9")
+    config = config_of(
+        "--redis",
+        "redis://127.0.0.1:1/0",
+        "--redis-stream-maxlen",
+        "500",
+        "--redis-deadline",
+        "0.25",
+        "--redis-pending-max",
+        "64",
+        "--claim-wait",
+        "5",
+        "--claim-ttl",
+        "9",
+    )
     share = config.replication.build(b"a-secret-for-the-config-test")  # connects to nothing yet
     try:
         assert (share.link.maxlen, share.link.deadline, share.writer.pending.maxlen) == (500, 0.25, 64)
@@ -260,8 +325,20 @@ def test_every_tunable_of_the_share_is_a_setting_that_reaches_it():
 
 
 def test_every_tunable_of_the_embedder_is_a_setting_that_reaches_it():
-    config = config_of("--device", "cpu", "--dtype", "fp32", "--batch-size", "8", "--max-length", "128",
-                       "--max-batch-tokens", "512", "--no-lean", "--no-cuda-graphs")
+    config = config_of(
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--batch-size",
+        "8",
+        "--max-length",
+        "128",
+        "--max-batch-tokens",
+        "512",
+        "--no-lean",
+        "--no-cuda-graphs",
+    )
     embedder = config.embedder.build()  # the packaged model, on this CPU
     assert (embedder.batch_size, embedder.max_length, embedder.max_batch_tokens) == (8, 128, 512)
     assert not embedder.uses_lean

@@ -23,22 +23,31 @@ from gpucache.serve.settings import ServeSettings  # noqa: E402
 
 def ask(url, text, retries=0):
     c = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=retries)
-    return c.chat.completions.with_raw_response.create(model="smol", messages=[{"role": "user", "content": text}])
+    return c.chat.completions.with_raw_response.create(
+        model="smol", messages=[{"role": "user", "content": text}]
+    )
 
 
 def test_past_max_concurrency_requests_are_shed_and_repeats_still_served(real_embedder):
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", max_concurrency=2, retry_after=3)
-        app = create_app(config, cache_factory=lambda: SemanticCache(
-            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        app = create_app(
+            config,
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+        )
         with Served(app) as proxy:
             repeat = "What is the capital of Portugal?"
             assert ask(proxy.url, repeat).headers["x-gpucache"] == "miss"
             held = ["[drip] Tell me about the first held request", "[drip] Tell me about the second held one"]
             answers: dict[str, str] = {}
-            threads = [threading.Thread(target=lambda t=t: answers.update({t: ask(proxy.url, t).parse()
-                                                                            .choices[0].message.content}))
-                       for t in held]
+            threads = [
+                threading.Thread(
+                    target=lambda t=t: answers.update(
+                        {t: ask(proxy.url, t).parse().choices[0].message.content}
+                    )
+                )
+                for t in held
+            ]
             for t in threads:
                 t.start()
             arrived = upstream.app.state.arrived
@@ -70,19 +79,25 @@ def test_past_max_concurrency_requests_are_shed_and_repeats_still_served(real_em
 def raw_request(url: str, text: str, key: str = "k"):
     """A chat request sent on a socket of its own, which the caller closes to hang up."""
     import json
+
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"model": "smol", "messages": [{"role": "user", "content": text}]}).encode()
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                 + f"authorization: Bearer {key}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"authorization: Bearer {key}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     return sock
 
 
 def test_a_client_that_hangs_up_frees_its_slot_and_cancels_its_upstream_request(real_embedder):
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", max_concurrency=1, retry_after=0)
-        app = create_app(config, cache_factory=lambda: SemanticCache(
-            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        app = create_app(
+            config,
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+        )
         with Served(app) as proxy:
             sock = raw_request(proxy.url, "[drip] A question whose asker leaves")
             arrived = upstream.app.state.arrived
@@ -100,8 +115,10 @@ def test_a_client_that_hangs_up_frees_its_slot_and_cancels_its_upstream_request(
 def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", max_concurrency=8, max_tenant_concurrency=1)
-        app = create_app(config, cache_factory=lambda: SemanticCache(
-            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        app = create_app(
+            config,
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+        )
         with Served(app) as proxy:
             sock = raw_request(proxy.url, "[drip] The greedy key's first question", key="sk-greedy")
             arrived = upstream.app.state.arrived
@@ -109,8 +126,9 @@ def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
                 assert arrived.wait_for(lambda: len(upstream.app.state.calls) == 1, timeout=60)
             greedy = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-greedy", max_retries=0)
             with pytest.raises(openai.APIStatusError) as shed:
-                greedy.chat.completions.create(model="smol", messages=[
-                    {"role": "user", "content": "The greedy key's second question"}])
+                greedy.chat.completions.create(
+                    model="smol", messages=[{"role": "user", "content": "The greedy key's second question"}]
+                )
             assert shed.value.status_code == 503 and shed.value.body["code"] == "overloaded"
             # shed from its headers: a large body is never read, its connection closed
             head = head_of_a_withheld_body(proxy.port, "sk-greedy")
@@ -128,13 +146,18 @@ def test_a_connection_that_trickles_or_withholds_its_headers_is_closed_and_other
 
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1")
-        app = create_app(config, cache_factory=lambda: SemanticCache(
-            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        app = create_app(
+            config,
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+        )
         protocol = header_deadline(0.3)
         with Served(app, http=protocol) as proxy:
             held: dict[str, object] = {}
-            asker = threading.Thread(target=lambda: held.update(
-                r=ask(proxy.url, "[drip] A question that outlives the header deadline")))
+            asker = threading.Thread(
+                target=lambda: held.update(
+                    r=ask(proxy.url, "[drip] A question that outlives the header deadline")
+                )
+            )
             asker.start()
             arrived = upstream.app.state.arrived
             with arrived:  # its headers were complete long ago: it is past the deadline's reach
@@ -159,8 +182,11 @@ def head_of_a_withheld_body(port: int, key: str) -> bytes:
     it, read until the server closes the connection: a request refused from its headers."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.settimeout(30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + key.encode()
-                 + b"\r\ncontent-type: application/json\r\ncontent-length: 5000000\r\n\r\n{")  # no more
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+        + key.encode()
+        + b"\r\ncontent-type: application/json\r\ncontent-length: 5000000\r\n\r\n{"
+    )  # no more
     head, _, _ = read_to_close(sock).partition(b"\r\n\r\n")
     sock.close()
     return head
@@ -182,14 +208,18 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408_and_its_connection_
     on a cached endpoint and on a passthrough path alike."""
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", body_timeout=0.5)
-        app = create_app(config, cache_factory=lambda: SemanticCache(
-            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        app = create_app(
+            config,
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+        )
         with Served(app) as proxy:
             sock = socket.create_connection(("127.0.0.1", proxy.port))
             sock.settimeout(30)
-            sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\n"
-                         "content-type: application/json\r\ncontent-length: 100\r\n\r\n".encode()
-                         + b'{"model": "smol", ')  # and the rest never comes
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\n"
+                "content-type: application/json\r\ncontent-length: 100\r\n\r\n".encode()
+                + b'{"model": "smol", '
+            )  # and the rest never comes
             answer = read_to_close(sock)  # the server closes it
             sock.close()
             head, _, body = answer.partition(b"\r\n\r\n")
@@ -233,20 +263,30 @@ def test_bodies_past_the_budget_all_requests_share_are_shed_and_given_back_when_
     its connection closed, and nothing reaches the upstream; once the first body is complete
     and answered its bytes are given back, and the refused request, sent again, is served."""
     import json
+
     with Served(make_upstream()) as upstream:
-        config = ServeSettings(upstream=f"{upstream.url}/v1", max_body_bytes=64 * 1024,
-                               max_buffered_bytes=96 * 1024, retry_after=2)
-        app = create_app(config, cache_factory=lambda: SemanticCache(
-            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        config = ServeSettings(
+            upstream=f"{upstream.url}/v1",
+            max_body_bytes=64 * 1024,
+            max_buffered_bytes=96 * 1024,
+            retry_after=2,
+        )
+        app = create_app(
+            config,
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+        )
         with Served(app) as proxy:
-            whole = json.dumps({"model": "smol", "messages": [{"role": "user", "content": "x" * 59_000}],
-                                "input": "a"}).encode()
+            whole = json.dumps(
+                {"model": "smol", "messages": [{"role": "user", "content": "x" * 59_000}], "input": "a"}
+            ).encode()
             first, rest = whole[:50_000], whole[50_000:]
             holder = socket.create_connection(("127.0.0.1", proxy.port))
             holder.settimeout(30)
-            holder.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\n"
-                           f"content-type: application/json\r\ncontent-length: {len(whole)}\r\n\r\n".encode()
-                           + first)
+            holder.sendall(
+                f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(whole)}\r\n\r\n".encode()
+                + first
+            )
             wait_for_held(proxy.url, len(first))
 
             large = "Tell me everything about " + "y" * 50_000
@@ -256,7 +296,8 @@ def test_bodies_past_the_budget_all_requests_share_are_shed_and_given_back_when_
                 if path == "/v1/embeddings":
                     return client.embeddings.with_raw_response.create(model="smol", input=large)
                 return client.chat.completions.with_raw_response.create(
-                    model="smol", messages=[{"role": "user", "content": large}])
+                    model="smol", messages=[{"role": "user", "content": large}]
+                )
 
             with pytest.raises(openai.APIStatusError) as shed:
                 send()
@@ -290,14 +331,17 @@ def test_a_credential_past_its_rate_is_answered_429_before_its_body_and_others_a
     the keys' exact repeats, are served as before."""
     with Served(make_upstream()) as upstream:
         config = ServeSettings(upstream=f"{upstream.url}/v1", tenant_rate=0.001, tenant_burst=2)
-        app = create_app(config, cache_factory=lambda: SemanticCache(
-            real_embedder, device="cpu", lookup_timeout_seconds=30.0))
+        app = create_app(
+            config,
+            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+        )
         with Served(app) as proxy:
             flooding = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-flood", max_retries=0)
 
             def flood(text):
                 return flooding.chat.completions.with_raw_response.create(
-                    model="smol", messages=[{"role": "user", "content": text}])
+                    model="smol", messages=[{"role": "user", "content": text}]
+                )
 
             assert flood("What is the tallest mountain in Europe?").headers["x-gpucache"] == "miss"
             assert flood("How long is the river Danube?").headers["x-gpucache"] == "miss"

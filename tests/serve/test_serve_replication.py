@@ -32,20 +32,31 @@ def server(request, tmp_path):
 
 def test_a_replayed_clear_is_refused_and_counted_in_stats_and_metrics(server):
     with Served(make_upstream()) as upstream:
-        config = ServeSettings(upstream=f"{upstream.url}/v1", admin_token=ADMIN,
-                               namespace_secret=b"replication-secret-for-serve",
-                               replication=ReplicationSettings(redis=server.url, redis_prefix="s"))
+        config = ServeSettings(
+            upstream=f"{upstream.url}/v1",
+            admin_token=ADMIN,
+            namespace_secret=b"replication-secret-for-serve",
+            replication=ReplicationSettings(redis=server.url, redis_prefix="s"),
+        )
         with Served(create_app(config)) as proxy:
             c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-rep", max_retries=0)
             for n in range(3):
-                c.chat.completions.create(model="smol", messages=[
-                    {"role": "user", "content": f"Tell me replicated fact number {n}"}])
+                c.chat.completions.create(
+                    model="smol",
+                    messages=[{"role": "user", "content": f"Tell me replicated fact number {n}"}],
+                )
             admin = {"authorization": f"Bearer {ADMIN}"}
-            request = {"credentials": {"authorization": "Bearer sk-rep"}, "request": {
-                "model": "smol", "messages": [{"role": "user", "content": "Tell me replicated fact number 0"}]}}
+            request = {
+                "credentials": {"authorization": "Bearer sk-rep"},
+                "request": {
+                    "model": "smol",
+                    "messages": [{"role": "user", "content": "Tell me replicated fact number 0"}],
+                },
+            }
             assert httpx.post(f"{proxy.url}/admin/clear", json=request, headers=admin).status_code == 200
             ask = lambda: c.chat.completions.with_raw_response.create(  # noqa: E731
-                model="smol", messages=[{"role": "user", "content": "Tell me replicated fact number 0"}])
+                model="smol", messages=[{"role": "user", "content": "Tell me replicated fact number 0"}]
+            )
             assert ask().headers["x-gpucache"] == "miss"  # cleared, asked again: stored again
             share = proxy.app.state.proxy.cache.shared
             assert share.wait_written(5, timeout=30)  # four puts and the clear are in the log
@@ -59,4 +70,3 @@ def test_a_replayed_clear_is_refused_and_counted_in_stats_and_metrics(server):
             assert stats["replication"]["replayed"] == 1 and stats["replication"]["unsigned"] == 0
             metrics = httpx.get(f"{proxy.url}/metrics").text
             assert 'gpucache_replication_events_total{kind="replayed"} 1.0' in metrics
-

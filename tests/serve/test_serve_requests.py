@@ -36,8 +36,9 @@ def upstream():
 @pytest.fixture(scope="module")
 def proxy(upstream, real_embedder):
     config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
-    app = create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu",
-                                                                  lookup_timeout_seconds=30.0))
+    app = create_app(
+        config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0)
+    )
     with Served(app) as served:
         yield served
 
@@ -78,11 +79,14 @@ def test_the_query_string_splits_the_scope_and_reaches_the_upstream_as_sent(prox
     c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-azure", max_retries=0)
     text = "Summarise the release notes of version nine"
     first = c.chat.completions.with_raw_response.create(
-        model="smol", messages=[{"role": "user", "content": text}], extra_query={"api-version": "2024-06-01"})
+        model="smol", messages=[{"role": "user", "content": text}], extra_query={"api-version": "2024-06-01"}
+    )
     again = c.chat.completions.with_raw_response.create(
-        model="smol", messages=[{"role": "user", "content": text}], extra_query={"api-version": "2024-06-01"})
+        model="smol", messages=[{"role": "user", "content": text}], extra_query={"api-version": "2024-06-01"}
+    )
     other = c.chat.completions.with_raw_response.create(
-        model="smol", messages=[{"role": "user", "content": text}], extra_query={"api-version": "2025-01-01"})
+        model="smol", messages=[{"role": "user", "content": text}], extra_query={"api-version": "2025-01-01"}
+    )
     assert [r.headers["x-gpucache"] for r in (first, again, other)] == ["miss", "exact", "miss"]
     assert calls_of(upstream, text) == 2
     # a repeated parameter reaches the upstream as the client wrote it, not merged
@@ -104,7 +108,8 @@ def test_an_answer_the_upstream_marks_no_store_is_never_kept(proxy, upstream):
     text = "[no-store] What is my account balance?"
     for _ in range(2):
         got = c.chat.completions.with_raw_response.create(
-            model="smol", messages=[{"role": "user", "content": text}])
+            model="smol", messages=[{"role": "user", "content": text}]
+        )
         assert got.headers["x-gpucache"] == "miss"
     assert calls_of(upstream, text) == 2
 
@@ -114,7 +119,8 @@ def test_a_streamed_answer_the_upstream_marks_no_store_is_never_kept(proxy, upst
     text = "[no-store] List my recent transactions"
     for _ in range(2):
         with c.chat.completions.with_streaming_response.create(
-                model="smol", messages=[{"role": "user", "content": text}], stream=True) as got:
+            model="smol", messages=[{"role": "user", "content": text}], stream=True
+        ) as got:
             assert got.headers["x-gpucache"] == "miss"
             assert "".join(got.iter_lines())
     assert calls_of(upstream, text) == 2
@@ -122,16 +128,23 @@ def test_a_streamed_answer_the_upstream_marks_no_store_is_never_kept(proxy, upst
 
 def lifetime_proxy(upstream, real_embedder, clock, ttl=None):
     config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
-    return Served(create_app(config, cache_factory=lambda: SemanticCache(
-        real_embedder, device="cpu", lookup_timeout_seconds=30.0, timer=lambda: clock[0], ttl=ttl)))
+    return Served(
+        create_app(
+            config,
+            cache_factory=lambda: SemanticCache(
+                real_embedder, device="cpu", lookup_timeout_seconds=30.0, timer=lambda: clock[0], ttl=ttl
+            ),
+        )
+    )
 
 
 def tiers(proxy, text, stream):
     c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-lifetime", max_retries=0)
     messages = [{"role": "user", "content": text}]
     if stream:
-        with c.chat.completions.with_streaming_response.create(model="smol", messages=messages,
-                                                                stream=True) as r:
+        with c.chat.completions.with_streaming_response.create(
+            model="smol", messages=messages, stream=True
+        ) as r:
             list(r.iter_lines())
             return r.headers["x-gpucache"]
     return c.chat.completions.with_raw_response.create(model="smol", messages=messages).headers["x-gpucache"]
@@ -163,8 +176,9 @@ def test_a_miss_keeps_the_upstreams_response_headers_json_or_stream(proxy, strea
     c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-headers", max_retries=0)
     messages = [{"role": "user", "content": f"How many requests may I still send? stream={stream}"}]
     if stream:
-        with c.chat.completions.with_streaming_response.create(model="smol", messages=messages,
-                                                                stream=True) as r:
+        with c.chat.completions.with_streaming_response.create(
+            model="smol", messages=messages, stream=True
+        ) as r:
             list(r.iter_lines())
             headers = r.headers
     else:
@@ -178,7 +192,9 @@ LONE = "\\ud800"  # a JSON escape for half a surrogate pair: valid JSON, not tex
 KEY = {"authorization": "Bearer sk-text", "content-type": "application/json"}
 
 
-@pytest.mark.parametrize("field", ["stop", "model", "tool", "metadata", "unknown", "system", "suffix", "prompt"])
+@pytest.mark.parametrize(
+    "field", ["stop", "model", "tool", "metadata", "unknown", "system", "suffix", "prompt"]
+)
 def test_a_lone_surrogate_anywhere_in_the_body_is_a_400_that_reaches_nothing(proxy, upstream, field):
     text = f"Where can a lone surrogate hide? {field}"
     before = len(upstream.app.state.calls)
@@ -186,7 +202,9 @@ def test_a_lone_surrogate_anywhere_in_the_body_is_a_400_that_reaches_nothing(pro
     body = {"model": "smol", "messages": messages}
     path = "chat/completions"
     if field in ("stop", "metadata", "unknown"):
-        body[{"unknown": "x_vendor_field"}.get(field, field)] = "MARK" if field != "metadata" else {"k": "MARK"}
+        body[{"unknown": "x_vendor_field"}.get(field, field)] = (
+            "MARK" if field != "metadata" else {"k": "MARK"}
+        )
     elif field == "model":
         body["model"] = "smol-MARK"
     elif field == "tool":
@@ -209,8 +227,11 @@ def test_a_lone_surrogate_anywhere_in_the_body_is_a_400_that_reaches_nothing(pro
 def test_a_header_value_that_is_not_ascii_is_a_400_not_an_upstream_failure(proxy, upstream, path):
     before = len(upstream.app.state.calls)
     body = {"model": "smol", "messages": [{"role": "user", "content": "Say hello in French"}], "input": "x"}
-    r = httpx.post(f"{proxy.url}/v1/{path}", json=body,
-                   headers={"authorization": "Bearer sk-text", "x-note": "caf\xe9".encode("latin-1")})
+    r = httpx.post(
+        f"{proxy.url}/v1/{path}",
+        json=body,
+        headers={"authorization": "Bearer sk-text", "x-note": "caf\xe9".encode("latin-1")},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_header"
     assert len(upstream.app.state.calls) == before
 
@@ -220,8 +241,10 @@ def test_a_completion_asking_for_logprobs_of_any_count_bypasses_the_cache(proxy,
     c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-logprobs", max_retries=0)
     prompt = f"Count the logprobs of this prompt ({logprobs!r})"
     plain = c.completions.with_raw_response.create(model="smol", prompt=prompt)
-    asked = [c.completions.with_raw_response.create(model="smol", prompt=prompt, logprobs=logprobs)
-             for _ in range(2)]
+    asked = [
+        c.completions.with_raw_response.create(model="smol", prompt=prompt, logprobs=logprobs)
+        for _ in range(2)
+    ]
     assert plain.headers["x-gpucache"] == "miss"
     assert [r.headers["x-gpucache"] for r in asked] == ["bypass", "bypass"]
 
@@ -249,7 +272,13 @@ def test_a_message_of_more_content_parts_than_the_bound_is_forwarded_and_never_s
 
     c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-parts", max_retries=0)
     content = [{"type": "text", "text": "Which port does the proxy listen on?"}] * (MAX_CONTENT_PARTS + 1)
-    asked = [c.chat.completions.with_raw_response.create(model="smol", messages=[{"role": "user", "content": content}])
-             for _ in range(2)]
+    asked = [
+        c.chat.completions.with_raw_response.create(
+            model="smol", messages=[{"role": "user", "content": content}]
+        )
+        for _ in range(2)
+    ]
     assert [r.headers["x-gpucache"] for r in asked] == ["bypass", "bypass"]  # the second not served
-    assert 'gpucache_bypasses_total{reason="many-content-parts"} 2.0' in httpx.get(f"{proxy.url}/metrics").text
+    assert (
+        'gpucache_bypasses_total{reason="many-content-parts"} 2.0' in httpx.get(f"{proxy.url}/metrics").text
+    )

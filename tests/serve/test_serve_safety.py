@@ -31,8 +31,13 @@ from gpucache.serve.settings import ServeSettings  # noqa: E402
 SECRET = b"tenancy-secret-for-safety-tests"
 GATE = "a-gateway-token-for-safety-tests"
 ADMIN = "admin-token-for-safety-tests"
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 class Clock:
@@ -57,11 +62,19 @@ def clock():
 def proxy_app(upstream, real_embedder, clock=None, **settings):
     """A proxy that lets keyless clients in unless told otherwise: the attacks here must fail
     even where a deployment opted in to them."""
-    config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, admin_token=ADMIN,
-                         **{"require_auth": False, **settings})
+    config = ServeSettings(
+        upstream=f"{upstream.url}/v1",
+        namespace_secret=SECRET,
+        admin_token=ADMIN,
+        **{"require_auth": False, **settings},
+    )
     extra = {"timer": clock} if clock is not None else {}
-    return create_app(config, cache_factory=lambda: SemanticCache(
-        real_embedder, device="cpu", lookup_timeout_seconds=30.0, **extra))
+    return create_app(
+        config,
+        cache_factory=lambda: SemanticCache(
+            real_embedder, device="cpu", lookup_timeout_seconds=30.0, **extra
+        ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +100,8 @@ def tier(proxy, headers, text) -> str:
 
 def ask(c, text, **kwargs):
     raw = c.chat.completions.with_raw_response.create(
-        model="smol", messages=[{"role": "user", "content": text}], **kwargs)
+        model="smol", messages=[{"role": "user", "content": text}], **kwargs
+    )
     return raw.headers, raw.parse()
 
 
@@ -96,7 +110,9 @@ def calls(upstream, text):
 
 
 def entries(proxy) -> int:
-    return httpx.get(f"{proxy.url}/admin/stats", headers={"authorization": f"Bearer {ADMIN}"}).json()["entries"]
+    return httpx.get(f"{proxy.url}/admin/stats", headers={"authorization": f"Bearer {ADMIN}"}).json()[
+        "entries"
+    ]
 
 
 # ------------------------------------------------------------------------- tenancy
@@ -126,12 +142,14 @@ def test_a_miss_in_flight_is_joined_only_within_its_tenant(proxy, upstream):
     goes upstream itself: it never waits for, nor is served, A's answer."""
     text = "[drip] Whose story is this, exactly?"
     held = client(proxy, "key-tenant-a").chat.completions.create(
-        model="smol", stream=True, messages=[{"role": "user", "content": text}])
+        model="smol", stream=True, messages=[{"role": "user", "content": text}]
+    )
     events = iter(held)
     next(events)  # A's load is in flight, held by the upstream after its first word
     answered: dict[str, str] = {}
-    other = threading.Thread(target=lambda: answered.update(
-        tier=tier(proxy, {"authorization": "Bearer key-tenant-b"}, text)))
+    other = threading.Thread(
+        target=lambda: answered.update(tier=tier(proxy, {"authorization": "Bearer key-tenant-b"}, text))
+    )
     other.start()
     arrived = upstream.app.state.arrived
     with arrived:
@@ -149,7 +167,8 @@ def test_waiters_behind_an_answer_that_is_not_kept_load_their_own(real_embedder)
         text = "[drip][length] Summarise today's news"
         tiers: dict[str, str] = {}
         ask_as = lambda name: threading.Thread(  # noqa: E731
-            target=lambda: tiers.update({name: tier(served, {"authorization": "Bearer k"}, text)}))
+            target=lambda: tiers.update({name: tier(served, {"authorization": "Bearer k"}, text)})
+        )
         leader, waiter = ask_as("leader"), ask_as("waiter")
         leader.start()
         arrived = up.app.state.arrived
@@ -165,15 +184,25 @@ def test_waiters_behind_an_answer_that_is_not_kept_load_their_own(real_embedder)
 
 def test_require_auth_and_a_trusted_gateway_header(upstream, real_embedder):
     with Served(proxy_app(upstream, real_embedder, require_auth=True)) as strict:
-        bare = httpx.post(f"{strict.url}/v1/chat/completions",
-                          json={"model": "smol", "messages": [{"role": "user", "content": "hello there"}]})
+        bare = httpx.post(
+            f"{strict.url}/v1/chat/completions",
+            json={"model": "smol", "messages": [{"role": "user", "content": "hello there"}]},
+        )
         assert bare.status_code == 401 and bare.json()["error"]["code"] == "missing_credentials"
         assert ask(client(strict, "key-x"), "hello there")[0]["x-gpucache"] == "miss"
-    with Served(proxy_app(upstream, real_embedder, trust_namespace_header=True, gateway_token=GATE)) as gateway:
+    with Served(
+        proxy_app(upstream, real_embedder, trust_namespace_header=True, gateway_token=GATE)
+    ) as gateway:
         ask(client(gateway, "key-one", "tenant-7", GATE), "What is tenant 7's plan?")
         # behind a gateway the header is the tenant, whatever key the gateway forwards
-        assert ask(client(gateway, "key-two", "tenant-7", GATE), "What is tenant 7's plan?")[0]["x-gpucache"] == "exact"
-        assert ask(client(gateway, "key-one", "tenant-8", GATE), "What is tenant 7's plan?")[0]["x-gpucache"] == "miss"
+        assert (
+            ask(client(gateway, "key-two", "tenant-7", GATE), "What is tenant 7's plan?")[0]["x-gpucache"]
+            == "exact"
+        )
+        assert (
+            ask(client(gateway, "key-one", "tenant-8", GATE), "What is tenant 7's plan?")[0]["x-gpucache"]
+            == "miss"
+        )
         # anyone else who reaches the port names no tenant: refused, whatever namespace it sends
         calls = len(upstream.app.state.calls)
         for token in (None, "not-the-gateway-token", GATE[:-1]):
@@ -197,8 +226,10 @@ def raw_request(url: str, method: str, target: str) -> int:
     """The status of ``method target`` sent as written: a client library would tidy the path."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n"
-                     "Connection: close\r\n\r\n".encode())
+        sock.sendall(
+            f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
         reply = b""
         while b"\r\n" not in reply:
             part = sock.recv(4096)
@@ -208,11 +239,19 @@ def raw_request(url: str, method: str, target: str) -> int:
     return int(reply.split(b" ", 2)[1])
 
 
-@pytest.mark.parametrize(("method", "target"), [
-    ("GET", "/v1/../metrics"), ("GET", "/v1/%2e%2e/metrics"), ("POST", "/v1/..%2Fapi/delete"),
-    ("DELETE", "/v1/%2E%2E/api/delete"), ("GET", "/v1/models/..%2f..%2fhealth"), ("GET", "/v1/tokenize"),
-    ("POST", "/v1/files"), ("DELETE", "/v1/models/smol"),
-])
+@pytest.mark.parametrize(
+    ("method", "target"),
+    [
+        ("GET", "/v1/../metrics"),
+        ("GET", "/v1/%2e%2e/metrics"),
+        ("POST", "/v1/..%2Fapi/delete"),
+        ("DELETE", "/v1/%2E%2E/api/delete"),
+        ("GET", "/v1/models/..%2f..%2fhealth"),
+        ("GET", "/v1/tokenize"),
+        ("POST", "/v1/files"),
+        ("DELETE", "/v1/models/smol"),
+    ],
+)
 def test_no_path_outside_the_allow_list_reaches_the_model_server(proxy, upstream, method, target):
     before = list(upstream.app.state.paths)
     status = raw_request(proxy.url, method, target)
@@ -230,8 +269,11 @@ def test_the_stand_in_records_every_path_that_reaches_it(upstream):
 
 def test_the_query_string_reaches_the_upstream_on_the_cached_path(proxy, upstream):
     c = client(proxy, "key-azure")
-    c.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Which region am I in?"}],
-                              extra_query={"api-version": "2024-06-01"})
+    c.chat.completions.create(
+        model="smol",
+        messages=[{"role": "user", "content": "Which region am I in?"}],
+        extra_query={"api-version": "2024-06-01"},
+    )
     assert upstream.app.state.queries[-1] == "api-version=2024-06-01"
     assert [m.id for m in c.models.list()] == ["smol"]  # the allow-list's own paths still pass
 
@@ -243,8 +285,9 @@ def test_a_streamed_tool_call_reaches_the_client_whole_and_is_never_stored(proxy
     c = client(proxy, "key-agent")
     text = "[tool] What's the weather in Lima?"
     for attempt in (1, 2):
-        stream = c.chat.completions.create(model="smol", stream=True, tools=[WEATHER_TOOL],
-                                           messages=[{"role": "user", "content": text}])
+        stream = c.chat.completions.create(
+            model="smol", stream=True, tools=[WEATHER_TOOL], messages=[{"role": "user", "content": text}]
+        )
         name, arguments, finish = "", "", None
         for chunk in stream:
             for choice in chunk.choices:
@@ -261,8 +304,9 @@ def test_an_error_mid_stream_reaches_the_client_as_an_error(proxy, upstream):
     text = "[error-mid] Tell me a long story"
     stored = entries(proxy)
     for attempt in (1, 2):
-        stream = c.chat.completions.create(model="smol", stream=True,
-                                           messages=[{"role": "user", "content": text}])
+        stream = c.chat.completions.create(
+            model="smol", stream=True, messages=[{"role": "user", "content": text}]
+        )
         with pytest.raises(openai.APIError, match="ran out of memory"):
             for _ in stream:
                 pass
@@ -273,7 +317,9 @@ def test_a_cut_upstream_connection_ends_the_stream_with_an_error_event(proxy, up
     c = client(proxy, "key-cut")
     text = "[cut] Tell me another long story"
     stored = entries(proxy)
-    stream = c.chat.completions.create(model="smol", stream=True, messages=[{"role": "user", "content": text}])
+    stream = c.chat.completions.create(
+        model="smol", stream=True, messages=[{"role": "user", "content": text}]
+    )
     with pytest.raises(openai.APIError, match="mid-stream"):
         for _ in stream:
             pass
@@ -285,15 +331,26 @@ def test_a_missing_finish_reason_is_never_reported_as_stop(proxy, upstream):
     c = client(proxy, "key-nofinish")
     text = "[no-finish] Count to three"
     stored = entries(proxy)
-    finishes = [choice.finish_reason for chunk in c.chat.completions.create(
-        model="smol", stream=True, messages=[{"role": "user", "content": text}]) for choice in chunk.choices]
+    finishes = [
+        choice.finish_reason
+        for chunk in c.chat.completions.create(
+            model="smol", stream=True, messages=[{"role": "user", "content": text}]
+        )
+        for choice in chunk.choices
+    ]
     assert "stop" not in finishes and entries(proxy) == stored
 
 
 def test_usage_and_the_upstreams_own_chunks_are_relayed_on_a_miss(proxy):
     c = client(proxy, "key-usage")
-    chunks = list(c.chat.completions.create(model="smol", stream=True, stream_options={"include_usage": True},
-                                            messages=[{"role": "user", "content": "Name a large river"}]))
+    chunks = list(
+        c.chat.completions.create(
+            model="smol",
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "Name a large river"}],
+        )
+    )
     assert chunks[-1].usage.total_tokens == 12 and {ch.id for ch in chunks} == {"up-stream"}
 
 
@@ -325,11 +382,16 @@ def test_no_cache_refreshes_only_the_callers_own_entry(proxy, clock):
 
 def test_a_client_cannot_set_a_lifetime_and_a_huge_max_age_is_not_an_error(proxy):
     c = client(proxy, "key-huge")
-    headers, _ = ask(c, "How tall is Aconcagua?", extra_headers={"cache-control": "max-age=10000000000000000"})
+    headers, _ = ask(
+        c, "How tall is Aconcagua?", extra_headers={"cache-control": "max-age=10000000000000000"}
+    )
     assert headers["x-gpucache"] == "miss"
     assert ask(c, "How tall is Aconcagua?")[0]["x-gpucache"] == "exact"
-    bad = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"cache-control": "max-age=soon"},
-                     json={"model": "smol", "messages": [{"role": "user", "content": "hello there"}]})
+    bad = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        headers={"cache-control": "max-age=soon"},
+        json={"model": "smol", "messages": [{"role": "user", "content": "hello there"}]},
+    )
     assert bad.status_code == 400 and bad.headers["x-should-retry"] == "false"
 
 
@@ -337,7 +399,9 @@ def test_a_deployment_can_ignore_every_clients_cache_control(upstream, real_embe
     with Served(proxy_app(upstream, real_embedder, ignore_client_cache_control=True)) as served:
         c = client(served, "key-ignored")
         ask(c, "What is the boiling point of water?")
-        headers, _ = ask(c, "What is the boiling point of water?", extra_headers={"cache-control": "no-cache"})
+        headers, _ = ask(
+            c, "What is the boiling point of water?", extra_headers={"cache-control": "no-cache"}
+        )
         assert headers["x-gpucache"] == "exact"
 
 
@@ -345,9 +409,17 @@ def test_a_deployment_can_ignore_every_clients_cache_control(upstream, real_embe
 
 
 def test_deep_nesting_and_malformed_admin_bodies_are_400s(proxy):
-    deep = '{"model": "smol", "messages": [{"role": "user", "content": "hi there"}], "x": ' + "[" * 5000 + "]" * 5000 + "}"
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=deep.encode(),
-                          headers={"content-type": "application/json"})
+    deep = (
+        '{"model": "smol", "messages": [{"role": "user", "content": "hi there"}], "x": '
+        + "[" * 5000
+        + "]" * 5000
+        + "}"
+    )
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        content=deep.encode(),
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 400 and response.headers["x-should-retry"] == "false"
     auth = {"authorization": f"Bearer {ADMIN}"}
     for body in (b"{bad", b"[1, 2]", b'{"kind": 5}', b'{"credentials": "k"}', b'{"namespace": ["a"]}'):
@@ -357,8 +429,9 @@ def test_deep_nesting_and_malformed_admin_bodies_are_400s(proxy):
 
 
 @pytest.mark.parametrize("built", ["by a factory", "from the settings"])
-def test_a_snapshot_with_a_bad_field_is_set_aside_and_the_proxy_starts_empty(upstream, real_embedder, tmp_path,
-                                                                             built):
+def test_a_snapshot_with_a_bad_field_is_set_aside_and_the_proxy_starts_empty(
+    upstream, real_embedder, tmp_path, built
+):
     """A signed file whose entries are valid and whose counters are not: every check of the
     file passes and the restore refuses it, so nothing of it may be served, with the cache
     built by a factory (restored into) or from the settings (loaded)."""
@@ -371,8 +444,11 @@ def test_a_snapshot_with_a_bad_field_is_set_aside_and_the_proxy_starts_empty(ups
     config = ServeSettings(upstream=f"{upstream.url}/v1", snapshot=str(path), namespace_secret=SECRET)
     alice = {"authorization": "Bearer key-snap"}
     question = "Which answer did the snapshot keep?"
-    key = request_key("chat", {"model": "smol", "messages": [{"role": "user", "content": question}]},
-                      config.tenancy.tenant(alice))
+    key = request_key(
+        "chat",
+        {"model": "smol", "messages": [{"role": "user", "content": question}]},
+        config.tenancy.tenant(alice),
+    )
     saved = SemanticCache(real_embedder, device="cpu")
     saved.put(question, "the snapshot's answer", scope=key.scope)
     saved.save(path)
@@ -396,8 +472,9 @@ def test_a_snapshot_not_signed_with_the_servers_key_is_never_loaded(upstream, re
     planted = SemanticCache(real_embedder, device="cpu")
     from gpucache.serve.keying import request_key
 
-    key = request_key("chat", {"model": "smol", "messages": [{"role": "user", "content": "What is my PIN?"}]},
-                      tenant)
+    key = request_key(
+        "chat", {"model": "smol", "messages": [{"role": "user", "content": "What is my PIN?"}]}, tenant
+    )
     planted.put("What is my PIN?", "It is 0000.", scope=key.scope)
     planted.save(path)  # checksum-valid, unsigned
     app = lambda: create_app(config, cache_factory=lambda: SemanticCache(real_embedder, device="cpu"))  # noqa: E731
@@ -427,8 +504,9 @@ def test_a_lookup_that_times_out_still_stores_the_upstreams_answer(upstream, fak
             return kept
 
     config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
-    app = create_app(config, cache_factory=lambda: Notifying(SlowEmbedder(), device="cpu",
-                                                             lookup_timeout_seconds=0.2))
+    app = create_app(
+        config, cache_factory=lambda: Notifying(SlowEmbedder(), device="cpu", lookup_timeout_seconds=0.2)
+    )
     with Served(app) as served:
         headers = {"authorization": "Bearer key-spike"}
         assert tier(served, headers, "What happens under a spike?") == "miss"  # timed out, answered
@@ -462,13 +540,18 @@ def test_the_overhead_header_counts_the_proxys_delay_and_not_the_upstreams(upstr
     import time
 
     config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
-    app = create_app(config, cache_factory=lambda: SemanticCache(
-        SlowEmbedder(real_embedder), device="cpu", lookup_timeout_seconds=30.0))
+    app = create_app(
+        config,
+        cache_factory=lambda: SemanticCache(
+            SlowEmbedder(real_embedder), device="cpu", lookup_timeout_seconds=30.0
+        ),
+    )
     with Served(app) as slow:
         body = {"model": "smol", "messages": [{"role": "user", "content": "[slow] Time this, please"}]}
         started = time.perf_counter()
-        miss = httpx.post(f"{slow.url}/v1/chat/completions", json=body, headers={"authorization": "k"},
-                          timeout=60)
+        miss = httpx.post(
+            f"{slow.url}/v1/chat/completions", json=body, headers={"authorization": "k"}, timeout=60
+        )
         total_ms = 1000 * (time.perf_counter() - started)
         assert miss.headers["x-gpucache"] == "miss"
         assert 1000 * SlowEmbedder.delay <= float(miss.headers["x-gpucache-overhead-ms"]) <= total_ms - 200
@@ -481,7 +564,9 @@ def test_every_answer_says_the_proxys_own_time(proxy):
 
     body = {"model": "smol", "messages": [{"role": "user", "content": "[slow] How long did it take?"}]}
     started = time.perf_counter()
-    miss = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": "k"}, timeout=60)
+    miss = httpx.post(
+        f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": "k"}, timeout=60
+    )
     total_ms = 1000 * (time.perf_counter() - started)
     assert miss.headers["x-gpucache"] == "miss"
     assert 0 <= float(miss.headers["x-gpucache-overhead-ms"]) <= total_ms - 200
@@ -509,8 +594,12 @@ def test_a_key_in_a_header_that_does_not_name_the_tenant_is_refused_before_anyth
     and the completion without naming the tenant."""
     body = {"model": "smol", "messages": [{"role": "user", "content": "Which key paid for this?"}]}
     before = (len(upstream.app.state.calls), len(upstream.app.state.checks))
-    refused = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=60,
-                         headers={"authorization": "Bearer key-valid", "x-goog-api-key": "key-revoked"})
+    refused = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"authorization": "Bearer key-valid", "x-goog-api-key": "key-revoked"},
+    )
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "unhashed_credential"
     assert (len(upstream.app.state.calls), len(upstream.app.state.checks)) == before
 
@@ -525,12 +614,16 @@ def test_one_key_flooding_the_cache_with_large_prompts_leaves_another_keys_entri
 
     large = 20_000
     settings = dataclasses.replace(SERVE_CACHE_DEFAULTS, max_text_bytes=10 * 2 * large)
-    config = ServeSettings(upstream=f"{upstream.url}/v1", cache=settings, embedder=EmbedderSettings(device="cpu"))
+    config = ServeSettings(
+        upstream=f"{upstream.url}/v1", cache=settings, embedder=EmbedderSettings(device="cpu")
+    )
     with Served(create_app(config)) as proxy:
+
         def client(key):
             c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0)
             return lambda text: c.chat.completions.with_raw_response.create(
-                model="smol", messages=[{"role": "user", "content": text}]).headers["x-gpucache"]
+                model="smol", messages=[{"role": "user", "content": text}]
+            ).headers["x-gpucache"]
 
         team, flood = client("sk-team"), client("sk-flood")
         questions = [f"What does error code {n} of the billing service mean?" for n in range(20)]

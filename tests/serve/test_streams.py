@@ -44,8 +44,19 @@ def read_events(response):
 def test_events_are_read_up_to_done_and_relayed_as_sent():
     first = {"choices": [{"delta": {"content": "Hi"}}]}
     error = {"error": {"message": "out of memory", "type": "server_error"}}
-    got = read_events(Lines([": keep-alive", f"data: {json.dumps(first)}", "", "data: not json",
-                             f"data:{json.dumps(error)}", "data: [DONE]", 'data: {"after": 1}']))
+    got = read_events(
+        Lines(
+            [
+                ": keep-alive",
+                f"data: {json.dumps(first)}",
+                "",
+                "data: not json",
+                f"data:{json.dumps(error)}",
+                "data: [DONE]",
+                'data: {"after": 1}',
+            ]
+        )
+    )
     assert [event for event, _ in got] == [first, error]
     assert got[0][1] == f"data: {json.dumps(first)}\n\n".encode()
 
@@ -58,8 +69,16 @@ def test_a_cut_connection_is_an_unavailable_upstream_never_a_transport_traceback
 
 def load_pieces(lines):
     """``Streams.pieces`` over an upstream answering ``lines``: what the cache is handed."""
-    ex = Exchange(kind="chat", method="POST", headers={}, query={}, raw=b"{}", body={"model": "smol"},
-                  key=None, control=CacheControl())  # type: ignore[arg-type]
+    ex = Exchange(
+        kind="chat",
+        method="POST",
+        headers={},
+        query={},
+        raw=b"{}",
+        body={"model": "smol"},
+        key=None,
+        control=CacheControl(),
+    )  # type: ignore[arg-type]
     response = Lines(lines)
 
     async def collect():
@@ -77,10 +96,12 @@ def delta(text, finish=None):
 def test_each_event_travels_as_one_piece_its_text_for_the_cache_framed_by_its_bytes_for_the_client():
     events = [delta("Hi"), {"choices": []}, delta(" there", "stop")]
     pieces = load_pieces([f"data: {json.dumps(e)}" for e in events] + ["data: [DONE]"])
-    assert pieces[:-1] == [Framed("Hi", f"data: {json.dumps(events[0])}\n\n".encode()),
-                           Framed("", f"data: {json.dumps(events[1])}\n\n".encode()),
-                           Framed(" there", f"data: {json.dumps(events[2])}\n\n".encode()),
-                           Framed("", wire.DONE)]
+    assert pieces[:-1] == [
+        Framed("Hi", f"data: {json.dumps(events[0])}\n\n".encode()),
+        Framed("", f"data: {json.dumps(events[1])}\n\n".encode()),
+        Framed(" there", f"data: {json.dumps(events[2])}\n\n".encode()),
+        Framed("", wire.DONE),
+    ]
     assert pieces[-1] == Keep(ttl=None)
 
 

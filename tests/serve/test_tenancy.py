@@ -66,8 +66,10 @@ def test_a_credential_in_a_header_that_does_not_name_the_tenant_is_refused(heade
     assert isinstance(refused, Refusal) and refused.status == 400 and refused.code == "unhashed_credential"
     assert header in refused.message
     # listed among the credential headers, it names the tenant with the others
-    listed = tenant({"authorization": "Bearer sk-valid", header: "sk-revoked"},
-                    credential_headers=("authorization", header))
+    listed = tenant(
+        {"authorization": "Bearer sk-valid", header: "sk-revoked"},
+        credential_headers=("authorization", header),
+    )
     assert listed.startswith("key:") and listed != tenant({"authorization": "Bearer sk-valid"})
     # and the standard headers left off a configured list are refused, not ignored
     assert isinstance(tenant({"authorization": "Bearer alice"}, credential_headers=("x-team-key",)), Refusal)
@@ -110,7 +112,10 @@ def test_a_short_secret_is_refused():
 
 def test_a_snapshot_or_redis_without_a_stable_secret_refuses_to_start(monkeypatch):
     monkeypatch.delenv("GPUCACHE_NAMESPACE_SECRET", raising=False)
-    for extra in ({"snapshot": "c.gpucache"}, {"replication": ReplicationSettings(redis="redis://127.0.0.1:1")}):
+    for extra in (
+        {"snapshot": "c.gpucache"},
+        {"replication": ReplicationSettings(redis="redis://127.0.0.1:1")},
+    ):
         with pytest.raises(ConfigError, match="stable secret"):
             ServeSettings(upstream="http://127.0.0.1:1/v1", **extra).resolved()
     # alone, a random secret per process is fine: nothing outlives the process
@@ -136,7 +141,9 @@ def test_a_secret_file_is_created_0600_beside_the_snapshot_and_read_back(monkeyp
     first = settings.resolved()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert first.resolved() == first  # resolved once: the same secret, no second read
-    again = ServeSettings(upstream="http://127.0.0.1:1/v1", snapshot=snapshot, secret_file=str(path)).resolved()
+    again = ServeSettings(
+        upstream="http://127.0.0.1:1/v1", snapshot=snapshot, secret_file=str(path)
+    ).resolved()
     assert first.namespace_secret == again.namespace_secret and len(first.namespace_secret) >= 32
 
 

@@ -47,8 +47,9 @@ def proxy_in_front_of(url: str, embedder, made: list[SemanticCache]):
     config = ServeSettings(upstream=url, admin_token=ADMIN, namespace_secret=b"vllm-tests-secret")
 
     def factory() -> SemanticCache:
-        made.append(SemanticCache(embedder, device="cpu", lookup_window_seconds=0.002,
-                                  lookup_timeout_seconds=60.0))
+        made.append(
+            SemanticCache(embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=60.0)
+        )
         return made[-1]
 
     return Served(create_app(config, cache_factory=factory))
@@ -61,14 +62,20 @@ def proxy(tap, real_embedder):
 
 
 def client(url: str, tenant: str, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120,
-                         default_headers={"x-gpucache-namespace": tenant})
+    return openai.OpenAI(
+        base_url=f"{url}/v1",
+        api_key=key,
+        max_retries=0,
+        timeout=120,
+        default_headers={"x-gpucache-namespace": tenant},
+    )
 
 
 def ask(c, text: str, **options):
     """Headers and completion of one chat request, with the short greedy defaults."""
     raw = c.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": text}], **{**SHORT, **options})
+        model=MODEL, messages=[{"role": "user", "content": text}], **{**SHORT, **options}
+    )
     return raw.headers, raw.parse()
 
 
@@ -106,8 +113,12 @@ def test_a_streamed_miss_is_the_stream_vllm_sent_and_its_repeat_streams_from_the
     c = client(proxy.url, "t-stream")
     text = "Name three primary colors."
     with c.chat.completions.with_streaming_response.create(
-            model=MODEL, messages=[{"role": "user", "content": text}], stream=True,
-            stream_options={"include_usage": True}, **SHORT) as response:
+        model=MODEL,
+        messages=[{"role": "user", "content": text}],
+        stream=True,
+        stream_options={"include_usage": True},
+        **SHORT,
+    ) as response:
         assert response.headers["x-gpucache"] == "miss"
         received = parse_events("\n".join(response.iter_lines()))
     [asked] = sent(tap, text)
@@ -117,20 +128,25 @@ def test_a_streamed_miss_is_the_stream_vllm_sent_and_its_repeat_streams_from_the
     finish = [ch["finish_reason"] for e in received[:-1] for ch in e["choices"] if ch["finish_reason"]]
     assert finish == ["stop"]
     answer = "".join(ch["delta"].get("content") or "" for e in received[:-1] for ch in e["choices"])
-    stream = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
-                                       stream=True, **SHORT)
+    stream = c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": text}], stream=True, **SHORT
+    )
     replayed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert replayed == answer and len(sent(tap, text)) == 1
 
 
-@pytest.mark.parametrize("options, served_as", [
-    ({"n": 2, "temperature": 0.7}, "bypass"),  # vLLM refuses n > 1 with greedy decoding
-    ({"logprobs": True}, "bypass"),
-    ({"seed": 7}, "miss"),
-    ({"max_tokens": 48}, "miss"),
-    ({"stop": ["."]}, "miss"),
-    ({"response_format": {"type": "json_object"}}, "miss"),
-], ids=lambda v: next(iter(v)) if isinstance(v, dict) else v)
+@pytest.mark.parametrize(
+    "options, served_as",
+    [
+        ({"n": 2, "temperature": 0.7}, "bypass"),  # vLLM refuses n > 1 with greedy decoding
+        ({"logprobs": True}, "bypass"),
+        ({"seed": 7}, "miss"),
+        ({"max_tokens": 48}, "miss"),
+        ({"stop": ["."]}, "miss"),
+        ({"response_format": {"type": "json_object"}}, "miss"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else v,
+)
 def test_a_setting_that_changes_the_answer_never_shares_one(proxy, tap, options, served_as):
     c = client(proxy.url, f"t-option-{next(iter(options))}")
     text = "What is the capital of France?"  # each case asks it, under a tenant of its own
@@ -149,8 +165,11 @@ def test_a_setting_that_changes_the_answer_never_shares_one(proxy, tap, options,
         assert other.choices[0].logprobs is not None
     if served_as == "miss":  # its own scope: stored under it, and served from it again
         again_headers, again = ask(c, text, **options)
-        assert again_headers["x-gpucache"] == "exact" and again.choices[0].message.content == \
-            other.choices[0].message.content and len(sent(tap, text)) == earlier + 2
+        assert (
+            again_headers["x-gpucache"] == "exact"
+            and again.choices[0].message.content == other.choices[0].message.content
+            and len(sent(tap, text)) == earlier + 2
+        )
 
 
 def test_an_answer_cut_at_max_tokens_is_relayed_and_not_stored(proxy, tap):
@@ -160,8 +179,13 @@ def test_an_answer_cut_at_max_tokens_is_relayed_and_not_stored(proxy, tap):
         headers, cut = ask(c, text, max_tokens=3)
         assert headers["x-gpucache"] == "miss" and cut.choices[0].finish_reason == "length"
     for _ in range(2):
-        stream = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
-                                           stream=True, temperature=0, max_tokens=4)
+        stream = c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": text}],
+            stream=True,
+            temperature=0,
+            max_tokens=4,
+        )
         assert [ch.choices[0].finish_reason for ch in stream if ch.choices][-1] == "length"
     assert len(sent(tap, text)) == 4
 
@@ -177,7 +201,9 @@ def test_vllms_own_errors_pass_through_and_store_nothing(proxy, tap):
     assert refused.value.response.json() == sent(tap, too_long)[-1].json()  # vLLM's words
     for _ in range(2):
         with pytest.raises(openai.NotFoundError) as unknown:
-            c.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "Hello there"}])
+            c.chat.completions.create(
+                model="no-such-model", messages=[{"role": "user", "content": "Hello there"}]
+            )
         assert "no-such-model" in unknown.value.message
     assert len(sent(tap, "Hello there")) == 2
 
@@ -190,8 +216,11 @@ def test_models_and_the_completions_endpoint_work_through_the_proxy(proxy, tap):
     assert first.headers["x-gpucache"] == "miss" and first.parse().choices[0].finish_reason == "stop"
     again = c.completions.with_raw_response.create(model=MODEL, prompt=prompt, **SHORT)
     assert again.headers["x-gpucache"] == "exact"
-    assert again.parse().choices[0].text == first.parse().choices[0].text == sent(tap, prompt)[0].json()[
-        "choices"][0]["text"]
+    assert (
+        again.parse().choices[0].text
+        == first.parse().choices[0].text
+        == sent(tap, prompt)[0].json()["choices"][0]["text"]
+    )
 
 
 def test_a_key_vllm_refuses_gets_nothing_from_the_cache(proxy, tap):
@@ -212,8 +241,13 @@ def test_a_vllm_stopped_mid_stream_gives_the_client_an_error_and_stores_nothing(
         with proxy_in_front_of(dying.url, real_embedder, made) as proxy:
             c = client(proxy.url, "t-crash")
             stream = c.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "Tell me a very long story."}],
-                stream=True, temperature=0, max_tokens=1500, extra_body={"ignore_eos": True})
+                model=MODEL,
+                messages=[{"role": "user", "content": "Tell me a very long story."}],
+                stream=True,
+                temperature=0,
+                max_tokens=1500,
+                extra_body={"ignore_eos": True},
+            )
             pieces = 0
             with pytest.raises(openai.APIError):
                 for _ in stream:
@@ -224,8 +258,12 @@ def test_a_vllm_stopped_mid_stream_gives_the_client_an_error_and_stores_nothing(
             assert made[0].stats().entries == 0
             with pytest.raises(openai.APIStatusError) as after:
                 c.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": "Tell me a very long story."}],
-                    temperature=0, max_tokens=1500, extra_body={"ignore_eos": True})
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "Tell me a very long story."}],
+                    temperature=0,
+                    max_tokens=1500,
+                    extra_body={"ignore_eos": True},
+                )
             assert after.value.status_code >= 500
     finally:
         dying.kill()

@@ -23,7 +23,7 @@ def test_answers_encode_to_json_that_reads_back_the_same_even_with_a_lone_surrog
     for text in ("plain", "naïve café, 東京", "a lone \ud800 surrogate", ""):
         doc = wire.completion("chat", "m", text)
         assert json.loads(wire.dumps(doc)) == doc
-        event = json.loads(wire.sse({"choices": [{"delta": {"content": text}}]})[len(b"data: "):])
+        event = json.loads(wire.sse({"choices": [{"delta": {"content": text}}]})[len(b"data: ") :])
         assert event["choices"][0]["delta"]["content"] == text
 
 

@@ -31,8 +31,18 @@ UNSIGNED = Signer(None)
 
 def record(signer=UNSIGNED, *, model="m", dim=4, vector=None, **overrides):
     vector = np.arange(dim, dtype="<f4") / 10 if vector is None else vector
-    fields = entry_fields("tenant", "What is my PIN?", "1234", 1e12, model, dim,
-                          vector.astype("<f4").tobytes(), "origin", "5.0", 1)
+    fields = entry_fields(
+        "tenant",
+        "What is my PIN?",
+        "1234",
+        1e12,
+        model,
+        dim,
+        vector.astype("<f4").tobytes(),
+        "origin",
+        "5.0",
+        1,
+    )
     fields.update(overrides)
     return as_read(signer.signed(fields))
 
@@ -41,7 +51,12 @@ def test_a_written_record_reads_back_as_the_same_entry():
     entries, refusals = decode_entries([record()], "m", 4, Signer(None))
     assert refusals == []
     [entry] = entries
-    assert (entry.scope, entry.prompt, entry.response, entry.expires_at) == ("tenant", "What is my PIN?", "1234", 1e12)
+    assert (entry.scope, entry.prompt, entry.response, entry.expires_at) == (
+        "tenant",
+        "What is my PIN?",
+        "1234",
+        1e12,
+    )
     assert entry.vector.tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3])
     assert entry.written_at == 5.0
 
@@ -52,13 +67,16 @@ def test_a_lone_surrogate_survives_the_round_trip():
     assert entries[0].response == "\ud800 odd"
 
 
-@pytest.mark.parametrize("crafted, kind", [
-    (dict(model="other"), "refused"),
-    (dict(dim=8, vector=np.zeros(8)), "refused"),
-    (dict(vector=np.zeros(3)), "malformed"),  # three floats where the record says four
-    (dict(vector=np.array([math.inf, 0, 0, 0])), "malformed"),  # would outscore any threshold
-    (dict(expires_at="soon"), "malformed"),
-])
+@pytest.mark.parametrize(
+    "crafted, kind",
+    [
+        (dict(model="other"), "refused"),
+        (dict(dim=8, vector=np.zeros(8)), "refused"),
+        (dict(vector=np.zeros(3)), "malformed"),  # three floats where the record says four
+        (dict(vector=np.array([math.inf, 0, 0, 0])), "malformed"),  # would outscore any threshold
+        (dict(expires_at="soon"), "malformed"),
+    ],
+)
 def test_a_crafted_record_is_refused_with_its_kind_and_the_others_still_apply(crafted, kind):
     if "vector" in crafted and "dim" not in crafted:
         bad = record()

@@ -103,9 +103,15 @@ def test_a_clear_under_a_prefix_reaches_the_scopes_below_it_that_this_replica_ne
     it (they were stored elsewhere, evicted here) and still every replica drops them, Redis
     deletes their records, and a replica that joins later bootstraps none of them back."""
     b = replicas()
-    a = SemanticCache(FakeEmbedder(), device="cpu", verifier=ThresholdOnly(), threshold=0.9,
-                      cache_policy=StoreEverything(), capacity=2,
-                      shared=RedisShare(server.url, prefix="t", deadline=0.5))
+    a = SemanticCache(
+        FakeEmbedder(),
+        device="cpu",
+        verifier=ThresholdOnly(),
+        threshold=0.9,
+        cache_policy=StoreEverything(),
+        capacity=2,
+        shared=RedisShare(server.url, prefix="t", deadline=0.5),
+    )
     try:
         assert a.shared.wait_for(lambda s: s.bootstraps >= 1, timeout=10)
         for i in range(5):
@@ -116,8 +122,10 @@ def test_a_clear_under_a_prefix_reaches_the_scopes_below_it_that_this_replica_ne
         assert a.clear_under("key:ab") == 0
         assert b.shared.wait_applied(1, timeout=10)
         assert len(b) == 2 and b.get("revoked question 3", scope="key:ab/ns:two") is None
-        scopes = {redis.Redis.from_url(server.url).hget(k, "scope") for k in
-                  redis.Redis.from_url(server.url).scan_iter(match="t:e:*")}
+        scopes = {
+            redis.Redis.from_url(server.url).hget(k, "scope")
+            for k in redis.Redis.from_url(server.url).scan_iter(match="t:e:*")
+        }
         assert scopes == {b"key:abc", b"key:other/ns:ab"}
         late = replicas()
         assert late.shared.wait_applied(2, timeout=10) and len(late) == 2
@@ -456,8 +464,14 @@ def plant(server, prefix, key, mapping, event=None):
 
 def test_a_malformed_record_is_skipped_and_counted_by_the_tail_and_the_bootstrap(server, replicas):
     a, b = replicas(), replicas()
-    good = {"model": a.embedder.name, "dim": str(a.embedder.dim), "scope": "default",
-            "expires_at": "inf", "origin": "elsewhere", "at": "0"}
+    good = {
+        "model": a.embedder.name,
+        "dim": str(a.embedder.dim),
+        "scope": "default",
+        "expires_at": "inf",
+        "origin": "elsewhere",
+        "at": "0",
+    }
     vector = a.embedder.encode(["planted"])[0].numpy().astype("<f4").tobytes()
     bad_records = {
         "short": {**good, "prompt": "short vector", "response": "x", "vector": vector[:8]},
@@ -465,8 +479,13 @@ def test_a_malformed_record_is_skipped_and_counted_by_the_tail_and_the_bootstrap
         "missing": {**good, "prompt": "no response field", "vector": vector},
     }
     for name, mapping in bad_records.items():
-        plant(server, "t", name, mapping, {"op": "put", "origin": "elsewhere", "scope": "default",
-                                           "record": f"t:e:{name}"})
+        plant(
+            server,
+            "t",
+            name,
+            mapping,
+            {"op": "put", "origin": "elsewhere", "scope": "default", "record": f"t:e:{name}"},
+        )
     plant(server, "t", "x", {}, {"op": "put", "origin": "elsewhere"})  # an event with no record field
     a.put("A good entry after the bad ones", "served")
     assert b.shared.wait_for(lambda s: s.malformed >= 4 and s.applied >= 1, timeout=10)
@@ -503,7 +522,8 @@ def test_waiting_on_another_replicas_loads_leaves_this_replicas_lookups_free(rep
         waits = [asyncio.create_task(b.aget_or_put(p, never)) for p in prompts]
         assert await asyncio.to_thread(b.shared.wait_for, lambda s: s.waiting == 8, 30)
         hits = await asyncio.wait_for(  # a bound, not a measurement: stalled lookups fail here
-            asyncio.gather(*(b.aget("A question b has stored") for _ in range(16))), 20)
+            asyncio.gather(*(b.aget("A question b has stored") for _ in range(16))), 20
+        )
         assert all(h is not None and h.response == "b's own answer" for h in hits)
         assert b.shared.stats.waiting == 8  # the eight waits were still pending all along
         release.set()
@@ -527,15 +547,33 @@ def test_with_a_secret_only_signed_records_and_events_are_applied(server, replic
     assert b.shared.wait_applied(1, timeout=10)
     assert b.get("What is the wifi password?", scope="tenant").response == "the real one"
     vector = a.embedder.encode(["planted"])[0].numpy().astype("<f4").tobytes()
-    planted = {"model": a.embedder.name, "dim": str(a.embedder.dim), "scope": "tenant",
-               "prompt": "What is the admin password?", "response": "hunter2", "expires_at": "inf",
-               "vector": vector, "origin": "attacker", "at": "0"}
-    plant(server, "t", "planted", planted, {"op": "put", "origin": "attacker", "scope": "tenant",
-                                            "record": "t:e:planted"})
+    planted = {
+        "model": a.embedder.name,
+        "dim": str(a.embedder.dim),
+        "scope": "tenant",
+        "prompt": "What is the admin password?",
+        "response": "hunter2",
+        "expires_at": "inf",
+        "vector": vector,
+        "origin": "attacker",
+        "at": "0",
+    }
+    plant(
+        server,
+        "t",
+        "planted",
+        planted,
+        {"op": "put", "origin": "attacker", "scope": "tenant", "record": "t:e:planted"},
+    )
     forger = RedisShare(server.url, prefix="t", secret=b"a-secret-nobody-shares")
     forged = forger.signer.signed({**planted, "prompt": "What is the root password?"})
-    plant(server, "t", "forged", forged, forger.signer.signed({"op": "put", "origin": "attacker", "scope": "tenant",
-                                                          "record": "t:e:forged"}))
+    plant(
+        server,
+        "t",
+        "forged",
+        forged,
+        forger.signer.signed({"op": "put", "origin": "attacker", "scope": "tenant", "record": "t:e:forged"}),
+    )
     plant(server, "t", "x", {}, {"op": "clear", "origin": "attacker", "scope": "tenant", "all": "1"})
     a.put("An entry after the planted ones", "served", scope="tenant")
     assert b.shared.wait_for(lambda s: s.unsigned >= 3 and s.applied >= 2, timeout=10)  # three events
@@ -580,10 +618,12 @@ def test_the_queue_knows_the_removals_it_holds_through_writes_and_drops(server):
 def test_a_conversation_replicates_whole_and_is_judged_the_same_on_every_replica(replicas):
     from gpucache import Conversation, Turn
 
-    asked = Conversation("when was she born?", (Turn("user", "who was Ada Lovelace?"),
-                                                 Turn("assistant", "A mathematician.")))
-    other = Conversation("when was she born?", (Turn("user", "who was Marie Curie?"),
-                                                 Turn("assistant", "A physicist.")))
+    asked = Conversation(
+        "when was she born?", (Turn("user", "who was Ada Lovelace?"), Turn("assistant", "A mathematician."))
+    )
+    other = Conversation(
+        "when was she born?", (Turn("user", "who was Marie Curie?"), Turn("assistant", "A physicist."))
+    )
     a, b = replicas(), replicas()
     a.put(asked, "1815")
     assert b.shared.wait_applied(1, timeout=10)

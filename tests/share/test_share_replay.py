@@ -125,7 +125,8 @@ def test_tombstones_past_the_bound_forget_the_oldest_and_keep_a_bounded_history(
     # said once, the first time one is forgotten
     assert [r.message for r in caplog.records].count(
         "gpucache: more than 3 deletes and clears remembered; the oldest are forgotten (a record "
-        "deleted before them could be put back)") == 1
+        "deleted before them could be put back)"
+    ) == 1
 
 
 def test_a_writers_points_stay_bounded_by_the_tombstones_kept():
@@ -154,8 +155,9 @@ def test_the_record_a_put_event_names_is_applied_an_older_one_refused_a_newer_on
     from gpucache.share.records import Keys, as_bytes, entry_fields
 
     def record(origin, seq):
-        fields = entry_fields("s", "p", "r", 1e12, "m", 4, np.zeros(4, "<f4").tobytes(), origin,
-                              repr(NOW), seq)
+        fields = entry_fields(
+            "s", "p", "r", 1e12, "m", 4, np.zeros(4, "<f4").tobytes(), origin, repr(NOW), seq
+        )
         return {k.encode(): as_bytes(x) for k, x in Signer(SECRET).signed(fields).items()}
 
     guard, keys = ReplayGuard(window=60), Keys("t")
@@ -314,8 +316,9 @@ def test_an_event_signed_outside_the_window_is_refused(server, replicas):
     writer, signer = uuid.uuid4().hex, Signer(SECRET)
 
     def clear_all(seq, at):
-        return signer.signed({"op": "clear", "origin": writer, "seq": str(seq), "scope": b"",
-                              "at": repr(at), "all": "1"})
+        return signer.signed(
+            {"op": "clear", "origin": writer, "seq": str(seq), "scope": b"", "at": repr(at), "all": "1"}
+        )
 
     plant(server, "t", "x", {}, clear_all(1, time.time() - 3600))
     plant(server, "t", "x", {}, clear_all(2, time.time() + 3600))
@@ -343,10 +346,12 @@ def test_two_writers_and_a_replica_joining_late_count_no_replay(server, replicas
     assert a.shared.wait_applied(7, timeout=10)
     a.put("a scoped question", "stored after the clear", scope="x")
     assert reader.shared.wait_applied(15, timeout=10) and b.shared.wait_applied(8, timeout=10)
-    expected = {**{(f"a's question {i}", "default"): f"a {i}" for i in range(5)},
-                **{(f"b's question {i}", "default"): f"b {i}" for i in range(5)},
-                ("b's question 2", "default"): "b 2, stored again",
-                ("a scoped question", "x"): "stored after the clear"}
+    expected = {
+        **{(f"a's question {i}", "default"): f"a {i}" for i in range(5)},
+        **{(f"b's question {i}", "default"): f"b {i}" for i in range(5)},
+        ("b's question 2", "default"): "b 2, stored again",
+        ("a scoped question", "x"): "stored after the clear",
+    }
     late = signed(replicas)
     assert late.shared.wait_applied(len(expected), timeout=10), late.shared.stats
     for cache in (a, b, reader, late):

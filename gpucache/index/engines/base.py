@@ -52,5 +52,6 @@ class ScanEngine(Protocol):
 
     name: str
 
-    def scan(self, rows: RowsView, job: ScanJob, buffer: BufferSource) -> tuple[torch.Tensor, torch.Tensor]:
-        ...
+    def scan(
+        self, rows: RowsView, job: ScanJob, buffer: BufferSource
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...

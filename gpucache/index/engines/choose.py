@@ -40,8 +40,7 @@ class ChoosingEngine:
         # changes: it scans this view (its tensors stay alive; rows written meanwhile only
         # change the scores it throws away) into buffers of its own.
         name = self.chooser.choose(
-            job.queries.shape[0], rows.high,
-            lambda name: self.engines[name].scan(rows, job, host_buffer),
+            job.queries.shape[0], rows.high, lambda name: self.engines[name].scan(rows, job, host_buffer)
         )
         return self.engines[name].scan(rows, job, buffer)
 
@@ -54,8 +53,10 @@ def engine_for(
     if scan_kernel == "triton":
         return TritonEngine(), None
     if (
-        scan_kernel == "auto" and device.type == "cuda"
-        and kernel_takes(dtype, device_capability(device)) and _triton_importable()
+        scan_kernel == "auto"
+        and device.type == "cuda"
+        and kernel_takes(dtype, device_capability(device))
+        and _triton_importable()
     ):
         chooser = ScanKernelChooser(device)
         return ChoosingEngine(chooser, {"torch": TorchEngine(), "triton": TritonEngine()}), chooser

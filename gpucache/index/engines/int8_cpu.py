@@ -88,8 +88,7 @@ class Int8CpuEngine:
             if any_dead:
                 dots.masked_fill_(dead, INT32_MASKED)
             top, columns = block_topk_scaled(
-                dots, rows.scales[start:stop:INT8_SCALE_BLOCK], min(job.k, stop - start),
-                masked=any_dead,
+                dots, rows.scales[start:stop:INT8_SCALE_BLOCK], min(job.k, stop - start), masked=any_dead
             )  # (Q, k'), (Q, k')
             if best.add(top, columns, start, stop):
                 break

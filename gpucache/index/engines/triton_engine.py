@@ -70,9 +70,7 @@ class TritonEngine:
     def scan(self, rows: RowsView, job: ScanJob, buffer: BufferSource) -> tuple[torch.Tensor, torch.Tensor]:
         from gpucache.kernels import MAX_K, scan_topk  # imports triton: only for an index that uses it
 
-        if job.k > MAX_K or not kernel_takes(
-            rows.vectors.dtype, device_capability(rows.vectors.device)
-        ):
+        if job.k > MAX_K or not kernel_takes(rows.vectors.dtype, device_capability(rows.vectors.device)):
             return self._torch.scan(rows, job, buffer)
         queries = job.queries.to(rows.vectors.dtype)
         q, dim = queries.shape
