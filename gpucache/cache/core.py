@@ -32,7 +32,7 @@ from gpucache.cache.claims import Claims, take_claims
 from gpucache.cache.entries import EntryTable
 from gpucache.cache.flight import LoadAbandoned, SingleFlight
 from gpucache.cache.lookup import Findings, Lookup, LookupRequest
-from gpucache.cache.onloop import LoopLookups
+from gpucache.cache.onloop import LockBusy, LoopLookups
 from gpucache.cache.replicated import ReplicaSide
 from gpucache.cache.replication import ClearedPrefixes, LocalOnly, RemovalFence, Replication
 from gpucache.cache.served import Keep, LoaderAnswer
@@ -194,13 +194,27 @@ class CacheCore:
         scan per scope."""
         if any(r.claim for r in requests):
             raise ValueError("gpucache bug: find takes plain lookups; find_and_claim claims")
-        return self.lookup.find(requests)
+        repeat = self._repeat(requests)
+        return [cast(Findings, repeat)] if repeat is not None else self.lookup.find(requests)
 
     def find_and_claim(self, requests: Sequence[LookupRequest]) -> list[Claims]:
         """Get-or-load lookups: each request's claims on what it found (claims.py)."""
         if not all(r.claim for r in requests):
             raise ValueError("gpucache bug: find_and_claim takes get-or-load lookups")
-        return cast("list[Claims]", self.looked(requests))
+        repeat = self._repeat(requests)
+        return [cast(Claims, repeat)] if repeat is not None else cast("list[Claims]", self.looked(requests))
+
+    def _repeat(self, requests: Sequence[LookupRequest]) -> Findings | Claims | None:
+        """A lone request whose every prompt the exact tier answers, looked up (and claimed) in
+        one lock section, the event loop's shortcut (onloop.py) taken by a thread that may wait
+        for the lock: a repeat, the common case, takes the lock once rather than once for the
+        exact tier, twice around a scan it does not need and once for its claims. None where
+        there is more than one request or a prompt is not stored: the whole lookup runs."""
+        if len(requests) != 1:
+            return None
+        found = self.onloop.exact(requests[0], wait=True)
+        assert not isinstance(found, LockBusy)  # waited for
+        return found
 
     def looked(self, requests: Sequence[LookupRequest]) -> list[Findings | Claims]:
         """One batch that may hold both kinds (the coalescer's): each plain request's findings,

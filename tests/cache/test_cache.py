@@ -194,6 +194,45 @@ def test_top_k_lets_the_next_candidate_through_after_a_rejection(fake_embedder, 
     assert one.get("one two three forbidden five") is None
 
 
+class CountingLock:
+    """The cache's re-entrant lock, counting the sections taken on it."""
+
+    def __init__(self) -> None:
+        self.inner, self.sections = threading.RLock(), 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        taken = self.inner.acquire(blocking, timeout)
+        self.sections += taken
+        return taken
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def __enter__(self) -> CountingLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_repeat_asked_from_a_thread_takes_the_lock_once(fake_embedder):
+    """The exact tier's shortcut serves the sync calls as it serves the event loop: a repeat is
+    looked up (and, for a get-or-load call, claimed) in one lock section, not one for the exact
+    tier, two around a scan it does not need and one for its claims."""
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.put("what is the capital of france", "Paris.")
+    lock = CountingLock()
+    cache._core.lock = cache._core.lookup.lock = lock
+    assert cache.get("what is the capital of france").exact and lock.sections == 1
+    lock.sections = 0
+    assert cache.get_or_put("what is the capital of france", lambda p: "never") == "Paris."
+    assert lock.sections == 1
+    lock.sections = 0
+    assert cache.get("a prompt never stored") is None and lock.sections > 1  # the whole lookup ran
+    assert cache.stats().exact_hits == 2 and cache.stats().misses == 1
+
+
 def free_from_another_thread(lock) -> bool:
     """Whether another thread could take ``lock`` now (the caller's own hold counts)."""
     free: list[bool] = []
