@@ -259,15 +259,18 @@ class CacheCore:
         kept = {key: (p, a) for key, p, a in zip(mine, loaded, answers) if isinstance(a, Keep)}
         unkept = [key for key in mine if key not in kept]
         stored: list[tuple[list[tuple[str, str]], torch.Tensor, float]] = []
+        # decided with no lock held: the content policy (regular expressions over both texts)
+        # and admission (a read of the sketch; its counts are written under the lock, in claims)
         permitted = [(p, a) for p, a in kept.values() if self.allowed(p, a.text or "", claims.scope)]
+        admitted = [(p, a) for p, a in permitted if self.admits(p, claims.scope)]
         with self.lock:
             now = self.now()
+            self.counters.admissions_deferred += len(permitted) - len(admitted)
             groups: dict[float, list[tuple[str, str]]] = {}
-            for p, a in permitted:
+            for p, a in admitted:
                 assert a.text is not None
-                if self.admitted(p, claims.scope):
-                    lifetime = a.ttl if a.ttl is not None else self.settings.ttl if ttl is None else ttl
-                    groups.setdefault(_expiry(now, lifetime), []).append((p, a.text))
+                lifetime = a.ttl if a.ttl is not None else self.settings.ttl if ttl is None else ttl
+                groups.setdefault(_expiry(now, lifetime), []).append((p, a.text))
             for expires_at, keep in groups.items():
                 rows = torch.tensor([position[p] for p, _ in keep], device=found.vectors.device)
                 vectors = found.vectors[rows]
@@ -307,11 +310,11 @@ class CacheCore:
             log.debug("cache policy refused to store %r: %s", prompt[:80], decision.reason)
         return decision.allowed
 
-    def admitted(self, prompt: str, scope: str) -> bool:
-        if self.admission is None or self.admission.admits(scope, prompt):
-            return True
-        self.counters.admissions_deferred += 1
-        return False
+    def admits(self, prompt: str, scope: str) -> bool:
+        """Whether admission lets ``prompt``'s answer be stored now (no policy: always). A read
+        of the sketch, asked with no lock held: a sighting counted meanwhile by another lookup
+        may or may not be seen, as it would be a moment later."""
+        return self.admission is None or self.admission.admits(scope, prompt)
 
 
 def _expiry(now: float, ttl: float | None) -> float:

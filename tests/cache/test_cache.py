@@ -311,6 +311,27 @@ def test_the_content_policy_decides_without_the_caches_lock(fake_embedder, write
     assert policy.lock_free and all(policy.lock_free)
 
 
+def test_admission_decides_without_the_caches_lock_and_its_deferrals_are_counted(fake_embedder):
+    """Whether a loaded answer is admitted is a read of the sketch, asked before the lock is
+    taken for the store: only the table's change and the counters are under it."""
+    from gpucache import AdmissionPolicy
+
+    class WatchingAdmission(AdmissionPolicy):
+        lock_free: list[bool] = []
+
+        def admits(self, scope, prompt):
+            self.lock_free.append(free_from_another_thread(cache._core.lock))
+            return super().admits(scope, prompt)
+
+    admission = WatchingAdmission(min_sightings=2)
+    cache = SemanticCache(fake_embedder, device="cpu", admission=admission)
+    assert cache.get_or_put("alpha beta", lambda p: "first") == "first"  # seen once: deferred
+    assert cache.get("alpha beta") is None and cache.stats().admissions_deferred == 1
+    assert cache.get_or_put("alpha beta", lambda p: "second") == "second"  # its second sighting
+    assert cache.get("alpha beta").response == "second" and cache.stats().admissions_deferred == 1
+    assert admission.lock_free == [True, True]
+
+
 @pytest.mark.parametrize(
     "change",
     [lambda cache: cache.invalidate("one two three four"), lambda cache: cache.clear()],
