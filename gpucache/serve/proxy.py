@@ -47,6 +47,7 @@ except ImportError as exc:  # the serve extra
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.semantic import SemanticCache
 from gpucache.cache.served import Found, Framed, Joined, Keep, Pieces, Served, ServeOnly, Stream
+from gpucache.cache.validation import MAX_TTL_SECONDS
 from gpucache.serve import answers, wire
 from gpucache.serve.exchange import (
     PATHS,
@@ -352,9 +353,13 @@ class Proxy:
 
     def shorter_lived(self, headers: Any) -> float | None:
         """The upstream's lifetime for its answer (``upstream_lifetime``) where it is shorter
-        than the cache's own ``ttl``; None where the cache's applies."""
+        than the cache's own ``ttl``, and never past the longest an entry may live (ten years:
+        HTTP allows up to 2^31 s, and an entry kept "for ever" by a cache with no ``ttl`` is
+        kept that long); None where the cache's applies."""
         lifetime, ttl = upstream_lifetime(headers), self.cache.ttl
-        return lifetime if lifetime is not None and (ttl is None or lifetime < ttl) else None
+        if lifetime is None or (ttl is not None and lifetime >= ttl):
+            return None
+        return min(lifetime, float(MAX_TTL_SECONDS))
 
     def store_later(self, key: RequestKey, answer: str, ttl: float | None = None) -> None:
         """``store`` after the answer has gone, held until done; past ``MAX_PENDING_STORES``

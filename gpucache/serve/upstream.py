@@ -38,8 +38,12 @@ HOP_HEADERS = frozenset(
         "cache-control",
     }
 )
-# Response headers not passed back: httpx has already decoded and de-chunked the body
-RESPONSE_HOP_HEADERS = frozenset({"content-length", "content-encoding", "transfer-encoding", "connection"})
+# Response headers not passed back: httpx has already decoded and de-chunked the body; and the
+# server's own Date and Server, which the proxy's server sends for every answer (passed on,
+# each would go out twice)
+RESPONSE_HOP_HEADERS = frozenset(
+    {"content-length", "content-encoding", "transfer-encoding", "connection", "date", "server"}
+)
 
 
 class UpstreamUnavailable(Exception):

@@ -162,6 +162,20 @@ def test_the_upstreams_max_age_caps_how_long_an_answer_lives(upstream, real_embe
         assert tiers(proxy, text, stream) == "miss"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lifetime_past_ten_years_keeps_the_answer_ten_years(upstream, real_embedder, stream):
+    """HTTP allows a max-age up to 2^31 s; an entry lives ten years at most. A streamed answer
+    whose upstream said more used to end in an error event after its last word, kept nowhere."""
+    clock = [1_000.0]
+    with lifetime_proxy(upstream, real_embedder, clock) as proxy:
+        text = f"What is the speed of light in a vacuum? [max-age=999999999999] stream={stream}"
+        assert [tiers(proxy, text, stream) for _ in range(2)] == ["miss", "exact"]
+        clock[0] += 10 * 365 * 86400 - 1
+        assert tiers(proxy, text, stream) == "exact"
+        clock[0] += 2
+        assert tiers(proxy, text, stream) == "miss"
+
+
 def test_the_caches_ttl_stands_where_it_is_shorter_than_the_upstreams(upstream, real_embedder):
     clock = [1_000.0]
     with lifetime_proxy(upstream, real_embedder, clock, ttl=10) as proxy:
@@ -184,6 +198,8 @@ def test_a_miss_keeps_the_upstreams_response_headers_json_or_stream(proxy, strea
     else:
         headers = c.chat.completions.with_raw_response.create(model="smol", messages=messages).headers
     assert headers["x-gpucache"] == "miss" and headers["x-ratelimit-remaining-requests"] == "99"
+    # the proxy's server dates every answer: the upstream's own Date and Server are not sent again
+    assert len(headers.get_list("date")) == 1 and len(headers.get_list("server")) <= 1
 
 
 # ----------------------------------------------------------------------------- what cannot be sent on
