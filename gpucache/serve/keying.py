@@ -24,9 +24,8 @@ meaningfully (an empty tool-result turn would embed to one fixed vector and hit 
 conversation's entry), and a text that starts as the cache's key of a conversation
 (``value.MARK``: the library refuses such a prompt, so that no text is read as a conversation).
 
-Invisible format characters in the texts compared by meaning (the final message and the
-context) are in the scope too (``format_characters``): the model reads them and the embedder
-does not.
+Invisible characters in the texts compared by meaning (the final message and the context) are
+in the scope too (``hidden_characters``): the model reads them and the embedder does not.
 
 The tenant that opens every scope comes from the request's credentials (tenancy.py).
 """
@@ -35,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
@@ -167,12 +167,13 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
         bypass = "short-text"
     if bypass is None and text is not None and text.startswith(MARK):
         bypass = "reserved-text"  # the cache's own key of a conversation: the client's text stays its own
-    hidden = "".join(format_characters(t) for t in (*(turn.text for turn in context), text or ""))
+    hidden = "".join(hidden_characters(t) for t in (*(turn.text for turn in context), text or ""))
     scope = f"{tenant}/{_digest(kind, rest, hidden)}"
     if bypass is not None:
         return RequestKey(kind, scope, None, bypass, stream, include_usage)
     legacy = None
-    if context:  # as it was keyed before conversations were matched by meaning
+    if context:  # as it was keyed before conversations were matched by meaning (an exact repeat's
+        # text is the same, hidden characters and all: format characters alone keyed it then)
         legacy = f"{tenant}/{_digest(kind, {**rest, 'messages': earlier}, format_characters(text or ''))}"
     return RequestKey(kind, scope, text, None, stream, include_usage, context, legacy)
 
@@ -185,19 +186,67 @@ def _digest(kind: str, rest: dict[str, Any], hidden: str) -> str:
     return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
 
 
-def format_characters(text: str) -> str:
-    """The invisible format characters of ``text`` (Unicode category Cf: tag characters
-    U+E0000-E007F, zero-width spaces and joiners, direction marks...), in order.
+def hidden_characters(text: str) -> str:
+    """The characters of ``text`` a reader does not see and the embedder does not read, in
+    order: format characters (Unicode category Cf: tag characters U+E0000-E007F, zero-width
+    spaces and joiners, direction marks...), control characters but tab and line breaks (Cc),
+    the rest of Unicode's default-ignorable code points (variation selectors, whose 256 forms
+    spell any byte after a visible character, the combining grapheme joiner, Hangul fillers,
+    the tag block's unassigned rest) and the blank braille pattern U+2800.
 
-    Why they key the scope: the model reads them (tag characters spell ASCII text a reader never
-    sees, a way to hide instructions in a prompt), but the tokenizer of the embedder and the
-    guard drop them, so a prompt carrying hidden instructions and the clean question embed
-    alike, at similarity 1.0. In the scope they make a request of its own: answered from the
-    cache only for a request with the same hidden characters, and its answer never served for
-    the clean question, nor the clean question's for it."""
+    Why they key the scope: the model reads them (tag characters and variation selectors spell
+    ASCII text a reader never sees, a way to hide instructions in a prompt), but the tokenizer
+    of the embedder and the guard drop them, so a prompt carrying hidden instructions and the
+    clean question embed alike, at similarity 1.0. In the scope they make a request of its own:
+    answered from the cache only for a request with the same hidden characters, and its answer
+    never served for the clean question, nor the clean question's for it. Linear in C either
+    way (a few milliseconds for 8 MB of ASCII), since a body up to the size cap is read here."""
+    if text.isascii():
+        return text.encode("ascii").translate(None, _SEEN_ASCII).decode("ascii")
+    return "".join(_HIDDEN.findall(text))
+
+
+def format_characters(text: str) -> str:
+    """The format characters (Cf) of ``text``, in order: what keyed a scope before
+    ``hidden_characters`` (``RequestKey.legacy_scope``)."""
     if text.isascii():
         return ""
     return "".join(ch for ch in text if unicodedata.category(ch) == "Cf")
+
+
+def _hidden_class() -> re.Pattern[str]:
+    """One character class of every hidden character (``hidden_characters``), built from this
+    Python's Unicode tables once, at import (a tenth of a second)."""
+    points = [c for c in range(0x110000) if unicodedata.category(chr(c)) in ("Cf", "Cc")]
+    points = [c for c in points if chr(c) not in "\t\n\r"]
+    for low, high in _IGNORABLE:
+        points.extend(range(low, high + 1))
+    ranges: list[list[int]] = []
+    for c in sorted(set(points)):
+        if ranges and c == ranges[-1][1] + 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges) + "]")
+
+
+# Unicode's default-ignorable code points that are not format characters (DerivedCoreProperties:
+# Default_Ignorable_Code_Point, less category Cf), and the blank braille pattern
+_IGNORABLE = (
+    (0x034F, 0x034F),  # combining grapheme joiner
+    (0x115F, 0x1160),  # Hangul choseong and jungseong fillers
+    (0x17B4, 0x17B5),  # Khmer inherent vowels
+    (0x180B, 0x180F),  # Mongolian free variation selectors
+    (0x2065, 0x2065),
+    (0x2800, 0x2800),  # braille pattern blank: drawn as nothing, read by the model
+    (0x3164, 0x3164),  # Hangul filler
+    (0xFE00, 0xFE0F),  # variation selectors
+    (0xFFA0, 0xFFA0),  # halfwidth Hangul filler
+    (0xFFF0, 0xFFF8),
+    (0xE0000, 0xE0FFF),  # tags and variation selectors supplement
+)
+_SEEN_ASCII = bytes(range(0x20, 0x7F)) + b"\t\n\r"  # what of ASCII a reader sees
+_HIDDEN = _hidden_class()
 
 
 def _chat_text(rest: dict[str, Any]) -> tuple[str | None, str | None]:
