@@ -39,19 +39,24 @@ from urllib.parse import parse_qsl
 
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
 CREDENTIAL_PARAMS = ("key", "api-key", "api_key", "access_token")
-# Headers other servers and gateways read a key from (Google's, LiteLLM's, Azure API Management's).
+# Headers other servers and gateways read a key from (Google's, LiteLLM's, Azure API Management's,
+# Kong's, Portkey's, Cloudflare AI Gateway's, Helicone's...): any whose name reads as a credential.
 # One that is not among the credential headers would reach the upstream, and its check, without
 # naming the tenant: a revoked key sent beside a valid one there would be served the cache, filed
 # under the other. Such a request is refused unless the deployment lists the header as a
-# credential header (then it names the tenant like the others).
-OTHER_CREDENTIAL_HEADERS = (
-    "x-goog-api-key",
-    "x-litellm-api-key",
-    "ocp-apim-subscription-key",
-    "api-key",
-    "x-api-key",
-    "authorization",
+# credential header (then it names the tenant like the others). Named by pattern, since gateways
+# keep inventing them; the proxy's own headers (x-gpucache-*) are not forwarded, and pass.
+CREDENTIAL_NAME = re.compile(
+    r"(?:^|[-_])(?:auth|authorization|apikey|api[-_]key|access[-_]key|subscription[-_]key|token"
+    r"|secret|password|passwd|credentials?)(?:$|[-_])"
 )
+
+
+def credential_like(name: str) -> bool:
+    """Whether a (lower-case) header name reads as one that carries a credential."""
+    return CREDENTIAL_NAME.search(name) is not None and not name.startswith("x-gpucache-")
+
+
 NAMESPACE_HEADER = "x-gpucache-namespace"
 ANONYMOUS = "anonymous"
 # a namespace names a folder of entries, not free text: letters, digits and a few separators,
@@ -119,8 +124,8 @@ class Tenancy:
                 return Refusal(
                     400, f"more than one {name!r} query parameter: send it once", "duplicate_parameter"
                 )
-        for name in OTHER_CREDENTIAL_HEADERS:
-            if name not in self.credential_headers and _values(headers, name):
+        for name in map(str.lower, headers.keys()):
+            if name not in self.credential_headers and credential_like(name):
                 return Refusal(
                     400,
                     f"the {name} header carries a credential this proxy does not name "

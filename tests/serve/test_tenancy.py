@@ -58,7 +58,20 @@ def test_a_configured_header_list_is_the_only_one_read():
     assert tenant({"x-other-header": "k"}, **custom) == ANONYMOUS  # not a credential: ignored
 
 
-@pytest.mark.parametrize("header", ["x-goog-api-key", "x-litellm-api-key", "ocp-apim-subscription-key"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "x-goog-api-key",
+        "x-litellm-api-key",
+        "ocp-apim-subscription-key",
+        "apikey",  # Kong's
+        "x-portkey-api-key",
+        "cf-aig-authorization",  # Cloudflare AI Gateway's
+        "helicone-auth",
+        "x-amz-security-token",
+        "x-client-secret",
+    ],
+)
 def test_a_credential_in_a_header_that_does_not_name_the_tenant_is_refused(header):
     """It would reach the upstream and its check without naming the tenant: a revoked key sent
     beside a valid one there would get the valid key's verdict, and its cache."""
@@ -73,6 +86,25 @@ def test_a_credential_in_a_header_that_does_not_name_the_tenant_is_refused(heade
     assert listed.startswith("key:") and listed != tenant({"authorization": "Bearer sk-valid"})
     # and the standard headers left off a configured list are refused, not ignored
     assert isinstance(tenant({"authorization": "Bearer alice"}, credential_headers=("x-team-key",)), Refusal)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "x-stainless-retry-count",  # what the OpenAI clients send
+        "openai-organization",
+        "openai-project",
+        "idempotency-key",
+        "x-request-id",
+        "x-gpucache-gateway-token",  # the proxy's own: never forwarded
+        "x-tokenizer",  # a word that only starts like one
+        "x-author",
+    ],
+)
+def test_a_header_whose_name_reads_as_no_credential_passes(header):
+    assert tenant({"authorization": "Bearer sk-valid", header: "1"}) == tenant(
+        {"authorization": "Bearer sk-valid"}
+    )
 
 
 def test_the_hash_depends_on_the_secret_and_on_nothing_per_process():
