@@ -124,13 +124,16 @@ class CredentialCheck:
         # whether the upstream refuses a key it never issued: True, its word is a check; False,
         # it is not (NOT_AN_AUTHORITY); None, not known yet (it could not answer the probe)
         self.authority: bool | None = None
+        self.authority_until = 0.0  # when a True is probed again (at most once a ttl)
         self.probing: asyncio.Future[bool | None] | None = None
 
     async def probe(self) -> bool | None:
         """Ask ``/v1/models`` with a key that cannot be valid, once until the upstream answers:
         a 401 or 403 makes it the authority on keys, a 2xx proves it checks none there. At start
-        (``create_app`` refuses to serve with an upstream that is no authority) and, where the
-        upstream could not answer then, before the first verdict."""
+        (``create_app`` refuses to serve with an upstream that is no authority), where the
+        upstream could not answer then before the first verdict, and again before a verdict is
+        asked once ``ttl`` has passed since the last probe: an upstream replaced, or reconfigured,
+        by one that checks no keys would otherwise allow every key, revoked or not, from then on."""
         if self.authority is not None:
             return self.authority
         if self.probing is not None:
@@ -144,6 +147,7 @@ class CredentialCheck:
                 )
                 if response.status_code in (401, 403):
                     self.authority = True
+                    self.authority_until = self.clock() + self.ttl
                 elif 200 <= response.status_code < 300:
                     self.authority = False
                     log.error("gpucache: %s", NOT_AN_AUTHORITY)
@@ -176,6 +180,10 @@ class CredentialCheck:
             kept = None  # and never extended while the upstream cannot answer
         if kept is not None and kept.until > self.clock():
             return kept.verdict
+        if self.authority and self.clock() >= self.authority_until:  # a verdict is needed: is
+            self.authority = None  # the upstream still the authority on keys?
+            if await self.probe() is False:
+                return Unverified(503, NOT_AN_AUTHORITY)
         pending = self.asking.get(credential)
         if pending is not None:
             return await asyncio.shield(pending)

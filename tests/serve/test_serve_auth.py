@@ -137,6 +137,33 @@ def test_concurrent_checks_of_one_credential_ask_once():
     assert sent == 1 and all(isinstance(v, Allowed) for v in verdicts)
 
 
+def test_an_upstream_that_stops_checking_keys_is_found_out_at_the_next_verdict_past_a_ttl():
+    """The probe is asked again, at most once a ttl, before a verdict: an upstream replaced by
+    one whose /v1/models is public (a llama.cpp server) would otherwise allow every key from
+    then on, a revoked one included, while the proxy kept its word from start."""
+    now = [0.0]
+
+    async def main():
+        up = FakeUpstream([200, 200, 200])
+        up.release.set()
+        check = CredentialCheck(up, ttl=10, clock=lambda: now[0])
+        first = await check.check("key:a", {}, "")
+        now[0] = 11.0  # a verdict is needed again; the upstream still refuses a made-up key
+        again = await check.check("key:a", {}, "")
+        probed_then = up.probed
+        now[0] = 15.0
+        within = await check.check("key:b", {}, "")  # a new key within the ttl: no new probe
+        up.probe_status = 200  # now its /v1/models answers any key
+        now[0] = 22.0
+        after = await check.check("key:a", {}, "")
+        return first, again, probed_then, within, after, up.probed
+
+    first, again, probed_then, within, after, probed = asyncio.run(main())
+    assert isinstance(first, Allowed) and isinstance(again, Allowed) and isinstance(within, Allowed)
+    assert probed_then == 2 and probed == 3
+    assert isinstance(after, Unverified) and after.status == 503 and "--auth keys" in after.message
+
+
 def test_an_upstream_that_cannot_answer_keeps_a_verdict_seen_before_and_refuses_a_new_one():
     now = [0.0]
 
