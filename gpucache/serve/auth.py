@@ -41,6 +41,10 @@ from gpucache.serve.upstream import Upstream, UpstreamUnavailable
 
 log = logging.getLogger("gpucache.serve")
 
+# How long a request with a key seen before waits on the key's re-check before it is served on
+# the key's last verdict (``CredentialCheck.check``): an upstream that answers checks at all
+# answers within it; a hung one would otherwise hold the key's hits for the check's timeout
+STALE_WAIT = 0.25
 MAX_VERDICTS = 100_000  # credentials remembered at once; the oldest are asked again past it
 PROBE_PREFIX = "gpucache-probe-"  # a probe's key: this prefix and 32 random hex digits
 NOT_AN_AUTHORITY = (
@@ -185,27 +189,40 @@ class CredentialCheck:
             if await self.probe() is False:
                 return Unverified(503, NOT_AN_AUTHORITY)
         pending = self.asking.get(credential)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        failed = self.unanswered.get(credential)
-        if failed is not None and failed[1] > self.clock():
-            return failed[0]
-        if len(self.asking) >= self.max_checks:  # a flood of new keys: each would be a request upstream
-            return Unverified(
-                503, f"more than {self.max_checks} credentials are being checked at once: retry shortly"
-            )
-        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        self.asking[credential] = future
-        try:
-            verdict = await self._ask(credential, headers, query, kept)
-            future.set_result(verdict)
-            return verdict
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no warning when no one else waited
-            raise
-        finally:
-            del self.asking[credential]
+        if pending is None:
+            failed = self.unanswered.get(credential)
+            if failed is not None and failed[1] > self.clock():
+                return failed[0]
+            if len(self.asking) >= self.max_checks:  # a flood of new keys: each would be a request upstream
+                return Unverified(
+                    503, f"more than {self.max_checks} credentials are being checked at once: retry shortly"
+                )
+            pending = self._asking(credential, headers, query, kept)
+        if kept is not None and self.clock() < kept.confirmed + self.ttl + self.grace:
+            # a key seen before waits on its re-check briefly: an upstream that answers at once
+            # decides this request, a slow or hung one does not hold it (hits included) for the
+            # check's whole timeout; it is served on its last word, within the grace that would
+            # extend it anyway, and the check, left running, decides the requests after it
+            done, _ = await asyncio.wait((pending,), timeout=min(STALE_WAIT, self.timeout))
+            if not done:
+                return kept.verdict
+        return await asyncio.shield(pending)
+
+    def _asking(
+        self, credential: str, headers: Mapping[str, str], query: str, kept: Kept | None
+    ) -> asyncio.Future[Verdict]:
+        """The upstream asked about ``credential``, in a task of its own: concurrent requests
+        with it wait on the one check (``asking``), and one that stops waiting leaves it running."""
+
+        async def ask() -> Verdict:
+            try:
+                return await self._ask(credential, headers, query, kept)
+            finally:
+                del self.asking[credential]
+
+        task = self.asking[credential] = asyncio.ensure_future(ask())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+        return task
 
     async def _ask(
         self, credential: str, headers: Mapping[str, str], query: str, before: Kept | None

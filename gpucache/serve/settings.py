@@ -219,7 +219,9 @@ class ServeSettings:
     auth_timeout: float = _option(
         5.0,
         "seconds a credential check (GET /v1/models) may take before it counts as unanswered: "
-        "the longest a key's requests, its exact hits included, wait on a re-check",
+        "the longest a new key's first request waits; a key seen before waits a quarter of a "
+        "second at most on its re-check, then is served on its last verdict (within auth_grace) "
+        "while the check goes on",
     )
     auth_grace: float = _option(
         300.0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -162,6 +163,40 @@ def test_an_upstream_that_stops_checking_keys_is_found_out_at_the_next_verdict_p
     assert isinstance(first, Allowed) and isinstance(again, Allowed) and isinstance(within, Allowed)
     assert probed_then == 2 and probed == 3
     assert isinstance(after, Unverified) and after.status == 503 and "--auth keys" in after.message
+
+
+def test_a_hung_recheck_of_a_known_key_holds_its_request_a_moment_not_the_checks_timeout():
+    """With /v1/models hung, a key whose verdict expired is served on its last verdict after a
+    short wait (its hits are not held for the check's whole timeout, once a ttl for as long as
+    the outage lasts); the check goes on, and its answer decides the requests after it. A key
+    never seen still waits for its check: there is no last word to serve it on."""
+    from gpucache.serve.auth import STALE_WAIT
+
+    now = [0.0]
+
+    async def main():
+        up = FakeUpstream([200, 401, 200])
+        up.release.set()
+        check = CredentialCheck(up, ttl=10, clock=lambda: now[0], timeout=30, grace=60)
+        first = await check.check("key:a", {}, "")
+        up.release.clear()  # the upstream's /v1/models hangs from now on
+        now[0] = 11.0
+        began = time.perf_counter()
+        stale = await check.check("key:a", {}, "")
+        waited = time.perf_counter() - began
+        still_asking = "key:a" in check.asking and up.sent == 2
+        new = asyncio.ensure_future(check.check("key:b", {}, ""))
+        await asyncio.sleep(2 * STALE_WAIT)
+        new_waits = not new.done()
+        up.release.set()  # the hung check answers at last: the key was revoked meanwhile
+        await new
+        after = await check.check("key:a", {}, "")
+        return first, stale, waited, still_asking, new_waits, after
+
+    first, stale, waited, still_asking, new_waits, after = asyncio.run(main())
+    assert isinstance(first, Allowed) and stale == first and still_asking and new_waits
+    assert STALE_WAIT <= waited < 10 * STALE_WAIT  # the check's timeout is 30 s
+    assert isinstance(after, Denied) and after.status == 401
 
 
 def test_an_upstream_that_cannot_answer_keeps_a_verdict_seen_before_and_refuses_a_new_one():
