@@ -41,6 +41,12 @@ from typing import Any
 
 from gpucache.conversation.value import MARK, Conversation, Prompt, Turn
 
+orjson: Any
+try:
+    import orjson
+except ImportError:  # pragma: no cover - the serve extra installs it
+    orjson = None
+
 TRANSPORT_FIELDS = frozenset({"stream", "stream_options", "user"})
 MIN_TEXT_CHARS = 2  # below this a text has no meaning to compare: "" or "?" embed to noise
 MAX_JSON_DEPTH = 64
@@ -52,6 +58,12 @@ MAX_MESSAGES = 2048
 # forwarded uncached rather than walked. Not refused: the upstream may take it. Other arrays
 # (tools, stop) are only hashed, in C, their size bounded by the body's.
 MAX_CONTENT_PARTS = 2048
+# The longest text (the final message and the earlier turns it carries) a request is looked up
+# by: the content policy's ``max_prompt_chars``, past which nothing is stored, so nothing longer
+# is ever found. Such a request is forwarded uncached ("too-large") without the cache's work on
+# it (its conversation's key, a JSON of every turn; its digest; its embedding), which for a body
+# near the size cap held the GIL, and so every other tenant's hits, for tens of milliseconds.
+MAX_COMPARED_CHARS = 200_000
 
 
 class BadRequest(ValueError):
@@ -87,13 +99,31 @@ class RequestKey:
 def parse_json(raw: bytes) -> Any:
     """A request body as JSON; ``BadRequest`` where it is not JSON or nests deeper than
     ``MAX_JSON_DEPTH`` (no OpenAI request does; a deep one would exhaust the recursion of
-    every later step that walks it)."""
+    every later step that walks it).
+
+    orjson reads it where it can (several times faster: a body near the size cap held the GIL
+    for tens of milliseconds in ``json``): it reads strict JSON of valid UTF-8 only, and reads
+    it as ``json`` does but for an integer past 64 bits, which it reads as a float (two such
+    seeds would share a scope). So ``json`` reads what orjson refuses (a lone surrogate escaped,
+    NaN) or refuses it with its message, and reads again a body in which orjson found a number
+    that large."""
+    body = _orjson_loads(raw)
+    if body is not _REFUSED and _walk(body, strings=False):
+        return body
     try:
         body = json.loads(raw)
     except RecursionError as exc:
         raise BadRequest(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    _walk(body, strings=True)
+    return body
+
+
+def _walk(body: Any, strings: bool) -> bool:
+    """``BadRequest`` for a body nested past ``MAX_JSON_DEPTH``, and with ``strings``, for one
+    holding a string that is not text; False where a float is 2^63 or more in magnitude (what
+    orjson makes of a larger integer), else True."""
     stack = [(body, 1)]
     while stack:
         value, depth = stack.pop()
@@ -101,13 +131,30 @@ def parse_json(raw: bytes) -> Any:
             raise BadRequest(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
         if isinstance(value, dict):
             for k, v in value.items():
-                _text(k)
+                if strings:
+                    _text(k)
                 stack.append((v, depth + 1))
         elif isinstance(value, list):
             stack.extend((v, depth + 1) for v in value)
         elif isinstance(value, str):
-            _text(value)
-    return body
+            if strings:
+                _text(value)
+        elif isinstance(value, float) and not strings and not -(2.0**63) < value < 2.0**63:
+            return False
+    return True
+
+
+_REFUSED = object()
+
+
+def _orjson_loads(raw: bytes) -> Any:
+    """``raw`` read by orjson, or ``_REFUSED`` where it cannot read it (or is not installed)."""
+    if orjson is None:
+        return _REFUSED
+    try:
+        return orjson.loads(raw)
+    except (orjson.JSONDecodeError, RecursionError):
+        return _REFUSED
 
 
 def _text(value: str) -> None:
@@ -167,6 +214,9 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
         bypass = "short-text"
     if bypass is None and text is not None and text.startswith(MARK):
         bypass = "reserved-text"  # the cache's own key of a conversation: the client's text stays its own
+    if text is not None and len(text) + sum(len(turn.text) for turn in context) > MAX_COMPARED_CHARS:
+        # its scope is never asked (nor hashed: a history kept in the scope would be)
+        return RequestKey(kind, f"{tenant}/too-large", None, "too-large", stream, include_usage)
     hidden = "".join(hidden_characters(t) for t in (*(turn.text for turn in context), text or ""))
     scope = f"{tenant}/{_digest(kind, rest, hidden)}"
     if bypass is not None:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpucache.serve.keying import (
+    MAX_COMPARED_CHARS,
     MAX_CONTENT_PARTS,
     MAX_JSON_DEPTH,
     MAX_MESSAGES,
@@ -27,6 +28,65 @@ def test_nesting_past_the_limit_is_a_bad_request_at_any_depth():
             parse_json(("[" * depth + "]" * depth).encode())
     with pytest.raises(BadRequest, match="not valid JSON"):
         parse_json(b"{not json")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "seed": 18446744073709551617, "temperature": 0.7, "stop": ["\\n", "END"]}',
+        b'{"model": "m", "x": 1e400, "y": -0.0, "z": [true, false, null, 1.5e-7]}',
+        b'{"model": "m", "x": NaN}',
+        b'{"model": "m", "t": "caf\\u00e9 \\u2603 \\ud83d\\ude00 \xc3\xa9"}',
+        b'{"a": 1, "a": 2}',
+    ],
+)
+def test_a_body_is_read_as_the_json_module_reads_it(raw):
+    """The fast reader takes strict JSON only, and what it would read otherwise (an integer past
+    64 bits as a float: two such seeds would share a scope) is read by ``json``."""
+    got, expected = parse_json(raw), json.loads(raw)
+    assert repr(got) == repr(expected) and type(got) is type(expected)
+
+
+def test_seeds_past_64_bits_that_round_to_one_float_are_two_requests():
+    a = request_key(
+        "chat",
+        parse_json(
+            b'{"model": "m", "seed": 18446744073709551617, "messages": '
+            b'[{"role": "user", "content": "Pick a number"}]}'
+        ),
+        "t",
+    )
+    b = request_key(
+        "chat",
+        parse_json(
+            b'{"model": "m", "seed": 18446744073709551618, "messages": '
+            b'[{"role": "user", "content": "Pick a number"}]}'
+        ),
+        "t",
+    )
+    assert a.scope != b.scope
+
+
+def test_a_text_longer_than_anything_stored_is_forwarded_uncached_without_being_keyed():
+    """The content policy stores no prompt past its ``max_prompt_chars``: a longer text, its
+    earlier turns counted, is never found either, and the cache's work on it (its
+    conversation's key, its digest, its embedding) held every other tenant's hits."""
+    at_limit = request_key("chat", chat_body("x" * MAX_COMPARED_CHARS), "t")
+    assert at_limit.bypass is None
+    over = request_key("chat", chat_body("x" * (MAX_COMPARED_CHARS + 1)), "t")
+    assert over.bypass == "too-large" and over.text is None
+    long_history = {
+        "model": "smol",
+        "messages": [
+            {"role": "user", "content": "lorem ipsum " * (MAX_COMPARED_CHARS // 12)},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "Summarise it please"},
+        ],
+    }
+    assert request_key("chat", long_history, "t").bypass == "too-large"
+    assert request_key(
+        "completions", {"model": "m", "prompt": "y" * (MAX_COMPARED_CHARS + 1)}, "t"
+    ).bypass == ("too-large")
 
 
 def chat_body(text="What is the capital of France?", **fields):

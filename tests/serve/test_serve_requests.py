@@ -298,3 +298,22 @@ def test_a_message_of_more_content_parts_than_the_bound_is_forwarded_and_never_s
     assert (
         'gpucache_bypasses_total{reason="many-content-parts"} 2.0' in httpx.get(f"{proxy.url}/metrics").text
     )
+
+
+def test_a_conversation_longer_than_anything_stored_is_forwarded_and_counted_as_too_large(proxy, upstream):
+    """Its earlier turns past what the cache stores: answered by the upstream both times,
+    counted as a bypass, and never looked up (the lookup's work on a body near the size cap
+    held every other tenant's hits)."""
+    from gpucache.serve.keying import MAX_COMPARED_CHARS
+
+    c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-long-history", max_retries=0)
+    messages = [
+        {"role": "user", "content": "lorem ipsum dolor " * (MAX_COMPARED_CHARS // 18 + 1)},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "Summarise the text I sent, please"},
+    ]
+    before = len(upstream.app.state.calls)
+    asked = [c.chat.completions.with_raw_response.create(model="smol", messages=messages) for _ in range(2)]
+    assert [r.headers["x-gpucache"] for r in asked] == ["bypass", "bypass"]
+    assert len(upstream.app.state.calls) == before + 2
+    assert 'gpucache_bypasses_total{reason="too-large"} 2.0' in httpx.get(f"{proxy.url}/metrics").text
