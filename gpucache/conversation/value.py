@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 MARK = "\x00gpucache-conversation-1\x00"  # the key of a conversation with context starts so
@@ -83,10 +84,11 @@ class Conversation:
             raise ValueError("a conversation's last message must be the user's")
         return cls(turns[-1].text, tuple(turns[:-1]))
 
-    @property
+    @cached_property
     def key(self) -> str:
         """The string the cache keys this conversation by: the request alone where there is no
-        context, else ``MARK`` and the turns and request as compact JSON."""
+        context, else ``MARK`` and the turns and request as compact JSON. Made once per value
+        (a request's conversation is keyed at every step of its lookup and store)."""
         if not self.context:
             return self.request
         payload = [[t.role, t.text] for t in self.context] + [self.request]
