@@ -10,12 +10,15 @@ byte of its body is parsed.
                                                            503 past the body budget;
                                                            the upstream's 401/403; 502-504)
     Intake.release(request)                                its body's bytes back to the budget
+    unless_gone(receive, work)                             work, or a 499 where the client
+                                                           hangs up first (work cancelled)
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,6 +47,8 @@ from gpucache.serve.rates import RateLimits
 from gpucache.serve.settings import GATEWAY_TOKEN_HEADER, ServeSettings
 from gpucache.serve.tenancy import Identity, Refusal
 from gpucache.serve.upstream import Upstream
+
+log = logging.getLogger("gpucache.serve")
 
 # A body past this is parsed and keyed on a worker thread, so a client's megabytes never stall
 # the loop that answers everyone's repeats; a small body stays on the loop, where the hop to a
@@ -139,6 +144,31 @@ async def disconnected(receive: Callable[[], Awaitable[Any]]) -> None:
     """Returns when the client has hung up (the ASGI ``http.disconnect``), the body read."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def unless_gone(receive: Callable[[], Awaitable[Any]], work: Awaitable[Outcome]) -> Outcome:
+    """``work``'s outcome, or, where the client hangs up first (``receive`` says so), ``work``
+    cancelled (its upstream request with it: httpx closes the connection, and a model server
+    stops generating) and a 499: the slot is free at once, not when the upstream would have
+    finished. Requests that joined this one's load then load their own (``LoadAbandoned``).
+    An exact repeat is not watched: it is answered before a watch could matter."""
+    running = asyncio.ensure_future(work)
+    watching = asyncio.ensure_future(disconnected(receive))
+    try:
+        await asyncio.wait((running, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+    if running.done():
+        return running.result()
+    running.cancel()
+    try:
+        await running
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            raise  # this request's own task is being cancelled (shutdown): not the client
+    except Exception:  # noqa: BLE001 - what the cancelled work raised on its way out
+        log.debug("gpucache: a request whose client hung up ended with an error", exc_info=True)
+    return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
 
 
 def leaves_body_unread(request: Request) -> bool:

@@ -61,13 +61,12 @@ from gpucache.serve.exchange import (
     Forwarded,
     Outcome,
     PassedThrough,
-    Refused,
     Shed,
     Unavailable,
     may_store,
     upstream_lifetime,
 )
-from gpucache.serve.intake import Intake, disconnected, leaves_body_unread
+from gpucache.serve.intake import Intake, leaves_body_unread, unless_gone
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
@@ -153,7 +152,7 @@ class Proxy:
         try:
             if repeat:
                 return await self.run(ex)
-            return await self.unless_gone(ex, self.run(ex))
+            return await unless_gone(ex.receive, self.run(ex))
         finally:
             self.busy -= 1
             left = self.holding.pop(ex.holder) - 1
@@ -164,30 +163,6 @@ class Proxy:
         """Whether ``holder`` holds its ``max_tenant_concurrency`` slots now."""
         share = self.config.max_tenant_concurrency
         return share is not None and self.holding.get(holder, 0) >= share
-
-    async def unless_gone(self, ex: Exchange, work: Awaitable[Outcome]) -> Outcome:
-        """``work``'s outcome, or, where the client hangs up first, ``work`` cancelled (its
-        upstream request with it: httpx closes the connection, and a model server stops
-        generating) and a 499: the slot is free at once, not when the upstream would have
-        finished. Requests that joined this one's load then load their own (``LoadAbandoned``).
-        An exact repeat is not watched: it is answered before a watch could matter."""
-        running = asyncio.ensure_future(work)
-        watching = asyncio.ensure_future(disconnected(ex.receive))
-        try:
-            await asyncio.wait((running, watching), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watching.cancel()
-        if running.done():
-            return running.result()
-        running.cancel()
-        try:
-            await running
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                raise  # this request's own task is being cancelled (shutdown): not the client
-        except Exception:  # noqa: BLE001 - what the cancelled work raised on its way out
-            log.debug("gpucache: a request whose client hung up ended with an error", exc_info=True)
-        return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
 
     async def run(self, ex: Exchange) -> Outcome:
         if ex.key.bypass is not None:
