@@ -41,12 +41,6 @@ from typing import Any
 
 from gpucache.conversation.value import MARK, Conversation, Prompt, Turn
 
-orjson: Any
-try:
-    import orjson
-except ImportError:  # pragma: no cover - the serve extra installs it
-    orjson = None
-
 TRANSPORT_FIELDS = frozenset({"stream", "stream_options", "user"})
 MIN_TEXT_CHARS = 2  # below this a text has no meaning to compare: "" or "?" embed to noise
 MAX_JSON_DEPTH = 64
@@ -148,8 +142,11 @@ _REFUSED = object()
 
 
 def _orjson_loads(raw: bytes) -> Any:
-    """``raw`` read by orjson, or ``_REFUSED`` where it cannot read it (or is not installed)."""
-    if orjson is None:
+    """``raw`` read by orjson, or ``_REFUSED`` where it cannot read it (or is not installed:
+    imported here, not with the module, which the package's value tier loads without extras)."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - the serve extra installs it
         return _REFUSED
     try:
         return orjson.loads(raw)
