@@ -267,12 +267,12 @@ class Lookup:
         return Verdict(not verifier.verify(cached, new, similarity), verifier.name)
 
     def _served(self, candidate: Candidate | None, now: float) -> Hit | None:
-        """The hit of the verifier's choice, where its entry is still the one stored (not
-        removed, replaced or expired since the scan: then a miss, never an answer that is
-        gone). Lock held."""
-        if candidate is None or not self.table.holds(candidate.entry, now):
+        """The hit of the verifier's choice, where its prompt is still stored in its row (not
+        removed, its row taken by another or expired since the scan: then a miss, never an
+        answer that is gone), with the answer stored for it now. Lock held."""
+        entry = None if candidate is None else self.table.current(candidate.entry, now)
+        if candidate is None or entry is None:
             return None
-        entry = candidate.entry
         self.table.touch(entry)
         return Hit(
             entry.response,

@@ -304,3 +304,20 @@ def test_a_tenants_bytes_follow_its_updates_and_removals_under_a_fair_share():
 def test_a_row_with_no_entry_is_a_bug_that_names_the_row():
     with pytest.raises(RuntimeError, match="index row 99 has no entry"):
         table().at_row(99)
+
+
+def test_the_entries_are_nothing_the_garbage_collector_walks(fake_embedder):
+    """Held as plain tuples of strings and numbers, the entries are untracked after a
+    collection, so a full collection (the GIL held, every request waiting) does not grow with
+    them; objects of a class would be tracked for as long as they live."""
+    import gc
+
+    from gpucache import SemanticCache
+
+    cache = SemanticCache(fake_embedder, device="cpu")
+    cache.warm([(f"question number {i}", f"answer {i}") for i in range(50)])
+    cache.put("question number 3", "a newer answer")  # replaced: another tuple
+    gc.collect()
+    held = list(cache._core.table._entries.values()) + list(cache._core.table._by_row.values())
+    assert len(held) == 100 and not any(gc.is_tracked(stored) for stored in held)
+    assert cache.get("question number 3").response == "a newer answer"
