@@ -11,14 +11,14 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
+from exchanges import exchange  # noqa: E402
+
 from gpucache.cache.served import Hit  # noqa: E402
 from gpucache.serve import answers  # noqa: E402
 from gpucache.serve.exchange import (  # noqa: E402
     Bypassed,
-    CacheControl,
     Cached,
     Coalesced,
-    Exchange,
     Fetched,
     PassedThrough,
     Refused,
@@ -26,19 +26,6 @@ from gpucache.serve.exchange import (  # noqa: E402
     Unavailable,
 )
 from gpucache.serve.metrics import ProxyMetrics  # noqa: E402
-
-
-def exchange() -> Exchange:
-    return Exchange(
-        kind="chat",
-        method="POST",
-        headers={},
-        query={},
-        raw=b"{}",
-        body={"model": "smol"},
-        key=None,
-        control=CacheControl(),
-    )  # type: ignore[arg-type]
 
 
 def body(response) -> dict:

@@ -8,10 +8,10 @@ import json
 
 import httpx
 import pytest
+from exchanges import exchange
 
 from gpucache.cache.served import Framed, Keep, ServeOnly
 from gpucache.serve import wire
-from gpucache.serve.exchange import CacheControl, Exchange
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.streams import Streams, upstream_events
 from gpucache.serve.upstream import UpstreamUnavailable
@@ -69,16 +69,7 @@ def test_a_cut_connection_is_an_unavailable_upstream_never_a_transport_traceback
 
 def load_pieces(lines):
     """``Streams.pieces`` over an upstream answering ``lines``: what the cache is handed."""
-    ex = Exchange(
-        kind="chat",
-        method="POST",
-        headers={},
-        query={},
-        raw=b"{}",
-        body={"model": "smol"},
-        key=None,
-        control=CacheControl(),
-    )  # type: ignore[arg-type]
+    ex = exchange()
     response = Lines(lines)
 
     async def collect():
