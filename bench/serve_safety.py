@@ -314,6 +314,20 @@ def limits_rows(
     rows.append(
         ("limits", "a message of 2,049 content parts, sent twice", ", ".join(answer(r) for r in asked))
     )
+    stops = [
+        httpx.post(
+            f"{main_url}/v1/chat/completions",
+            timeout=60,
+            headers={"authorization": "Bearer sk-stops"},
+            json={
+                "model": "smol",
+                "stop": ["END"] * 500_000,
+                "messages": [{"role": "user", "content": "Which port?"}],
+            },
+        )
+        for _ in range(2)
+    ]
+    rows.append(("limits", "`stop` with 500,000 strings, sent twice", ", ".join(answer(r) for r in stops)))
 
     port = free_port()
     rated = f"http://127.0.0.1:{port}"

@@ -58,6 +58,11 @@ MAX_CONTENT_PARTS = 2048
 # it (its conversation's key, a JSON of every turn; its digest; its embedding), which for a body
 # near the size cap held the GIL, and so every other tenant's hits, for tens of milliseconds.
 MAX_COMPARED_CHARS = 200_000
+# A field of the request (``stop``, ``tools``, ``logit_bias``...) with more members than this (no
+# OpenAI request has: it takes 4 stop sequences and 128 tools) is forwarded uncached ("many-members"),
+# not hashed into a scope: the upstream may take it, and the JSON of 500,000 stop strings, made
+# to key it, held the GIL as long as a conversation near the size cap did.
+MAX_FIELD_MEMBERS = 2048
 
 
 class BadRequest(ValueError):
@@ -214,6 +219,8 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
     if text is not None and len(text) + sum(len(turn.text) for turn in context) > MAX_COMPARED_CHARS:
         # its scope is never asked (nor hashed: a history kept in the scope would be)
         return RequestKey(kind, f"{tenant}/too-large", None, "too-large", stream, include_usage)
+    if any(isinstance(v, (list, dict)) and len(v) > MAX_FIELD_MEMBERS for v in rest.values()):
+        return RequestKey(kind, f"{tenant}/many-members", None, "many-members", stream, include_usage)
     hidden = "".join(hidden_characters(t) for t in (*(turn.text for turn in context), text or ""))
     scope = f"{tenant}/{_digest(kind, rest, hidden)}"
     if bypass is not None:

@@ -10,6 +10,7 @@ import pytest
 from gpucache.serve.keying import (
     MAX_COMPARED_CHARS,
     MAX_CONTENT_PARTS,
+    MAX_FIELD_MEMBERS,
     MAX_JSON_DEPTH,
     MAX_MESSAGES,
     BadRequest,
@@ -87,6 +88,32 @@ def test_a_text_longer_than_anything_stored_is_forwarded_uncached_without_being_
     assert request_key(
         "completions", {"model": "m", "prompt": "y" * (MAX_COMPARED_CHARS + 1)}, "t"
     ).bypass == ("too-large")
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"stop": ["END"] * (MAX_FIELD_MEMBERS + 1)},
+        {"logit_bias": {str(i): 1 for i in range(MAX_FIELD_MEMBERS + 1)}},
+        {
+            "tools": [
+                {"type": "function", "function": {"name": f"f{i}"}} for i in range(MAX_FIELD_MEMBERS + 1)
+            ]
+        },
+    ],
+    ids=["stop", "logit_bias", "tools"],
+)
+def test_a_field_of_more_members_than_any_openai_request_has_is_forwarded_uncached(field):
+    """The upstream may take it; hashing it into a scope (the JSON of every member) is what
+    would cost, and no cache serves such requests twice."""
+    assert request_key("chat", chat_body(**field), "t").bypass == "many-members"
+    ((name, value),) = field.items()
+    at_bound = (
+        value[:MAX_FIELD_MEMBERS]
+        if isinstance(value, list)
+        else dict(list(value.items())[:MAX_FIELD_MEMBERS])
+    )
+    assert request_key("chat", chat_body(**{name: at_bound}), "t").bypass is None
 
 
 def chat_body(text="What is the capital of France?", **fields):
