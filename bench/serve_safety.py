@@ -378,6 +378,61 @@ def limits_rows(
     )
 
 
+def authority_rows(processes: list[subprocess.Popen[bytes]]) -> list[tuple[str, str, str]]:
+    """The upstream as the authority on keys: one whose ``/v1/models`` answers any key (as
+    llama.cpp's server does) is refused at start; one whose checks hang holds a known key's
+    hits a moment, past its ``--auth-ttl``, and a new key until ``--auth-timeout``."""
+    rows = []
+    public_port, port = free_port(), free_port()
+    public = start(
+        [sys.executable, str(STANDIN), "--port", str(public_port), "--public-models"],
+        f"http://127.0.0.1:{public_port}/v1/models",
+    )
+    processes.append(public)
+    refused = subprocess.run(
+        proxy_command(public_port, "--port", str(port)), capture_output=True, text=True, timeout=300
+    )
+    said = "names --auth keys" if "--auth keys" in refused.stderr else "says nothing of --auth keys"
+    rows.append(
+        (
+            "auth",
+            "an upstream whose `/v1/models` answers any key (llama.cpp's server): `gpucache serve` "
+            "with its default `--auth upstream`",
+            f"refused to start: exit {refused.returncode}, {said}",
+        )
+    )
+    hung_port, port = free_port(), free_port()
+    hung_up = f"http://127.0.0.1:{hung_port}"
+    processes.append(start([sys.executable, str(STANDIN), "--port", str(hung_port)], f"{hung_up}/v1/models"))
+    url = f"http://127.0.0.1:{port}"
+    processes.append(
+        start(
+            proxy_command(hung_port, "--port", str(port), "--auth-ttl", "1", "--auth-timeout", "2"),
+            f"{url}/health",
+        )
+    )
+    known = {"authorization": "Bearer sk-known"}
+    ask(url, known, "What is the capital of Peru?")
+    ask(url, known, "What is the capital of Peru?")
+    httpx.post(f"{hung_up}/control/hang-checks", timeout=10)
+    time.sleep(1.2)  # the known key's verdict (--auth-ttl 1) expires
+    began = time.perf_counter()
+    again = ask(url, known, "What is the capital of Peru?")
+    known_ms = 1000 * (time.perf_counter() - began)
+    began = time.perf_counter()
+    new = ask(url, {"authorization": "Bearer sk-new"}, "What is the capital of Peru?")
+    new_ms = 1000 * (time.perf_counter() - began)
+    rows.append(
+        (
+            "auth",
+            "`--auth-ttl 1 --auth-timeout 2`, the upstream's `/v1/models` then hangs: a known key past "
+            "its ttl asks its stored question / a key never seen asks it",
+            f"{again} in {known_ms:.0f} ms / {new} in {new_ms:.0f} ms",
+        )
+    )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="the proxy asked each hostile case, as a client would")
     parser.add_argument("--out", default="bench/reports/serve-safety.md", help="the report written")
@@ -502,6 +557,8 @@ def main() -> None:
                 ask(keyed, {**listed, "x-api-key": "sk-nobody"}, secret_q),
             )
         )
+
+        rows += authority_rows(processes)
 
         # ------------------------------------------------------------------ tenancy
         q = "What is team A's launch date?"

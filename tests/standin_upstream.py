@@ -285,6 +285,11 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
         revoked.add((await request.json())["key"])
         return JSONResponse({"ok": True})
 
+    async def hang_checks(request: Request) -> Response:
+        # for a process of its own (the safety matrix): GET /v1/models never answers from now
+        request.app.state.hang_checks = True
+        return JSONResponse({"ok": True})
+
     async def anything(request: Request) -> Response:
         raw = request.scope.get("raw_path") or request.url.path.encode()
         paths.append((request.method, raw.decode("latin-1")))
@@ -298,6 +303,7 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/control/drip", release, methods=["POST"]),
             Route("/control/revoke", revoke, methods=["POST"]),
+            Route("/control/hang-checks", hang_checks, methods=["POST"]),
             Route("/{path:path}", anything, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
         ]
     )
@@ -319,8 +325,10 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--token-delay", type=float, default=0.0, help="seconds per generated word")
+    parser.add_argument("--public-models", action="store_true", help="GET /v1/models answers any key")
     args = parser.parse_args()
-    uvicorn.run(make_upstream(args.token_delay), host=args.host, port=args.port, log_level="warning")
+    app = make_upstream(args.token_delay, public_models=args.public_models)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
