@@ -130,38 +130,64 @@ class CredentialCheck:
         self.authority: bool | None = None
         self.authority_until = 0.0  # when a True is probed again (at most once a ttl)
         self.probing: asyncio.Future[bool | None] | None = None
+        self.confirming: asyncio.Future[bool | None] | None = None  # ``confirm``'s probe
 
     async def probe(self) -> bool | None:
         """Ask ``/v1/models`` with a key that cannot be valid, once until the upstream answers:
         a 401 or 403 makes it the authority on keys, a 2xx proves it checks none there. At start
-        (``create_app`` refuses to serve with an upstream that is no authority), where the
-        upstream could not answer then before the first verdict, and again before a verdict is
-        asked once ``ttl`` has passed since the last probe: an upstream replaced, or reconfigured,
-        by one that checks no keys would otherwise allow every key, revoked or not, from then on."""
+        (``create_app`` refuses to serve with an upstream that is no authority) and, where the
+        upstream could not answer then, before the first verdict (``confirm`` asks again)."""
         if self.authority is not None:
             return self.authority
         if self.probing is not None:
             return await asyncio.shield(self.probing)
         probing = self.probing = asyncio.get_running_loop().create_future()
         try:
-            key = PROBE_PREFIX + secrets.token_hex(16)
-            try:
-                response = await self.upstream.send(
-                    "GET", "models", {"authorization": f"Bearer {key}"}, b"", timeout=self.timeout
-                )
-                if response.status_code in (401, 403):
-                    self.authority = True
-                    self.authority_until = self.clock() + self.ttl
-                elif 200 <= response.status_code < 300:
-                    self.authority = False
-                    log.error("gpucache: %s", NOT_AN_AUTHORITY)
-            except UpstreamUnavailable:
-                pass  # asked again before the first verdict
+            self._heard(await self._probe_once())
             return self.authority
         finally:
             self.probing = None
             if not probing.done():
                 probing.set_result(self.authority)
+
+    async def confirm(self) -> None:
+        """The probe again, once ``ttl`` has passed since the upstream last answered it, before
+        a verdict: an upstream replaced, or reconfigured, by one that checks no keys would
+        otherwise allow every key, revoked or not, from then on. It runs in a task of its own,
+        and a request waits on it as briefly as on a known key's re-check (``STALE_WAIT``): a
+        hung ``/v1/models`` holds no one for the probe's timeout, and one that cannot answer
+        leaves the upstream's standing as it was."""
+        if self.confirming is None or self.confirming.done():
+            self.authority_until = self.clock() + self.ttl  # asked at most once a ttl, answered or not
+            self.confirming = asyncio.ensure_future(self._probe_once())
+            self.confirming.add_done_callback(self._confirmed)
+        await asyncio.wait((self.confirming,), timeout=min(STALE_WAIT, self.timeout))
+
+    async def _probe_once(self) -> bool | None:
+        """The upstream's word on a key it cannot have issued: True refused, False accepted,
+        None where it could not answer."""
+        key = PROBE_PREFIX + secrets.token_hex(16)
+        try:
+            response = await self.upstream.send(
+                "GET", "models", {"authorization": f"Bearer {key}"}, b"", timeout=self.timeout
+            )
+        except UpstreamUnavailable:
+            return None  # asked again before the next verdict
+        if response.status_code in (401, 403):
+            return True
+        return False if 200 <= response.status_code < 300 else None
+
+    def _confirmed(self, task: asyncio.Future[bool | None]) -> None:
+        if not task.cancelled():
+            self._heard(task.result())
+
+    def _heard(self, authority: bool | None) -> None:
+        if authority is True:
+            self.authority, self.authority_until = True, self.clock() + self.ttl
+        elif authority is False:
+            if self.authority is not False:
+                log.error("gpucache: %s", NOT_AN_AUTHORITY)
+            self.authority = False
 
     def forget(self, credential: str) -> None:
         """Drop a credential's verdict: its next request is checked again."""
@@ -185,8 +211,8 @@ class CredentialCheck:
         if kept is not None and kept.until > self.clock():
             return kept.verdict
         if self.authority and self.clock() >= self.authority_until:  # a verdict is needed: is
-            self.authority = None  # the upstream still the authority on keys?
-            if await self.probe() is False:
+            await self.confirm()  # the upstream still the authority on keys?
+            if self.authority is False:
                 return Unverified(503, NOT_AN_AUTHORITY)
         pending = self.asking.get(credential)
         if pending is None:

@@ -115,6 +115,8 @@ class FakeUpstream:
             self.probed = getattr(self, "probed", 0) + 1
             if self.probe_status is None:
                 raise UpstreamUnavailable(502, "down")
+            if self.probe_status == "hang":
+                await asyncio.Event().wait()
             return Response(self.probe_status)
         self.sent += 1
         self.timeout = timeout
@@ -197,6 +199,32 @@ def test_a_hung_recheck_of_a_known_key_holds_its_request_a_moment_not_the_checks
     assert isinstance(first, Allowed) and stale == first and still_asking and new_waits
     assert STALE_WAIT <= waited < 10 * STALE_WAIT  # the check's timeout is 30 s
     assert isinstance(after, Denied) and after.status == 401
+
+
+def test_a_hung_probe_of_the_upstreams_standing_holds_a_known_keys_request_a_moment():
+    """Confirming, once a ttl, that the upstream still refuses a made-up key must not hold a
+    key's requests for the probe's timeout when /v1/models hangs: they wait as briefly as on a
+    known key's re-check, and the upstream's standing is left as it was."""
+    from gpucache.serve.auth import STALE_WAIT
+
+    now = [0.0]
+
+    async def main():
+        up = FakeUpstream([200, 200])
+        up.release.set()
+        check = CredentialCheck(up, ttl=10, clock=lambda: now[0], timeout=30, grace=60)
+        await check.check("key:a", {}, "")
+        up.probe_status = "hang"
+        now[0] = 11.0
+        began = time.perf_counter()
+        verdict = await check.check("key:a", {}, "")
+        waited = time.perf_counter() - began
+        check.confirming.cancel()
+        return verdict, waited, check.authority
+
+    verdict, waited, authority = asyncio.run(main())
+    assert isinstance(verdict, Allowed) and authority is True
+    assert waited < 10 * STALE_WAIT  # the probe's timeout is 30 s
 
 
 def test_an_upstream_that_cannot_answer_keeps_a_verdict_seen_before_and_refuses_a_new_one():
