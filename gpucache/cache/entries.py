@@ -136,11 +136,6 @@ class EntryTable:
     def expires_at(self, entry: Entry) -> float:
         return self.index.expires_at(entry.row)
 
-    def holds(self, entry: Entry, now: float) -> bool:
-        """Whether ``entry``'s prompt is still stored in its row (not removed, or its row taken
-        by another, or expired by ``now``)."""
-        return self.current(entry, now) is not None
-
     def current(self, entry: Entry, now: float) -> Entry | None:
         """What is stored now for ``entry`` (its answer perhaps replaced since), where its
         prompt still holds its row and has not expired by ``now``; else None."""

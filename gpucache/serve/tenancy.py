@@ -29,6 +29,7 @@ kept in a snapshot or shared through Redis are filed under tenants nobody can re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -52,9 +53,16 @@ CREDENTIAL_NAME = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=1024)  # asked of every header of every request, exact hits' included
 def credential_like(name: str) -> bool:
-    """Whether a (lower-case) header name reads as one that carries a credential."""
-    return CREDENTIAL_NAME.search(name) is not None and not name.startswith("x-gpucache-")
+    """Whether a (lower-case) header name reads as one that carries a credential that would
+    reach the upstream: not the proxy's own (x-gpucache-*), nor Proxy-Authorization, a
+    hop-by-hop header the proxy never forwards (upstream.py)."""
+    return (
+        CREDENTIAL_NAME.search(name) is not None
+        and not name.startswith("x-gpucache-")
+        and name != "proxy-authorization"
+    )
 
 
 NAMESPACE_HEADER = "x-gpucache-namespace"

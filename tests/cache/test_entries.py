@@ -67,8 +67,8 @@ def test_an_entry_expires_at_its_expiry_time_not_after():
     t = table()
     put(t, "s", ("p", "r"), expires_at=10.0)
     entry = t.exact("s", "p", now=9.5)
-    assert entry is not None and t.holds(entry, now=9.5)
-    assert not t.holds(entry, now=10.0)
+    assert entry is not None and t.current(entry, now=9.5) == entry
+    assert t.current(entry, now=10.0) is None
     assert t.exact("s", "p", now=10.0) is None
     assert t.stats.expirations == 1 and len(t) == 0
     put(t, "s", ("q", "r"), expires_at=20.0)

@@ -99,6 +99,7 @@ def test_a_credential_in_a_header_that_does_not_name_the_tenant_is_refused(heade
         "x-gpucache-gateway-token",  # the proxy's own: never forwarded
         "x-tokenizer",  # a word that only starts like one
         "x-author",
+        "proxy-authorization",  # hop-by-hop: never forwarded
     ],
 )
 def test_a_header_whose_name_reads_as_no_credential_passes(header):
