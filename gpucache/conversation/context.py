@@ -197,8 +197,14 @@ def needed_turns(request: str, turns: list[_Read]) -> list[_Read]:
         return []
     kept = {(t.index, t.text): t for t in depended_on(request, turns)}
     apart = _asides(exchanges)
-    if apart and points_back(request):
-        apart.discard(len(exchanges) - 1)  # the latest exchange may be what the request is about
+    last = len(exchanges) - 1
+    if last in apart and points_back(request):
+        # the latest exchange may be what the request is about ("random q, do gift cards
+        # expire?" ... "and do they have fees?"): it stays an aside only where the request's
+        # own words are about another exchange and none of them about it
+        elsewhere = any(words[j] & asked[0] for j in range(last))
+        if not elsewhere or words[last] & asked[0]:
+            apart.discard(last)
     for i, exchange in enumerate(exchanges):
         if i in apart:
             for t in exchange:

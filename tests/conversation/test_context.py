@@ -213,6 +213,29 @@ def test_an_aside_the_user_marks_does_not_block_a_hit(matcher, monkeypatch):
     assert matcher.explain(BOOKED, aside).rejected
 
 
+def test_an_aside_just_before_the_request_counts_only_where_the_request_is_about_it(matcher):
+    """An aside asked last ("random q, is there parking?") is still an aside where the request's
+    own words are about an earlier exchange and none about the aside; a request about it (or
+    one with no words of its own to tell) depends on it."""
+    booked = talk(
+        "can I still cancel the cleaning without a fee?",
+        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+        "Done: Friday at 9:00 at Elm Street.",
+    )
+    aside = talk(
+        "can I still cancel the cleaning without a fee?",
+        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+        "Done: Friday at 9:00 at Elm Street.",
+        "random q, is there parking at the clinic?",
+        "Yes, 2 hours of parking behind the building.",
+    )
+    assert not matcher.explain(booked, aside).rejected
+    for request in ("how long can I leave my car in the parking?", "and is that free?"):
+        about = talk(request, *(t.text for t in booked.context))
+        about_aside = talk(request, *(t.text for t in aside.context))
+        assert matcher.explain(about, about_aside).rejected
+
+
 def test_a_reaction_said_in_passing_does_not_block_a_hit_but_a_change_of_mind_does(matcher, monkeypatch):
     reacted = talk(
         "can you move it to the afternoon?",
