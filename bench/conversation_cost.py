@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from provenance import run_label  # noqa: E402
 
 from gpucache import ContextMatcher, Conversation, SemanticCache, Turn  # noqa: E402
-from gpucache.conversation import context  # noqa: E402
+from gpucache.conversation import reading  # noqa: E402
 from gpucache.guard.lexical import clear_caches  # noqa: E402
 
 # an exchange of a long support chat, repeated about other parcels to make 64 messages
@@ -88,7 +88,7 @@ def main() -> None:
         lookup = timed(lambda: cache.get(asked, scope=scope), args.rounds)  # noqa: B023
 
         def cold() -> None:
-            context._read_text.cache_clear()
+            reading.read_text.cache_clear()
             clear_caches()
             matcher.explain(stored, asked)  # noqa: B023
 

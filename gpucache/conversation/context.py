@@ -5,22 +5,28 @@ the earlier turns. Comparing them whole would refuse nearly every conversation (
 turn reworded, a question about something else asked first); ignoring them would serve the
 answer to "how much is it?" about one product after a conversation about another. So:
 
-1. **Read each turn sentence by sentence**: each sentence's content words (the guard's reading:
-   framing dropped, stems, the interchangeable table, misspellings mended) and its *details*
-   (numbers, names written with a capital). A sentence with neither is chatter, set aside.
+1. **Read each turn sentence by sentence** (reading.py): each sentence's content words (the
+   guard's reading: framing dropped, stems, the interchangeable table, misspellings mended) and
+   its *details* (numbers, as written and with every quantity in one unit; names written with a
+   capital). A sentence with neither is chatter, set aside.
 2. **A request that stands alone** (it points back to nothing: no "it", "that", "the second
-   one", "my ...", "the answer", no follow-up opening) needs only the same standing
-   instructions on both sides ("from now on answer in French").
+   one", "my ...", "the approach I chose", "the answer", no follow-up opening; and it shares no
+   word with the turns before it) needs only the same standing instructions on both sides
+   ("from now on answer in French"). A request that names what the turns talked about ("where
+   is the noise coming from?" after a turn about the noise) depends on them.
 3. **Find what the request depends on, on each side** (``needed_turns``): the latest exchange
    and every sentence sharing a word with the request or with one found, and every other
-   exchange except an island (sharing no word with the request or the rest) and an exchange
-   the user marks as an aside ("random q", "unrelated", "btw").
+   exchange except an island (sharing no word with the request or the rest), an exchange the
+   user marks as an aside ("random q", "unrelated", "btw") and the exchanges tied only to one.
 4. **Compare strictly**: the numbers and names stated in what the request depends on must be
    stated on the other side; every sentence needs a close counterpart (a third of its words
    shared) that the guard and the edit check judge the same (a sentence edited in a word,
    "a tension headache" / "a migraine", states something else), in the same order where the
    order can decide what "it" or "the second one" means; a sentence one side has and the other
-   does not refuses when the request depends on it, unless it is a reaction said in passing.
+   does not refuses when the request depends on it, unless it is a reaction said in passing or
+   the other side tells what it says in other words (``_Told.restates``: half its words said
+   there, every word naming a kind of thing said there, no negation or change of mind the
+   other side lacks).
 
 When unsure it refuses: a turn with no counterpart is a difference. Everything is a pure
 function of the two conversations and shipped word lists (no floating point, no ``hash()``),
@@ -32,24 +38,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
-from gpucache.conversation.value import Conversation, Turn
-from gpucache.guard.differences import align, capitalised, segments
+from gpucache.conversation.reading import (
+    MAX_TURN_CHARS,
+    WORD,
+    Sentence,
+    differing,
+    needed_turns,
+    points_back,
+    read_text,
+    sentences,
+)
+from gpucache.conversation.value import Conversation
+from gpucache.guard.differences import align, kind_of
 from gpucache.guard.lexical import LexicalNearMissVerifier
-from gpucache.guard.parsing import FRAMING_READ, parse
+from gpucache.guard.parsing import parse
 from gpucache.guard.request import request_text
 from gpucache.guard.verifier import ExplainingVerifier, Verdict
+from gpucache.guard.words import NEGATIONS
 
-# Words by which a final request points back to an earlier turn: pronouns and demonstratives,
-# ordinals and comparatives that pick among options offered, and the words of a follow-up
-# ("instead", "also", "what about"). A request holding one depends on the latest exchange.
-BACK_REFERENCES = frozenset(
-    """it its it's itself that this these those they them their theirs he him his she her there
-    one ones same such instead also too again other another else first second third fourth last
-    former latter previous earlier above mentioned option options either both cheaper cheapest
-    bigger smaller better worse more less longer shorter then""".split()
-)
 # A turn that keeps this many content words of the other, and at least EDIT_RATIO times as many
 # as it changes, is an edit of it (context.ContextMatcher._same)
 EDIT_SHARED_MIN, EDIT_RATIO = 3, 1
@@ -74,169 +81,25 @@ INSTRUCTION = re.compile(
     r"arabic|russian|dutch|english))\b",
     re.IGNORECASE,
 )
-# What opens an aside: a question the user marks as off the conversation's topic
-ASIDE = re.compile(
-    r"\b(?:unrelated|random q(?:uestion)?|off[- ]topic|btw|by the way|side question|"
-    r"different question|changing the subject|on another note|totally different)\b",
-    re.IGNORECASE,
-)
-# Nouns that stand for something said before ("is the answer 7/8?", "will the error come back?")
-DISCOURSE_NOUNS = frozenset("answer result results solution problem issue error".split())
-# The user's own situation, described earlier ("what would my monthly payment be?", "do I need an
-# x-ray?"), except in a how-to that asks the general way ("how do I reverse a string?")
-FIRST_PERSON = frozenset("i i'm i've i'd me my mine myself we we're our ours us".split())
-HOW_TO = re.compile(r"^\s*how\s+(?:do|can|should|would|could)\s+i\b", re.IGNORECASE)
-# Openings of a follow-up that names only what changes ("what about Tuesday?", "and for two?")
-FOLLOW_UP = re.compile(r"^\s*(?:and|but|so|or|what about|how about|ok(?:ay)?|then)\b", re.IGNORECASE)
-# Content words too common to tie two turns to one topic
-GENERIC = frozenset(
-    """help question need want know thing way get make time day work good fine sure yes yeah
-    okay ok thank thanks please great right also much many lot bit look find try""".split()
-)
 # The guard's rules not run on a turn against its counterpart: a word one side adds to a
 # statement of the same facts ("which plans include roaming" / "which plans have roaming") is
 # how people restate context; the details that matter are compared by the detail check.
 TURN_RULES_SKIPPED: tuple[str, ...] = ("added",)
-MAX_TURN_CHARS = 2000  # a turn is read for its first this many characters (bounds the cost)
+# What a sentence may be refused for and still be a rewording, where the other side tells what
+# it says (``_Told.restates``): no sentence there shares enough of its words to be its
+# counterpart (said in other words, split or merged), or the closest differs in how a request
+# is put or in a number the other side states elsewhere (one sentence here, two there). A word
+# substituted in a sentence otherwise the same ("the front lever is spongy" / "the rear lever
+# is spongy"), a negation, an opposite, a direction, a thing named or a payload never is.
+RESTATABLE = frozenset(
+    f"context-{rule}"
+    for rule in "unmatched time tone deliverable audience constraint roles "
+    "crossed voice question-word numbers".split()
+)
+RESTATED_SHARE = (1, 2)  # (numerator, denominator): the share of its words the other side says
 # Longer conversations are served for their exact repeat only: the matcher's cost grows with
 # the turns, and a dependency in a turn it did not read would be a wrong answer.
 MAX_CONTEXT_TURNS = 128
-_WORD = re.compile(r"[a-z']+")
-
-
-@dataclass(frozen=True)
-class _Read:
-    """One turn as the matcher compares it."""
-
-    index: int  # the turn's place in the conversation
-    part: int  # the sentence's place in the turn
-    role: str
-    text: str  # one sentence of the turn, as read (within its first MAX_TURN_CHARS)
-    content: frozenset[str]  # content words, less framing and generic words
-    details: frozenset[str]  # numbers, names, named kinds
-
-
-@lru_cache(maxsize=8192)
-def _read_text(text: str) -> tuple[frozenset[str], frozenset[str]]:
-    """(content words, details) of one turn's text; memoised, turns repeat across lookups.
-    The details are its numbers and the names written with a capital: what a context states
-    that an answer turns on. (The guard's other named kinds, an audience or a tone, describe a
-    request, and the turns are compared as requests where they are asked: ``_counterpart``.)"""
-    asked = request_text(text)
-    parsed = parse(asked)
-    content = frozenset(parsed.content) - FRAMING_READ - GENERIC
-    names = capitalised(text)
-    details = {f"#{n.lstrip('#')}" for n in parsed.numbers}  # "the 1st" states the number 1
-    details.update(f"name:{word}" for word in parsed.content if word in names)
-    return content, frozenset(details)
-
-
-def _read(index: int, turn: Turn) -> list[_Read]:
-    """One turn as the sentences it states, each read on its own: a statement changed in one
-    sentence ("the modem is rented from you" / "I bought my own modem") is a sentence the other
-    side does not state, however many of the turn's other words it shares."""
-    return [
-        _Read(index, part, turn.role, text, *_read_text(text))
-        for part, text in enumerate(segments(turn.text[:MAX_TURN_CHARS]))
-    ]
-
-
-def points_back(request: str) -> bool:
-    """Whether a final request refers to something said earlier ("how much is it?", "what
-    about the second one?", "and for Tuesday?", "is the answer 7/8?"), asks about the user's
-    own situation ("do I need an x-ray?"), or says too little to stand alone."""
-    words = _WORD.findall(request.casefold())
-    if FOLLOW_UP.match(request) or any(w in BACK_REFERENCES or w in DISCOURSE_NOUNS for w in words):
-        return True
-    if not HOW_TO.match(request) and any(w in FIRST_PERSON for w in words):
-        return True
-    content, _ = _read_text(request[:MAX_TURN_CHARS])
-    return len(content) <= 1
-
-
-def depended_on(request: str, turns: list[_Read]) -> list[_Read]:
-    """The turns of one side that ``request`` depends on (chatter already set aside): the latest
-    exchange where it points back, then every turn sharing a content word with the request or a
-    turn found, until none joins."""
-    found: set[int] = set()  # positions in ``turns``
-    pool = set(_read_text(request[:MAX_TURN_CHARS])[0])
-    if turns and points_back(request):
-        last_user = max((t.index for t in turns if t.role == "user"), default=turns[0].index)
-        for k, t in enumerate(turns):
-            if t.index >= last_user:
-                found.add(k)
-                pool |= t.content
-    grew = True
-    while grew:
-        grew = False
-        for k, t in enumerate(turns):
-            if k not in found and t.content & pool:
-                found.add(k)
-                pool |= t.content
-                grew = True
-    return [t for k, t in enumerate(turns) if k in found]
-
-
-def needed_turns(request: str, turns: list[_Read]) -> list[_Read]:
-    """The turns of one side the request may depend on (chatter already set aside).
-
-    A request that points back depends on the latest exchange and on every turn that shares a
-    content word with it or with the request, transitively (``depended_on``). Beyond those,
-    every exchange (a user turn and the answer after it) counts unless it is an island: one
-    that shares no content word or detail with the request nor with any other exchange is about
-    something else ("do you take Visa?" in a conversation about a delivery), and nothing refers
-    to it. A request that points nowhere and names nothing of its context stands alone."""
-    grouped: dict[int, list[_Read]] = {}
-    for t in turns:  # a user turn and the answer after it
-        grouped.setdefault(t.index - (t.role == "assistant"), []).append(t)
-    exchanges = [grouped[k] for k in sorted(grouped)]
-    words = [frozenset().union(*(t.content | t.details for t in e)) for e in exchanges]
-    asked = _read_text(request[:MAX_TURN_CHARS])
-    asked_words = asked[0] | asked[1]
-    if not points_back(request) and not any(w & asked_words for w in words):
-        return []
-    kept = {(t.index, t.text): t for t in depended_on(request, turns)}
-    apart = _asides(exchanges)
-    last = len(exchanges) - 1
-    if last in apart and points_back(request):
-        # the latest exchange may be what the request is about ("random q, do gift cards
-        # expire?" ... "and do they have fees?"): it stays an aside only where the request's
-        # own words are about another exchange and none of them about it
-        elsewhere = any(words[j] & asked[0] for j in range(last))
-        if not elsewhere or words[last] & asked[0]:
-            apart.discard(last)
-    for i, exchange in enumerate(exchanges):
-        if i in apart:
-            for t in exchange:
-                kept.pop((t.index, t.text), None)
-            continue
-        others = asked_words.union(*(w for j, w in enumerate(words) if j != i))
-        if words[i] & others:
-            kept.update(((t.index, t.text), t) for t in exchange)
-    return [t for t in turns if (t.index, t.text) in kept]
-
-
-def _asides(exchanges: list[list[_Read]]) -> set[int]:
-    """The exchanges a user opened as an aside ("random q, do gift cards expire?", "unrelated,
-    but...", "btw"). Only those: an exchange after one may as well be back on the topic."""
-    return {
-        i
-        for i, exchange in enumerate(exchanges)
-        if ASIDE.search(" ".join(t.text for t in exchange if t.role == "user"))
-    }
-
-
-def _differing(needed: list[_Read], others: list[_Read]) -> list[str]:
-    """The details the turns a request depends on state that the other side's conversation
-    does not state anywhere: a number compared as a number, a name as a word (so a name one
-    side writes in lowercase is still the same name)."""
-    stated = frozenset().union(*(t.details for t in others))
-    words = frozenset().union(*(t.content for t in others))
-    missing = set()
-    for detail in frozenset().union(*(t.details for t in needed)) - stated:
-        if detail.startswith("#") or detail.split(":", 1)[1] not in words:
-            missing.add(detail)
-    return sorted(missing)
 
 
 class ContextMatcher:
@@ -266,32 +129,38 @@ class ContextMatcher:
             )
         sides = []
         for conversation in (cached, new):
-            turns = [unit for i, t in enumerate(conversation.context) for unit in _read(i, t)]
+            turns = [unit for i, t in enumerate(conversation.context) for unit in sentences(i, t)]
             spoken = [t for t in turns if t.content or t.details]  # chatter set aside
             sides.append((spoken, needed_turns(conversation.request, spoken)))
         (spoken_a, needed_a), (spoken_b, needed_b) = sides
-        strict = points_back(cached.request) or points_back(new.request)
+        # a request that shares a word with the turns before it is about them, pronoun or none
+        strict = points_back(cached.request) or points_back(new.request) or bool(needed_a or needed_b)
         if not strict:  # the request stands alone: only an instruction for every answer counts
             return self._instructions(spoken_a, spoken_b)
-        differing = _differing(needed_a, spoken_b) + _differing(needed_b, spoken_a)
-        if differing:
+        unstated = differing(needed_a, spoken_b) + differing(needed_b, spoken_a)
+        if unstated:
             return Verdict(
                 True,
                 "context-detail",
-                f"the turns the request depends on differ in {', '.join(differing)}",
-                tuple(differing),
+                f"the turns the request depends on differ in {', '.join(unstated)}",
+                tuple(unstated),
             )
-        for side, spoken, needed, others in (
-            ("cached", spoken_a, needed_a, spoken_b),
-            ("new", spoken_b, needed_b, spoken_a),
+        for side, spoken, needed, others, asked in (
+            ("cached", spoken_a, needed_a, spoken_b, new.request),
+            ("new", spoken_b, needed_b, spoken_a, cached.request),
         ):
             found: list[tuple[int, int]] = []
+            told = _Told.of(others, asked)
             for turn in spoken:
                 after = found[-1] if found else (-1, -1)
                 match = self._counterpart(turn, [t for t in others if t.role == turn.role], strict, after)
                 if isinstance(match, tuple):
                     found.append(match)
-                elif match.rule != "context-unmatched" or (turn in needed and not aside(turn)):
+                elif match.rule == "context-unmatched" and (turn not in needed or aside(turn)):
+                    continue  # said in passing, or about what the request does not depend on
+                elif match.rule in RESTATABLE and told.restates(turn, match.rule):
+                    continue  # reworded: what it states is stated on the other side
+                else:
                     # a statement changed, or one the request may depend on stated on one side only
                     return Verdict(
                         True, match.rule, f"{side} turn {turn.index + 1}: {match.detail}", match.words
@@ -300,7 +169,7 @@ class ContextMatcher:
                 return Verdict(True, "context-order", f"the {side} side's sentences come in another order")
         return Verdict(False, "context-agrees")
 
-    def _instructions(self, a: list[_Read], b: list[_Read]) -> Verdict:
+    def _instructions(self, a: list[Sentence], b: list[Sentence]) -> Verdict:
         """For a request that stands alone: accept unless a user sentence that instructs every
         later answer ("from now on answer in French", "explain like I'm five") is said on one
         side only, or differently."""
@@ -319,7 +188,7 @@ class ContextMatcher:
         return Verdict(False, "context-apart")
 
     def _counterpart(
-        self, turn: _Read, others: list[_Read], strict: bool, after: tuple[int, int] = (-1, -1)
+        self, turn: Sentence, others: list[Sentence], strict: bool, after: tuple[int, int] = (-1, -1)
     ) -> tuple[int, int] | Verdict:
         """The position of the sentence of ``others`` that says the same as ``turn`` (``_same``),
         the first at or after ``after`` among those sharing the most words (a sentence said
@@ -346,7 +215,7 @@ class ContextMatcher:
             True, first.rule, f'"{turn.text[:80]}" / "{close[0].text[:80]}": {first.detail}', first.words
         )
 
-    def _same(self, a: _Read, b: _Read, strict: bool) -> Verdict | None:
+    def _same(self, a: Sentence, b: Sentence, strict: bool) -> Verdict | None:
         """None where two turns say the same; else the difference. The guard judges them as two
         requests; and where one is an edit of the other (most of its words shared), any word
         substituted or added is a difference: a statement of context changed in one word ("a
@@ -376,11 +245,61 @@ class ContextMatcher:
         return None
 
 
-def aside(turn: _Read) -> bool:
+@dataclass(frozen=True)
+class _Told:
+    """What one side's conversation tells, as a whole: where a sentence of the other side has no
+    counterpart sentence, because the other side said it in other words, split it or merged it
+    with another ("I don't really understand derivatives" / "derivatives confuse me"), what it
+    states must still be told there (``restates``)."""
+
+    words: frozenset[str]  # content words of every sentence and of the request
+    details: frozenset[str]  # numbers (as written and in one unit) and names said anywhere
+    negated: bool  # a negation is said somewhere
+    changed: bool  # a change of mind is said somewhere
+
+    @classmethod
+    def of(cls, spoken: list[Sentence], request: str) -> _Told:
+        words = frozenset().union(read_text(request[:MAX_TURN_CHARS])[0], *(t.content for t in spoken))
+        text = " ".join(t.text for t in spoken)
+        said = set(WORD.findall(text.casefold()))
+        return cls(
+            words,
+            frozenset().union(*(t.details | t.amounts for t in spoken)),
+            bool(said & NEGATIONS),
+            bool(said & CHANGES) or bool(CHANGE_PHRASES.search(text)),
+        )
+
+    def restates(self, turn: Sentence, rule: str) -> bool:
+        """Whether ``turn``, refused by ``rule`` (one of RESTATABLE), says nothing this side does
+        not tell: every word of it naming a kind of thing (categories.txt) is said here, and of
+        its other content words RESTATED_SHARE where no sentence here is close to it (said in
+        other words), every one where one is but differs in how it is put or in a number (what
+        it says beside must be said elsewhere); its numbers stated here, as written or in one
+        unit; no negation or change of mind where this side says none. (The numbers and names
+        of what the request depends on were compared before: ``differing``.)"""
+        if rule == "context-numbers" and not (
+            turn.details <= self.details or (turn.converted and turn.converted <= self.details)
+        ):
+            return False  # a number this side does not state (else one sentence here split in two)
+        said = set(WORD.findall(turn.text.casefold()))
+        if (said & NEGATIONS and not self.negated) or (
+            (said & CHANGES or CHANGE_PHRASES.search(turn.text)) and not self.changed
+        ):
+            return False
+        if any(kind_of(w, frozenset()) is not None and w not in self.words for w in turn.content):
+            return False
+        words = {w for w in turn.content if not any(c.isdigit() for c in w)}  # numbers: details
+        shared = len(words & self.words)
+        if rule != "context-unmatched":
+            return shared == len(words)
+        return RESTATED_SHARE[1] * shared >= RESTATED_SHARE[0] * len(words)
+
+
+def aside(turn: Sentence) -> bool:
     """Whether a sentence only one side has is said in passing: a reaction ("haha sorry, my
     hands are full", "thank you, that's kind of you") that states no number or name and changes
     nothing ("actually", "instead", "I meant")."""
-    words = set(_WORD.findall(turn.text.casefold()))
+    words = set(WORD.findall(turn.text.casefold()))
     return (
         not turn.details
         and bool(words & REACTIONS)
@@ -389,7 +308,7 @@ def aside(turn: _Read) -> bool:
     )
 
 
-def _close(a: _Read, b: _Read) -> bool:
+def _close(a: Sentence, b: Sentence) -> bool:
     """Whether ``b`` shares enough of ``a``'s words to be its counterpart: a third of the
     shorter turn's content words (the guard judges pairs a similarity threshold has let
     through, and two turns sharing one word are no such pair)."""
@@ -397,6 +316,6 @@ def _close(a: _Read, b: _Read) -> bool:
     return shared >= 1 and 3 * shared >= min(len(a.content), len(b.content))
 
 
-def _order(turn: _Read, words: frozenset[str]) -> tuple[str, ...]:
+def _order(turn: Sentence, words: frozenset[str]) -> tuple[str, ...]:
     """The order ``words`` come in in ``turn`` (each at its first place)."""
     return tuple(dict.fromkeys(w for w in parse(request_text(turn.text)).content if w in words))

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from gpucache import ContextMatcher, Conversation, Turn
-from gpucache.conversation import context
+from gpucache.conversation import context, reading
 
 
 def talk(request: str, *turns: str) -> Conversation:
@@ -113,14 +113,67 @@ def test_taking_out_the_detail_check_serves_the_other_place(matcher, monkeypatch
         "I need to book a dentist cleaning at the Oak Avenue clinic on Friday",
         "Done: Friday at 9:00 at Oak Avenue.",
     )
-    monkeypatch.setattr(context, "_differing", lambda a, b: [])
+    monkeypatch.setattr(context, "differing", lambda a, b: [])
     verdict = matcher.explain(BOOKED, changed)
     assert verdict.rule != "context-detail"
 
 
 def test_taking_out_the_latest_exchange_rule_serves_a_follow_up_without_its_referent(matcher, monkeypatch):
     monkeypatch.setattr(context, "points_back", lambda request: False)
+    monkeypatch.setattr(reading, "points_back", lambda request: False)
     assert not matcher.explain(BOOKED, talk("can you move it to the afternoon?")).rejected
+
+
+def test_a_request_that_names_what_the_turns_talked_about_depends_on_them(matcher, monkeypatch):
+    """ "where is the rattle coming from?" has no pronoun, but the rattle is the one described
+    before: a request sharing a word with the turns is compared against them, not served as
+    standing alone."""
+    braking = talk("where is the rattle coming from?", "my car makes a rattle when I brake", "At any speed?")
+    speeding = talk(
+        "where is the rattle coming from?", "my car makes a rattle when I speed up", "At any speed?"
+    )
+    assert matcher.explain(braking, speeding).rejected
+    monkeypatch.setattr(context, "needed_turns", lambda request, turns: [])
+    assert not matcher.explain(braking, speeding).rejected
+
+
+def test_a_sentence_the_other_side_tells_in_other_words_does_not_block_a_hit(matcher, monkeypatch):
+    """One side splits what the other says in one sentence, or puts it another way: what it
+    states is told there, so it is no difference; a sentence stating another thing still is."""
+    request = "so what should I check first?"
+    split = talk(request, "My kettle keeps tripping the breaker. I bought it two years ago.", "Let's see.")
+    merged = talk(request, "kettle (2 yrs old) keeps tripping the breaker", "Let's see.")
+    put_otherwise = talk(request, "since last week the breaker trips whenever the kettle runs", "Let's see.")
+    weekly = talk(request, "The kettle trips the breaker. It started last week.", "Let's see.")
+    toaster = talk(request, "since last week the breaker trips whenever the toaster runs", "Let's see.")
+    assert not matcher.explain(split, merged).rejected
+    assert not matcher.explain(weekly, put_otherwise).rejected
+    assert matcher.explain(weekly, toaster).rejected
+    monkeypatch.setattr(context, "RESTATABLE", frozenset())
+    assert matcher.explain(split, merged).rejected
+    assert matcher.explain(weekly, put_otherwise).rejected
+
+
+def test_what_a_side_tells_a_sentence_must_hold_its_words_its_kinds_negations_and_changes():
+    """``_Told.restates``: half a sentence's words said on the other side, every word naming a
+    kind of thing, no negation or change of mind the other side does not say anywhere."""
+    told = context._Told.of(
+        [
+            s
+            for i, t in enumerate(["The kettle trips the breaker.", "It started last week."])
+            for s in reading.sentences(i, Turn("user", t))
+        ],
+        "so what should I check first?",
+    )
+
+    def restated(text: str) -> bool:
+        return told.restates(reading.sentences(0, Turn("user", text))[0], "context-unmatched")
+
+    assert restated("the breaker goes off with the kettle")
+    assert not restated("the fuse box hums near the fridge")  # none of its words
+    assert not restated("the kettle never trips the breaker")  # a negation said here only
+    assert not restated("wait, the kettle trips the breaker")  # a change of mind said here only
+    assert not restated("the kettle trips the breaker in the uk")  # a place said here only
 
 
 def test_the_verdicts_are_the_same_in_every_process():
@@ -187,7 +240,7 @@ def test_each_sentence_needs_a_counterpart_not_only_each_turn(matcher, monkeypat
         "Let's try a restart first.",
     )
     assert matcher.explain(rented, bought).rejected
-    monkeypatch.setattr(context, "segments", lambda text: (text,))
+    monkeypatch.setattr(reading, "segments", lambda text: (text,))
     assert not matcher.explain(rented, bought).rejected
 
 
@@ -209,7 +262,7 @@ def test_an_aside_the_user_marks_does_not_block_a_hit(matcher, monkeypatch):
         "Done: Friday at 9:00 at Elm Street.",
     )
     assert not matcher.explain(BOOKED, aside).rejected
-    monkeypatch.setattr(context, "ASIDE", re.compile("(?!)"))
+    monkeypatch.setattr(reading, "ASIDE", re.compile("(?!)"))
     assert matcher.explain(BOOKED, aside).rejected
 
 
@@ -274,8 +327,10 @@ def test_a_request_that_stands_alone_still_needs_the_same_standing_instructions(
         ("and for two people?", True),
         ("tell me more about the second one", True),
         ("how do I reverse a string in python?", False),
+        ("how should I split my revision time?", True),  # the user's own time, told before
+        ("how do I begin with the plan I picked?", True),
         ("why do onions make people cry when cut?", False),
     ],
 )
 def test_what_points_back(request_text, points):
-    assert context.points_back(request_text) is points
+    assert reading.points_back(request_text) is points
