@@ -1,0 +1,161 @@
+"""Conversations through ``gpucache serve`` and the official ``openai`` client, with the cache's
+defaults (``match_context`` on): a follow-up is served after a conversation whose earlier turns
+differ only in what it does not depend on, and never after one that differs in what it does.
+One case per kind of the conversation pairs (data/SOURCES.md); each kind's check is shown to
+matter, with the check taken out, in tests/conversation/test_context.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+from serving import Served, answer_to, make_upstream  # noqa: E402
+
+from gpucache import SemanticCache  # noqa: E402
+from gpucache.serve.app import create_app  # noqa: E402
+from gpucache.serve.settings import ServeSettings  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with Served(make_upstream()) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream, real_embedder, tmp_path_factory):
+    config = ServeSettings(
+        upstream=f"{upstream.url}/v1",
+        admin_token="admin-secret-for-the-tests",
+        require_auth=False,
+        namespace_secret=b"tenancy-secret-for-the-tests",
+        snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"),
+    )
+    app = create_app(
+        config,
+        cache_factory=lambda: SemanticCache(
+            real_embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0
+        ),  # the default match_context
+    )
+    with Served(app) as served:
+        yield served
+
+
+def chat(*texts: str) -> list[dict[str, str]]:
+    """Alternating user and assistant messages, ending with the user's final request."""
+    return [{"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(texts)]
+
+
+BOOKED = (
+    "I need to book a dentist cleaning at the Elm Street clinic on Friday",
+    "Done: Friday at 9:00 at Elm Street.",
+)
+MOVE = "can you move it to the afternoon?"
+KETTLE = "so what should I check first?"
+ROAMING = ("which of your plans includes roaming?", "The Traveller plan includes roaming in 40 countries.")
+
+# (kind, the conversation stored, the one asked after it)
+SHARED = [
+    ("chatter", chat(*BOOKED, MOVE), chat("hello!", "Hi, how can I help?", *BOOKED, MOVE)),
+    (
+        "unrelated_turns",
+        chat(*BOOKED, MOVE),
+        chat("do you take Visa cards?", "Yes, every major card.", *BOOKED, MOVE),
+    ),
+    (
+        "context_reworded",
+        chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
+        chat("since last week the breaker trips whenever the kettle runs", "Let's see.", KETTLE),
+    ),
+    (
+        "mixed",
+        chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
+        chat(
+            "hey there",
+            "Hi!",
+            "since last week the breaker trips whenever the kettle runs",
+            "Let's see.",
+            KETTLE,
+        ),
+    ),
+    (
+        "self_contained",
+        chat("hi", "Hello!", "what is the boiling point of ethanol?"),
+        chat("my chemistry quiz is tomorrow", "Good luck!", "what is the boiling point of ethanol?"),
+    ),
+]
+REFUSED = [
+    (
+        "entity",
+        chat(*BOOKED, MOVE),
+        chat(
+            "I need to book a dentist cleaning at the Oak Avenue clinic on Friday",
+            "Done: Friday at 9:00 at Oak Avenue.",
+            MOVE,
+        ),
+    ),
+    ("number", chat(*BOOKED, MOVE), chat(BOOKED[0], "Done: Friday at 11:00 at Elm Street.", MOVE)),
+    (
+        "detail",
+        chat("my car makes a rattle when I brake", "At any speed?", "where is the rattle coming from?"),
+        chat("my car makes a rattle when I speed up", "At any speed?", "where is the rattle coming from?"),
+    ),
+    (
+        "change_of_mind",
+        chat(*BOOKED, MOVE),
+        chat(*BOOKED, "haha actually make it a whitening", "Sure.", MOVE),
+    ),
+    (
+        "assistant_fact",
+        chat(*ROAMING, "how much is it per month?"),
+        chat(ROAMING[0], "The Basic plan includes roaming in 40 countries.", "how much is it per month?"),
+    ),
+    (
+        "referent",
+        chat(
+            "my son has a cold and my wife has the flu",
+            "Sorry to hear that.",
+            "is the second one contagious?",
+        ),
+        chat(
+            "my wife has the flu and my son has a cold",
+            "Sorry to hear that.",
+            "is the second one contagious?",
+        ),
+    ),
+]
+
+
+def outcome(proxy, tenant: str, stored: list[dict[str, str]], asked: list[dict[str, str]]) -> tuple[str, str]:
+    """The cache's answer to ``asked`` after ``stored`` (a miss, answered upstream), in a tenant of
+    its own: its ``x-gpucache`` header and the text served."""
+    c = openai.OpenAI(
+        base_url=f"{proxy.url}/v1",
+        api_key="k",
+        max_retries=0,
+        default_headers={"x-gpucache-namespace": tenant},
+    )
+    first = c.chat.completions.with_raw_response.create(model="smol", messages=stored)
+    assert first.headers["x-gpucache"] == "miss"
+    raw = c.chat.completions.with_raw_response.create(model="smol", messages=asked)
+    return raw.headers["x-gpucache"], raw.parse().choices[0].message.content
+
+
+@pytest.mark.parametrize("kind, stored, asked", SHARED, ids=[k for k, _, _ in SHARED])
+def test_a_follow_up_is_served_after_turns_that_differ_only_in_what_it_does_not_depend_on(
+    proxy, kind, stored, asked
+):
+    tier, text = outcome(proxy, f"t-shared-{kind}", stored, asked)
+    assert tier == "semantic" and text == answer_to(stored[-1]["content"])
+
+
+@pytest.mark.parametrize("kind, stored, asked", REFUSED, ids=[k for k, _, _ in REFUSED])
+def test_a_follow_up_is_never_served_after_turns_that_differ_in_what_it_depends_on(
+    proxy, kind, stored, asked
+):
+    tier, _ = outcome(proxy, f"t-refused-{kind}", stored, asked)
+    assert tier == "miss"
