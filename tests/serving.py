@@ -10,7 +10,7 @@ from typing import Any
 import uvicorn
 from standin_upstream import answer_to, make_upstream
 
-__all__ = ["Served", "answer_to", "free_port", "make_upstream"]
+__all__ = ["Served", "answer_to", "free_port", "keyless_proxy", "make_upstream"]
 
 
 class Served:
@@ -45,3 +45,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def keyless_proxy(upstream_url: str, embedder: Any, snapshot: str, admin_token: str, secret: bytes) -> Any:
+    """The proxy app before ``upstream_url`` with the real ``embedder`` and the cache's defaults
+    (but a short lookup window): keyless clients let in, so a module's clients tell themselves
+    apart by namespace, each test a tenant of its own."""
+    from gpucache import SemanticCache
+    from gpucache.serve.app import create_app
+    from gpucache.serve.settings import ServeSettings
+
+    config = ServeSettings(
+        upstream=upstream_url,
+        admin_token=admin_token,
+        require_auth=False,
+        namespace_secret=secret,
+        snapshot=snapshot,
+    )
+    return create_app(
+        config,
+        cache_factory=lambda: SemanticCache(
+            embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0
+        ),
+    )

@@ -22,7 +22,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serving import Served, answer_to, free_port, make_upstream  # noqa: E402
+from serving import Served, answer_to, free_port, keyless_proxy, make_upstream  # noqa: E402
 
 from gpucache import SemanticCache  # noqa: E402
 from gpucache.serve.app import create_app  # noqa: E402
@@ -41,24 +41,8 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def proxy(upstream, real_embedder, tmp_path_factory):
-    # keyless clients let in: this module's clients tell themselves apart by namespace
-    config = ServeSettings(
-        upstream=f"{upstream.url}/v1",
-        admin_token=ADMIN,
-        require_auth=False,
-        namespace_secret=SECRET,
-        snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"),
-    )
-    app = create_app(
-        config,
-        cache_factory=lambda: SemanticCache(
-            real_embedder,
-            device="cpu",
-            lookup_window_seconds=0.002,
-            lookup_timeout_seconds=30.0,
-            match_context=True,
-        ),
-    )
+    snapshot = str(tmp_path_factory.mktemp("snap") / "c.gpucache")
+    app = keyless_proxy(f"{upstream.url}/v1", real_embedder, snapshot, ADMIN, SECRET)
     with Served(app) as served:
         yield served
 

@@ -13,36 +13,23 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from serving import Served, answer_to, make_upstream  # noqa: E402
-
-from gpucache import SemanticCache  # noqa: E402
-from gpucache.serve.app import create_app  # noqa: E402
-from gpucache.serve.settings import ServeSettings  # noqa: E402
+from serving import Served, answer_to, keyless_proxy, make_upstream  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def upstream():
-    with Served(make_upstream()) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def proxy(upstream, real_embedder, tmp_path_factory):
-    config = ServeSettings(
-        upstream=f"{upstream.url}/v1",
-        admin_token="admin-secret-for-the-tests",
-        require_auth=False,
-        namespace_secret=b"tenancy-secret-for-the-tests",
-        snapshot=str(tmp_path_factory.mktemp("snap") / "c.gpucache"),
-    )
-    app = create_app(
-        config,
-        cache_factory=lambda: SemanticCache(
-            real_embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0
-        ),  # the default match_context
-    )
-    with Served(app) as served:
-        yield served
+def proxy(real_embedder, tmp_path_factory):
+    """The proxy, with the cache's defaults, before a stand-in upstream of its own."""
+    snapshot = str(tmp_path_factory.mktemp("snap") / "c.gpucache")
+    with Served(make_upstream()) as upstream:
+        app = keyless_proxy(
+            f"{upstream.url}/v1",
+            real_embedder,
+            snapshot,
+            "admin-secret-for-the-tests",
+            b"tenancy-secret-for-the-tests",
+        )
+        with Served(app) as served:
+            yield served
 
 
 def chat(*texts: str) -> list[dict[str, str]]:
