@@ -50,7 +50,7 @@ from gpucache.conversation.reading import (
     sentences,
 )
 from gpucache.conversation.value import Conversation
-from gpucache.guard.differences import align, kind_of
+from gpucache.guard.differences import align, kind_of, segments
 from gpucache.guard.lexical import LexicalNearMissVerifier
 from gpucache.guard.parsing import parse
 from gpucache.guard.request import request_text
@@ -100,6 +100,13 @@ RESTATED_SHARE = (1, 2)  # (numerator, denominator): the share of its words the 
 # Longer conversations are served for their exact repeat only: the matcher's cost grows with
 # the turns, and a dependency in a turn it did not read would be a wrong answer.
 MAX_CONTEXT_TURNS = 128
+# The matcher's work is bounded by counts, so its verdict is the same on every machine: a side of
+# more sentences than this (chatter included), or a comparison that would ask the guard about more
+# pairs of sentences than MAX_JUDGED, is matched exactly only; each sentence is judged against
+# its MAX_JUDGED_EACH closest. A client can send 128 turns of 2,000 characters each, every
+# sentence near one of the other side's: unbounded, judging such a pair took 1.6 s of CPU.
+MAX_CONTEXT_SENTENCES = 512
+MAX_JUDGED, MAX_JUDGED_EACH = 256, 3
 
 
 class ContextMatcher:
@@ -127,12 +134,23 @@ class ContextMatcher:
                 "context-too-long",
                 f"{longest} earlier turns: more than {MAX_CONTEXT_TURNS} are matched exactly only",
             )
+        most = max(
+            sum(len(segments(t.text[:MAX_TURN_CHARS])) for t in conversation.context)
+            for conversation in (cached, new)
+        )  # counted before any is read: reading is most of the cost
+        if most > MAX_CONTEXT_SENTENCES:
+            return Verdict(
+                True,
+                "context-too-long",
+                f"{most} sentences: more than {MAX_CONTEXT_SENTENCES} are matched exactly only",
+            )
         sides = []
         for conversation in (cached, new):
             turns = [unit for i, t in enumerate(conversation.context) for unit in sentences(i, t)]
             spoken = [t for t in turns if t.content or t.details]  # chatter set aside
             sides.append((spoken, needed_turns(conversation.request, spoken)))
         (spoken_a, needed_a), (spoken_b, needed_b) = sides
+        budget = [MAX_JUDGED]  # the guard's judgments this comparison may still ask for
         # a request that shares a word with the turns before it is about them, pronoun or none
         strict = points_back(cached.request) or points_back(new.request) or bool(needed_a or needed_b)
         if not strict:  # the request stands alone: only an instruction for every answer counts
@@ -153,7 +171,9 @@ class ContextMatcher:
             told = _Told.of(others, asked)
             for turn in spoken:
                 after = found[-1] if found else (-1, -1)
-                match = self._counterpart(turn, [t for t in others if t.role == turn.role], strict, after)
+                match = self._counterpart(
+                    turn, [t for t in others if t.role == turn.role], strict, after, budget
+                )
                 if isinstance(match, tuple):
                     found.append(match)
                 elif match.rule == "context-unmatched" and (turn not in needed or aside(turn)):
@@ -173,11 +193,12 @@ class ContextMatcher:
         """For a request that stands alone: accept unless a user sentence that instructs every
         later answer ("from now on answer in French", "explain like I'm five") is said on one
         side only, or differently."""
+        budget = [MAX_JUDGED]
         for side, mine, others in (("cached", a, b), ("new", b, a)):
             theirs = [t for t in others if t.role == "user"]
             for turn in mine:
                 if turn.role == "user" and INSTRUCTION.search(turn.text):
-                    match = self._counterpart(turn, theirs, True)
+                    match = self._counterpart(turn, theirs, True, (-1, -1), budget)
                     if isinstance(match, Verdict):
                         return Verdict(
                             True,
@@ -188,7 +209,7 @@ class ContextMatcher:
         return Verdict(False, "context-apart")
 
     def _counterpart(
-        self, turn: Sentence, others: list[Sentence], strict: bool, after: tuple[int, int] = (-1, -1)
+        self, turn: Sentence, others: list[Sentence], strict: bool, after: tuple[int, int], budget: list[int]
     ) -> tuple[int, int] | Verdict:
         """The position of the sentence of ``others`` that says the same as ``turn`` (``_same``),
         the first at or after ``after`` among those sharing the most words (a sentence said
@@ -205,7 +226,10 @@ class ContextMatcher:
         if not close:
             return Verdict(True, "context-unmatched", f'"{turn.text[:80]}" has no counterpart')
         first: Verdict | None = None
-        for other in close:
+        for other in close[:MAX_JUDGED_EACH]:
+            if budget[0] <= 0:
+                return Verdict(True, "context-too-long", f"more than {MAX_JUDGED} sentences to judge")
+            budget[0] -= 1
             verdict = self._same(other, turn, strict)
             if verdict is None:
                 return other.index, other.part

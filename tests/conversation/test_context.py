@@ -202,6 +202,34 @@ def test_a_conversation_longer_than_the_bound_is_matched_exactly_only(matcher):
     assert verdict.rejected and verdict.rule == "context-too-long"
 
 
+def test_turns_of_more_sentences_than_the_bound_are_matched_exactly_only_and_never_read(matcher, monkeypatch):
+    """A client may send 128 turns of 2,000 characters: the sentences are counted before any is
+    read, and past MAX_CONTEXT_SENTENCES the turns are compared word for word."""
+    wordy = " ".join(f"The router restarts at {h} o'clock." for h in range(1, 24))
+    turns = (Turn("user", wordy), Turn("assistant", "Noted."))
+    long = turns * (context.MAX_CONTEXT_SENTENCES // 23 + 1)
+    monkeypatch.setattr(context, "sentences", lambda *a: pytest.fail("read"))
+    verdict = matcher.explain(Conversation(BOOKED.request, long), Conversation(BOOKED.request, long[2:]))
+    assert verdict.rejected and verdict.rule == "context-too-long"
+
+
+def test_a_comparison_asks_the_guard_a_bounded_number_of_times(matcher, monkeypatch):
+    """Each sentence is judged against its closest few, and a comparison past MAX_JUDGED
+    judgments is matched exactly only: the cost is bounded by counts, the same everywhere."""
+    said = talk(
+        "so what should I check first?", "The kettle trips the breaker. It started last week.", "Let's see."
+    )
+    other = talk(
+        "so what should I check first?",
+        "since last week the breaker trips whenever the kettle runs",
+        "Let's see.",
+    )
+    assert not matcher.explain(said, other).rejected
+    monkeypatch.setattr(context, "MAX_JUDGED", 0)
+    verdict = matcher.explain(said, other)
+    assert verdict.rejected and verdict.rule == "context-too-long"
+
+
 # Each check below, and what taking it out would serve. The monkeypatched runs are the proof
 # that the check, not something else, refuses the pair.
 
