@@ -150,7 +150,6 @@ class ContextMatcher:
             spoken = [t for t in turns if t.content or t.details]  # chatter set aside
             sides.append((spoken, needed_turns(conversation.request, spoken)))
         (spoken_a, needed_a), (spoken_b, needed_b) = sides
-        budget = [MAX_JUDGED]  # the guard's judgments this comparison may still ask for
         # a request that shares a word with the turns before it is about them, pronoun or none
         strict = points_back(cached.request) or points_back(new.request) or bool(needed_a or needed_b)
         if not strict:  # the request stands alone: only an instruction for every answer counts
@@ -163,6 +162,7 @@ class ContextMatcher:
                 f"the turns the request depends on differ in {', '.join(unstated)}",
                 tuple(unstated),
             )
+        budget = [MAX_JUDGED]  # the guard's judgments this comparison may still ask for
         for side, spoken, needed, others, asked in (
             ("cached", spoken_a, needed_a, spoken_b, new.request),
             ("new", spoken_b, needed_b, spoken_a, cached.request),
@@ -285,12 +285,11 @@ class _Told:
     def of(cls, spoken: list[Sentence], request: str) -> _Told:
         words = frozenset().union(read_text(request[:MAX_TURN_CHARS])[0], *(t.content for t in spoken))
         text = " ".join(t.text for t in spoken)
-        said = set(WORD.findall(text.casefold()))
         return cls(
             words,
             frozenset().union(*(t.details | t.amounts for t in spoken)),
-            bool(said & NEGATIONS),
-            bool(said & CHANGES) or bool(CHANGE_PHRASES.search(text)),
+            _negates(text),
+            bool(set(WORD.findall(text.casefold())) & CHANGES) or bool(CHANGE_PHRASES.search(text)),
         )
 
     def restates(self, turn: Sentence, rule: str) -> bool:
@@ -306,7 +305,7 @@ class _Told:
         ):
             return False  # a number this side does not state (else one sentence here split in two)
         said = set(WORD.findall(turn.text.casefold()))
-        if (said & NEGATIONS and not self.negated) or (
+        if (_negates(turn.text) and not self.negated) or (
             (said & CHANGES or CHANGE_PHRASES.search(turn.text)) and not self.changed
         ):
             return False
@@ -317,6 +316,11 @@ class _Told:
         if rule != "context-unmatched":
             return shared == len(words)
         return RESTATED_SHARE[1] * shared >= RESTATED_SHARE[0] * len(words)
+
+
+def _negates(text: str) -> bool:
+    """Whether ``text`` says a negation: a negative word, or one contracted ("don't", "isn't")."""
+    return any(w in NEGATIONS or w.endswith("n't") for w in WORD.findall(text.casefold()))
 
 
 def aside(turn: Sentence) -> bool:

@@ -172,6 +172,7 @@ def test_what_a_side_tells_a_sentence_must_hold_its_words_its_kinds_negations_an
     assert restated("the breaker goes off with the kettle")
     assert not restated("the fuse box hums near the fridge")  # none of its words
     assert not restated("the kettle never trips the breaker")  # a negation said here only
+    assert not restated("the kettle doesn't trip the breaker")  # contracted
     assert not restated("wait, the kettle trips the breaker")  # a change of mind said here only
     assert not restated("the kettle trips the breaker in the uk")  # a place said here only
 
