@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from gpucache.devices import resolve_device
     from gpucache.embedding.embedder import TransformerEmbedder
     from gpucache.embedding.model import Embedder
+    from gpucache.guard.learned import LearnedDecision
     from gpucache.guard.lexical import LexicalNearMissVerifier
     from gpucache.guard.verifier import ExplainingVerifier, HitVerifier, ThresholdOnly, Verdict
     from gpucache.index.kernel_choice import ScanKernelChooser
@@ -52,6 +53,7 @@ _LAZY = {
     "HitVerifier": "gpucache.guard.verifier",
     "Joined": "gpucache.cache.served",
     "Keep": "gpucache.cache.served",
+    "LearnedDecision": "gpucache.guard.learned",
     "LexicalNearMissVerifier": "gpucache.guard.lexical",
     "LoadAbandoned": "gpucache.cache.semantic",
     "Loaded": "gpucache.cache.served",
@@ -89,6 +91,7 @@ __all__ = [
     "HitVerifier",
     "Joined",
     "Keep",
+    "LearnedDecision",
     "LexicalNearMissVerifier",
     "LoadAbandoned",
     "Loaded",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def read_pairs(path: str) -> list[tuple[str, str, int]]:
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpucache import TransformerEmbedder
     from gpucache.guard.calibration import (
+        LEARNED,
         Scored,
         choose,
         fold_of,
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         to_toml,
         upper_bound,
     )
+    from gpucache.guard.learned import LearnedDecision
     from gpucache.guard.lexical import LexicalNearMissVerifier
 
     try:
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     # fp32 on every machine: the half precision a CPU or GPU would serve in moves similarities by
     # thousandths, and the same pairs would choose another point there (calibration.py)
     embedder = TransformerEmbedder(args.model, device=args.device, dtype=torch.float32)
-    verifiers = {skip: LexicalNearMissVerifier(skip=skip) for skip in skip_sets()}
+    verifiers: dict[tuple[str, ...], Any] = {skip: LexicalNearMissVerifier(skip=skip) for skip in skip_sets()}
+    verifiers[LEARNED] = LearnedDecision()  # its verdict weighs each pair's similarity
     guard = verifiers[()]
     # what the cache embeds: each prompt's request text (the same for every set of rules)
     texts = [guard.request(a) for a, _, _ in pairs] + [guard.request(b) for _, b, _ in pairs]
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"the point is chosen on {n - len(held_out)} pairs and its figures and bound are those of the "
         f"other {len(held_out)} (split by a hash of each pair's text): a bound on the pairs that "
-        "chose it would favour the luckiest of 1,280 candidates"
+        "chose it would favour the luckiest of 1,320 candidates"
     )
     if choice is None:
         print(
@@ -111,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     hit_low, hit_high = interval(choice.hits, choice.positives, args.confidence)
     fh_low, fh_high = interval(choice.false_hits, choice.negatives, args.confidence)
-    print(f"threshold {choice.threshold:.3f}, soft rules off: {', '.join(choice.skip_rules) or 'none'}")
+    if choice.decision == "learned":
+        print(f"threshold {choice.threshold:.3f}, the learned decision in place of the soft rules")
+    else:
+        print(f"threshold {choice.threshold:.3f}, soft rules off: {', '.join(choice.skip_rules) or 'none'}")
     close = near(sims, choice.threshold_milli)
     if close:
         print(

@@ -224,11 +224,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from gpucache.cache.settings import CacheSettings, read_settings_file
     from gpucache.cache.validation import check_prompt
     from gpucache.guard.settings import GuardSettings
+    from gpucache.guard.verifier import WeighsSimilarity
 
     settings, guard, model = CacheSettings(), GuardSettings(), None
     try:
         if args.config:
             settings, guard, model = read_settings_file(args.config)
+        if args.decision is not None and args.decision != guard.decision:
+            guard = GuardSettings(guard.skip_rules if args.decision == "rules" else (), args.decision)
         for what, prompt in (("the stored prompt", args.stored), ("the asked prompt", args.asked)):
             check_prompt(prompt, what)
     except ValueError as exc:
@@ -251,7 +254,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         vectors = embedder.encode(requests)
         similarity = float((vectors[0] * vectors[1]).sum())
         print(f"similarity {similarity:.3f} of the requests (threshold {threshold})")
-    verdict = verifier.explain(args.stored, args.asked)
+    if similarity is not None and isinstance(verifier, WeighsSimilarity):
+        verdict = verifier.judge(args.stored, args.asked, similarity)  # the learned decision's score
+    else:
+        verdict = verifier.explain(args.stored, args.asked)
     print(f"guard      {verdict}")
     if similarity is not None and similarity < threshold:
         print("decision   a miss: below the threshold, the guard is not asked")
@@ -331,7 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         default=None,
         metavar="TOML",
-        help="the [cache] threshold and [guard] skip_rules of this settings file",
+        help="the [cache] threshold and [guard] skip_rules and decision of this settings file",
+    )
+    explain.add_argument(
+        "--decision",
+        choices=("rules", "learned"),
+        default=None,
+        help="how the guard decides past its named rules (default: the settings' decision, else rules)",
     )
     explain.add_argument(
         "--threshold",

@@ -92,6 +92,8 @@ TIERS: dict[str, str] = {
     "gpucache.guard": VALUES,
     "gpucache.guard.calibration": VALUES,
     "gpucache.guard.differences": VALUES,
+    "gpucache.guard.features": VALUES,
+    "gpucache.guard.learned": VALUES,
     "gpucache.guard.lexical": VALUES,
     "gpucache.guard.parsing": VALUES,
     "gpucache.guard.payload": VALUES,

@@ -27,7 +27,7 @@ import torch
 from gpucache.cache.served import Hit
 from gpucache.conversation.context import ContextMatcher
 from gpucache.conversation.value import MARK, decode, given
-from gpucache.guard.verifier import ExplainingVerifier, Verdict
+from gpucache.guard.verifier import ExplainingVerifier, Verdict, WeighsSimilarity
 
 if TYPE_CHECKING:
     from gpucache.cache.entries import Entry, EntryTable
@@ -262,6 +262,8 @@ class Lookup:
 
     def _verdict(self, cached: str, new: str, similarity: float) -> Verdict:
         verifier = self.verifier
+        if isinstance(verifier, WeighsSimilarity):
+            return verifier.judge(cached, new, similarity)
         if isinstance(verifier, ExplainingVerifier):
             return verifier.explain(cached, new)
         return Verdict(not verifier.verify(cached, new, similarity), verifier.name)

@@ -243,10 +243,16 @@ def read_settings_file(path: str | os.PathLike[str]) -> tuple[CacheSettings, Any
     cache, guard = doc.get("cache", {}), doc.get("guard", {})
     if not isinstance(cache, dict) or not isinstance(guard, dict):
         raise ValueError(f"{path}: [cache] and [guard] must be tables")
-    unknown = sorted(set(guard) - {"skip_rules"})
+    unknown = sorted(set(guard) - {"skip_rules", "decision"})
     if unknown:
-        raise ValueError(f"{path}: unknown [guard] setting(s) {unknown}; the setting is skip_rules")
+        raise ValueError(
+            f"{path}: unknown [guard] setting(s) {unknown}; the settings are skip_rules, decision"
+        )
     model = (doc.get("embedder") or {}).get("model") if isinstance(doc.get("embedder"), dict) else None
     if model is not None and not isinstance(model, str):
         raise ValueError(f"{path}: [embedder] model must be a string")
-    return (CacheSettings.from_options(**cache), GuardSettings(tuple(guard.get("skip_rules", ()))), model)
+    return (
+        CacheSettings.from_options(**cache),
+        GuardSettings(tuple(guard.get("skip_rules", ())), guard.get("decision", "rules")),
+        model,
+    )

@@ -2,19 +2,21 @@
 
 Given pairs of prompts labelled same request (1) or different request (0), each with its
 cosine similarity and the guard's verdict under every choice of soft rules, the operating point
-is the threshold and the set of soft rules switched off that serve the most label-1 pairs
+is the threshold and the set of soft rules switched off (or the learned decision in their
+place) that serve the most label-1 pairs
 while the false-hit rate stays within a budget *on its 95% upper confidence bound*
 (Clopper-Pearson, exact): with 200 different-request pairs and none served, the bound is 1.5%,
 so a budget of 1% cannot be promised from that few, and the choice says so instead of
 promising it.
 
 The bound must account for the choice. The point is picked among every threshold and every set
-of soft rules (32 x 40 candidates); bounding the picked point on the same pairs that picked it
-would favour whichever candidate was luckiest on them, and in a simulation the chosen point was
-truly over budget in 7-12% of draws, not 5%. So the pairs are split in two halves by a hash of
-their text (``fold_of``: SHA-256, the same split on every machine and in any order): the point
-is chosen on one half, and its figures and its bound are those of the other half, where it was
-not chosen. A point that the held-out half cannot confirm within the budget is no choice.
+of soft rules or the learned decision (33 x 40 candidates); bounding the picked point on the
+same pairs that picked it would favour whichever candidate was luckiest on them, and in a
+simulation the chosen point was truly over budget in 7-12% of draws, not 5%. So the pairs are
+split in two halves by a hash of their text (``fold_of``: SHA-256, the same split on every
+machine and in any order): the point is chosen on one half, and its figures and its bound are
+those of the other half, where it was not chosen. A point that the held-out half cannot confirm
+within the budget is no choice.
 
 Ties go to the higher threshold and then to fewer rules switched off: the more conservative
 point. Thresholds are searched on a grid of thousandths, as integers, so the choice does not
@@ -46,6 +48,9 @@ from itertools import combinations
 from gpucache.guard.settings import SOFT_RULES
 
 THRESHOLDS_MILLI = range(800, 1000, 5)  # 0.800 ... 0.995
+# The learned decision (learned.py), one more candidate beside the sets of skipped soft rules:
+# it switches the soft rules off for a score, and ranks with a set of one rule off in a tie
+LEARNED: tuple[str, ...] = ("learned",)
 PLACES = 4  # similarities agreeing to this many decimal places are one similarity
 
 
@@ -125,7 +130,7 @@ class Scored:
 
     label: int
     similarity_milli: int
-    accepted: dict[tuple[str, ...], bool]
+    accepted: dict[tuple[str, ...], bool]  # by skip set, and by ``LEARNED``
     fold: int = 0  # 0: the pairs the point is chosen on; 1: those it is confirmed on (fold_of)
 
 
@@ -139,6 +144,12 @@ def fold_of(a: str, b: str) -> int:
 def skip_sets(rules: Sequence[str] = SOFT_RULES) -> list[tuple[str, ...]]:
     """Every set of soft rules that may be switched off, the empty one first."""
     return [combo for size in range(len(rules) + 1) for combo in combinations(rules, size)]
+
+
+def candidates(pairs: Sequence[Scored]) -> list[tuple[str, ...]]:
+    """The decisions the pairs were judged under: every skip set, and the learned decision
+    where the pairs carry its verdicts."""
+    return skip_sets() + ([LEARNED] if pairs and all(LEARNED in p.accepted for p in pairs) else [])
 
 
 @dataclass(frozen=True)
@@ -157,6 +168,10 @@ class Choice:
     @property
     def threshold(self) -> float:
         return self.threshold_milli / 1000
+
+    @property
+    def decision(self) -> str:
+        return "learned" if self.skip_rules == LEARNED else "rules"
 
     @property
     def hit_rate(self) -> float:
@@ -226,7 +241,7 @@ def best_point(
     if allowed < 0:
         return None
     best: tuple[tuple[int, int, int], tuple[int, tuple[str, ...]]] | None = None
-    for skip in skip_sets():
+    for skip in candidates(pairs):
         # the similarities of the pairs these rules accept, sorted: those served at threshold t
         # are the ones at or above it (integers, no rounding)
         right = sorted(p.similarity_milli for p in pairs if p.accepted[skip] and p.label == 1)
@@ -246,7 +261,7 @@ def to_toml(choice: Choice, command: str, model: str | None = None) -> str:
     """The settings file of a choice: read by ``SemanticCache.from_config`` and by
     ``gpucache serve --config``. ``model``, where one was named, is recorded: a threshold holds
     only for the model whose similarities chose it."""
-    rules = ", ".join(f'"{r}"' for r in choice.skip_rules)
+    rules = "" if choice.decision == "learned" else ", ".join(f'"{r}"' for r in choice.skip_rules)
     return (
         f"# written by: {command}\n"
         f"# chosen on {choice.chosen_on} pairs; on the {choice.positives + choice.negatives} held out: "
@@ -258,4 +273,5 @@ def to_toml(choice: Choice, command: str, model: str | None = None) -> str:
         f"threshold = {choice.threshold_milli / 1000:.3f}\n"
         "[guard]\n"
         f"skip_rules = [{rules}]\n"
+        f'decision = "{choice.decision}"\n'
     )

@@ -1,6 +1,8 @@
-"""``GuardSettings``: which of the guard's soft rules run. A deployment that measured its own
-traffic (``gpucache calibrate``) may switch soft rules off; the hard ones (numbers, negation,
-polarity, direction, symbols, payload and the named kinds) always run."""
+"""``GuardSettings``: how the guard decides. ``decision = "rules"`` (the default) runs every rule
+in order (lexical.py), and a deployment that measured its own traffic (``gpucache calibrate``)
+may switch soft rules off; ``decision = "learned"`` keeps the named rules as vetoes and lets a
+score fitted on tuning data replace the soft ones (learned.py). The hard rules (numbers,
+negation, polarity, direction, symbols, payload and the named kinds) run in both."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 # The rules a calibration may switch off: each trades wrong answers for hits on some traffic.
 # The rest guard the cache's promise on every traffic and stay on.
 SOFT_RULES = ("added", "substitution", "reordered", "crossed", "constraint")
+DECISIONS = ("rules", "learned")
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,13 @@ class GuardSettings:
             "chooses them; none by default"
         },
     )
+    decision: str = field(
+        default="rules",
+        metadata={
+            "doc": "how the guard decides past its named rules: rules (the soft shape rules, in order) or "
+            "learned (a score fitted on tuning data; docs/guard.md); rules by default"
+        },
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.skip_rules, str) or not all(isinstance(r, str) for r in self.skip_rules):
@@ -29,9 +39,19 @@ class GuardSettings:
         if hard:
             raise ValueError(f"only soft rules may be skipped ({', '.join(SOFT_RULES)}), not {hard}")
         object.__setattr__(self, "skip_rules", tuple(r for r in SOFT_RULES if r in self.skip_rules))
+        if self.decision not in DECISIONS:
+            raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, got {self.decision!r}")
+        if self.decision == "learned" and self.skip_rules:
+            raise ValueError(
+                "skip_rules names soft rules of the rules decision; the learned decision has none"
+            )
 
     def build(self) -> Any:
-        """The ``LexicalNearMissVerifier`` these settings name."""
+        """The verifier these settings name: a ``LexicalNearMissVerifier`` or a ``LearnedDecision``."""
+        if self.decision == "learned":
+            from gpucache.guard.learned import LearnedDecision
+
+            return LearnedDecision()
         from gpucache.guard.lexical import LexicalNearMissVerifier
 
         return LexicalNearMissVerifier(skip=self.skip_rules)

@@ -39,6 +39,17 @@ class ExplainingVerifier(HitVerifier, Protocol):
 
 
 @runtime_checkable
+class WeighsSimilarity(HitVerifier, Protocol):
+    """A verifier whose decision weighs the similarity too (learned.py): the cache asks
+    ``judge`` with the candidate's similarity, once per candidate, and counts a rejection under
+    its rule as it does ``explain``'s."""
+
+    def judge(self, cached_prompt: str, new_prompt: str, similarity: float) -> Verdict:
+        """The rule or score that decides this pair at this similarity."""
+        ...
+
+
+@runtime_checkable
 class ReadsRequests(Protocol):
     """A verifier that says what of a prompt is its request: the cache embeds ``request(p)``
     for its semantic tier, at store and at lookup alike, so that what the verifier sets aside

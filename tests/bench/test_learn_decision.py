@@ -5,8 +5,9 @@ features, and gives the same values whichever prompt was stored first."""
 from __future__ import annotations
 
 import numpy as np
-from decision_features import NAMES, SOFT_RULES, Reader, rounded
 from learn_decision import fit
+
+from gpucache.guard.features import NAMES, SOFT_RULES, Reader, rounded
 
 
 def test_the_regression_recovers_the_model_that_drew_the_labels():

@@ -12,6 +12,7 @@ import pytest
 from gpucache import SemanticCache
 from gpucache.cli import main
 from gpucache.guard.calibration import (
+    LEARNED,
     THRESHOLDS_MILLI,
     Choice,
     Scored,
@@ -89,6 +90,24 @@ def test_a_soft_rule_is_switched_off_only_where_it_buys_hits_within_the_budget()
     assert choice.skip_rules == ("added",)  # and no other rule: the others buy nothing
     assert choice.hits > served(half(data, 1), choice.threshold_milli, ())[0]  # it bought hits
     assert choice.false_hit_bound <= 0.02
+
+
+def test_the_learned_decision_is_chosen_where_it_serves_more_within_the_budget(tmp_path):
+    """Beside the skip sets, the learned decision is one more candidate where the pairs carry
+    its verdicts; chosen, the settings file names it and switches no soft rule off."""
+    from gpucache.cache.settings import read_settings_file
+
+    def accepted(label, milli, skip):  # the rules refuse a third of the label-1 pairs whatever is skipped
+        return not (label == 1 and milli % 3 == 0)
+
+    data = pairs(4000, 1000, accepted)
+    assert choose(data, budget=0.02).decision == "rules"  # not judged by it: never chosen
+    with_learned = [Scored(p.label, p.similarity_milli, {**p.accepted, LEARNED: True}, p.fold) for p in data]
+    choice = choose(with_learned, budget=0.02)
+    assert choice.decision == "learned" and choice.skip_rules == LEARNED
+    path = tmp_path / "gpucache.toml"
+    path.write_text(to_toml(choice, "gpucache calibrate x"))
+    assert read_settings_file(path)[1] == GuardSettings(decision="learned")
 
 
 @pytest.mark.parametrize("hair", [3e-8, 3e-7, 3e-6])
@@ -222,6 +241,9 @@ class Filters:
 
     def __getitem__(self, skip: tuple[str, ...]) -> bool:
         return not any(rule in self.rejects for rule in SOFT_RULES if rule not in skip)
+
+    def __contains__(self, skip: object) -> bool:  # the simulation judges the skip sets alone
+        return isinstance(skip, tuple) and set(skip) <= set(SOFT_RULES)
 
 
 REJECTS = 0.4  # each soft rule rejects a pair (either label) with this probability

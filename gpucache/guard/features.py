@@ -1,4 +1,4 @@
-"""What a learned decision would read of a candidate pair (learn_decision.py): integers only.
+"""What the learned decision (learned.py) reads of a candidate pair: integers only.
 
 Why integers: a decision the cache ships must be the same on every machine and run. Every
 value here is a count or a ratio of counts from the two prompts' words and shipped data, but
@@ -6,11 +6,12 @@ the embedder's similarity, which differs in its last bits between machines and p
 enters rounded to ``SIMILARITY_STEPS`` steps.
 
 The named rules stay rules: a *veto* (numbers, negation, opposites, entities, direction and
-roles, operators and payloads, units, confusables; gpucache/guard/lexical.py) refuses before
-anything is scored. What a score would weigh instead of a yes/no is what the soft shape rules saw
-(``SOFT_RULES``: substitution, added, reordered, crossed) and how the words align. The pair is
-read both ways round and every value made symmetric, so the verdict does not depend on which
-prompt was stored first.
+roles, operators and payloads, units, confusables, constraints; gpucache/guard/lexical.py)
+refuses before anything is scored. What the score weighs instead of a yes/no is what the soft
+shape rules saw (``SOFT_RULES``: substitution, added, reordered, crossed) and how the words
+align. The pair is read both ways round and every value made symmetric, so the verdict does not
+depend on which prompt was stored first. bench/learn_decision.py fits the weights on these values, from tuning
+data only.
 """
 
 from __future__ import annotations
@@ -65,25 +66,28 @@ def rounded(similarity: float) -> int:
 
 class Reader:
     """Reads pairs: the vetoes from a verifier with the soft rules off, the soft rules from one
-    with them on."""
+    with them on.
+
+    Each way round the full verifier runs first: its rules run in order and the first that
+    fires decides, so where it names a hard rule that rule is the veto, and where it accepts no
+    veto fires. Only where a soft rule fired first is the verifier without them asked whether a
+    hard rule further down would: two readings of the pair, not four, in the common case."""
 
     def __init__(self, skip: tuple[str, ...] = ()) -> None:
         self.vetoes = LexicalNearMissVerifier(skip=tuple(sorted(set(skip) | set(SOFT_RULES))))
         self.rules = LexicalNearMissVerifier(skip=skip)
 
     def read(self, a: str, b: str, similarity: float) -> Reading:
+        soft = set()
         for x, y in ((a, b), (b, a)):
-            verdict = self.vetoes.explain(x, y)
+            verdict = self.rules.explain(x, y)
+            if verdict.rejected and verdict.rule in SOFT_RULES:
+                soft.add(verdict.rule)
+                verdict = self.vetoes.explain(x, y)
             if verdict.rejected:
                 return Reading(verdict, ())
-        soft = sorted(
-            {
-                v.rule
-                for v in (self.rules.explain(a, b), self.rules.explain(b, a))
-                if v.rejected and v.rule in SOFT_RULES
-            }
-        )
-        return Reading(None, values(a, b, rounded(similarity), tuple(soft)), tuple(soft))
+        found = tuple(sorted(soft))
+        return Reading(None, values(a, b, rounded(similarity), found), found)
 
 
 def values(a: str, b: str, similarity: int, soft: tuple[str, ...]) -> tuple[int, ...]:
