@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -214,13 +215,17 @@ def evaluate_pairs(
     )
 
 
-def ablation_variants() -> dict[str, LexicalNearMissVerifier]:
+def ablation_variants() -> dict[str, Any]:
     """The verifier variants the report compares with the default: each rule switched off
-    on its own, the table of interchangeable words left out, and the founding rules alone
-    (every addition off, the table too)."""
-    variants = {f"without {rule}": LexicalNearMissVerifier(skip=(rule,)) for rule in RULES}
+    on its own, the table of interchangeable words left out, the founding rules alone
+    (every addition off, the table too), and the learned decision in place of the soft rules
+    (``--decision learned``, asked at each pair's similarity)."""
+    from gpucache.guard.learned import LearnedDecision
+
+    variants: dict[str, Any] = {f"without {rule}": LexicalNearMissVerifier(skip=(rule,)) for rule in RULES}
     variants["without the table"] = LexicalNearMissVerifier(table=False)
     variants["seed rules only"] = LexicalNearMissVerifier(skip=ADDED_RULES, table=False)
+    variants["the learned decision (not the default)"] = LearnedDecision()
     return variants
 
 
