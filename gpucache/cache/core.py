@@ -152,6 +152,10 @@ class CacheCore:
         self.shared.close()
         self.onloop.close()
 
+    def settle(self) -> None:
+        """The bookkeeping of repeats the loop served without the lock (onloop.py). Lock held."""
+        self.onloop.settle()
+
     # ----------------------------------------------------------------------------- snapshots
 
     # ----------------------------------------------------------------------------- state

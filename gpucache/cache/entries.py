@@ -162,6 +162,29 @@ class EntryTable:
         that must not wait on a scan. The lookup itself decides what is served."""
         return prompt_key(scope, prompt) in self._entries
 
+    def peek(self, scope: str, prompt: str, now: float) -> Entry | None:
+        """The live entry stored under exactly (scope, prompt), read without the lock: for the
+        event loop's repeat while a store or scan holds it. Nothing changes here (no recency, no
+        expired entry dropped: the caller has the entry touched later, under the lock). Each
+        read is one atomic step in CPython; the entry's expiry is read from its row, and the
+        mapping is read again after it: where the entry was dropped, replaced or its row
+        reused meanwhile, the key no longer maps to the same record, and nothing is served."""
+        key = prompt_key(scope, prompt)
+        stored = self._entries.get(key)
+        if stored is None:
+            return None
+        entry = Entry(*stored)
+        alive = self.index.expires_at(entry.row) > now
+        if not alive or self._entries.get(key) is not stored:
+            return None
+        return entry
+
+    def touch_key(self, scope: str, prompt: str) -> None:
+        """Mark the entry under (scope, prompt), where still stored, as recently used."""
+        stored = self._entries.get(prompt_key(scope, prompt))
+        if stored is not None:
+            self.touch(Entry(*stored))
+
     def exact(self, scope: str, prompt: str, now: float) -> Entry | None:
         """The live entry stored under exactly (scope, prompt), marked as recently used; an
         expired one is dropped on the way."""

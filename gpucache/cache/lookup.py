@@ -184,7 +184,7 @@ class Lookup:
             ]
             for request, finding in zip(requests, findings):
                 if request.count:
-                    _count(counters, finding)
+                    count(counters, finding)
         return findings
 
     def exact(self, request: LookupRequest) -> Findings | None:
@@ -202,8 +202,23 @@ class Lookup:
             hits[prompt] = _exact_hit(entry, now)
         finding = Findings(request.scope, request.prompts, tuple(hits), _NO_VECTORS, MappingProxyType(hits))
         if request.count:
-            _count(self.counters(), finding)
+            count(self.counters(), finding)
         return finding
+
+    def peek_exact(self, request: LookupRequest) -> Findings | None:
+        """``exact`` without the lock and without its bookkeeping (entries.py ``peek``): the
+        findings where every prompt is a live repeat, else None. The caller has the hits
+        counted and touched later, under the lock (``CacheCore.settle``)."""
+        if request.refresh:
+            return None
+        now = self.now()
+        hits: dict[str, Hit | None] = {}
+        for prompt in dict.fromkeys(request.prompts):
+            entry = self.table.peek(request.scope, prompt, now)
+            if entry is None:
+                return None
+            hits[prompt] = _exact_hit(entry, now)
+        return Findings(request.scope, request.prompts, tuple(hits), _NO_VECTORS, MappingProxyType(hits))
 
     def _search(
         self, scope: str, prompts: list[str], queries: torch.Tensor, now: float, least: float
@@ -305,7 +320,7 @@ def _rows(
     return vectors
 
 
-def _count(counters: StatsCounter, finding: Findings) -> None:
+def count(counters: StatsCounter, finding: Findings) -> None:
     for prompt in finding.prompts:
         hit = finding.hits[prompt]
         if hit is None:

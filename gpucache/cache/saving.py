@@ -29,6 +29,7 @@ def capture(core: CacheCore) -> Snapshot:
     """What ``SemanticCache.save`` writes: the live entries (least recently used first), their
     vectors on the CPU, the settings, the counters and the admission sketch."""
     with core.lock:
+        core.settle()  # the repeats served without the lock: their recency and counts
         core.table.purge_expired(core.now())
         entries = list(core.table)  # least recently used first
         rows = [e.row for e in entries]

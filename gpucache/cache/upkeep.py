@@ -33,6 +33,8 @@ class UpkeepCore(Protocol):
 
     def now(self) -> float: ...
 
+    def settle(self) -> None: ...
+
 
 class Upkeep:
     """The removals and counts of ``core`` (see the module's docstring)."""
@@ -89,6 +91,7 @@ class Upkeep:
     def stats(self) -> CacheStats:
         core = self.core
         with core.lock:
+            core.settle()  # the repeats served without the lock, counted first
             core.table.purge_expired(core.now())
             return core.counters.snapshot(
                 entries=len(core.table),

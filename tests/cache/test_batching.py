@@ -300,15 +300,11 @@ def test_an_exact_repeat_is_answered_on_the_spot_without_a_batch(fake_embedder):
     assert cache.stats().exact_hits == 33
 
 
-def test_a_repeat_waits_for_a_held_lock_off_the_loop_and_never_joins_a_batch(fake_embedder):
-    """While a scan holds the lock, a repeat waits for it in the exact tier's own thread (the
-    loop runs on), then is answered as an exact hit: it never queues behind the embedder.
-    A new prompt always takes a batch."""
-    cache = make(fake_embedder, lookup_window_seconds=0.0)
-    cache.put("a stored question", "its answer")
+def hold_the_lock(cache):
+    """A thread holding the cache's lock as a store or a long scan does, until released."""
     held, release = threading.Event(), threading.Event()
 
-    def scan_in_progress():  # what a long scan does: hold the cache's lock
+    def scan_in_progress():
         with cache._core.lock:
             held.set()
             release.wait(30)
@@ -316,17 +312,69 @@ def test_a_repeat_waits_for_a_held_lock_off_the_loop_and_never_joins_a_batch(fak
     holder = threading.Thread(target=scan_in_progress)
     holder.start()
     assert held.wait(30)
+    return holder, release
+
+
+def test_a_repeat_is_answered_while_a_store_holds_the_lock_and_counted_once_it_is_free(fake_embedder):
+    """While a store or a scan holds the lock, a live repeat is read without it and answered
+    at once, on the loop: it never waits for the lock, nor queues behind the embedder. Its
+    count, its recency and its sighting follow once the lock is free. A new prompt always takes
+    a batch."""
+    cache = make(fake_embedder, lookup_window_seconds=0.0, capacity=2)
+    cache.put("a stored question", "its answer")
+    cache.put("another stored question", "another answer")
+    holder, release = hold_the_lock(cache)
+
+    async def main():
+        hit = await cache.aget("a stored question")  # answered with the lock still held
+        assert cache._core.lock.acquire(blocking=False) is False
+        loaded = await cache.aget_or_load("a stored question", lambda p: "never loaded")
+        release.set()
+        return hit, loaded, await cache.aget("a new question")
+
+    hit, loaded, new = run(main())
+    holder.join(30)
+    assert hit.exact and hit.response == "its answer" and loaded.hit.response == "its answer"
+    assert new is None and cache._core.batches == 1
+    assert cache.stats().exact_hits == 2 and cache.stats().misses == 1
+    cache.put("a third question", "evicts the least recently used")  # capacity 2
+    assert cache.get("a stored question") is not None  # it was touched: the other went
+    assert cache.get("another stored question") is None
+
+
+def test_a_repeat_the_lock_free_read_cannot_confirm_waits_for_the_lock(fake_embedder):
+    """An entry expired by the time of the lookup is not served without the lock: the repeat
+    waits for the lock in the exact tier's own thread (the loop runs on) and misses."""
+    clock = [1000.0]
+    cache = make(fake_embedder, lookup_window_seconds=0.0, timer=lambda: clock[0], ttl=10)
+    cache.put("a stored question", "its answer")
+    clock[0] += 11
+    holder, release = hold_the_lock(cache)
 
     async def main():
         repeat = asyncio.create_task(cache.aget("a stored question"))
         await asyncio.to_thread(lambda: None)  # the loop runs on: the repeat did not block it
         assert not repeat.done()
         release.set()
-        return await repeat, await cache.aget("a new question")
+        return await repeat
 
-    hit, new = run(main())
+    assert run(main()) is None
     holder.join(30)
-    assert hit.exact and new is None and cache._core.batches == 1
+
+
+def test_the_lock_free_read_serves_nothing_dropped_or_replaced_meanwhile(fake_embedder):
+    cache = make(fake_embedder)
+    cache.put("a stored question", "its answer")
+    table, now = cache._core.table, cache._core.now()
+    assert table.peek("another scope", "a stored question", now) is None
+    from gpucache import DEFAULT_SCOPE
+
+    first = table.peek(DEFAULT_SCOPE, "a stored question", now)
+    assert first is not None and first.response == "its answer"
+    cache.put("a stored question", "a newer answer")
+    assert table.peek(DEFAULT_SCOPE, "a stored question", now).response == "a newer answer"
+    cache.invalidate("a stored question")
+    assert table.peek(DEFAULT_SCOPE, "a stored question", now) is None
 
 
 def test_a_lookup_whose_caller_gave_up_while_it_queued_is_never_computed(fake_embedder):
