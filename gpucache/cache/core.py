@@ -132,6 +132,7 @@ class CacheCore:
         )
         self.onloop = LoopLookups(self)  # lookups asked from an event loop (onloop.py)
         self._clock = -float("inf")  # the latest time seen: the clock never runs backwards here
+        self._clock_lock = threading.Lock()  # held for a comparison: never by a scan
         if shared is not None:
             self.attach(shared)
 
@@ -164,9 +165,10 @@ class CacheCore:
         """The cache's clock: the injected timer, but never earlier than a time already seen,
         so a clock stepped backwards cannot bring an expired entry back."""
         now = self.timer()
-        if now > self._clock:
-            self._clock = now
-        return self._clock
+        with self._clock_lock:  # read without the cache's lock by the loop's repeats (onloop.py)
+            if now > self._clock:
+                self._clock = now
+            return self._clock
 
     def embedded(self, prompts: Sequence[str]) -> list[str]:
         """The texts the semantic tier embeds for ``prompts``: each prompt's request as the
