@@ -342,6 +342,24 @@ def test_a_repeat_is_answered_while_a_store_holds_the_lock_and_counted_once_it_i
     assert cache.get("another stored question") is None
 
 
+def test_a_repeat_read_without_the_lock_is_served_within_its_own_scope_only(fake_embedder):
+    cache = make(fake_embedder, lookup_window_seconds=0.0)
+    cache.put("a stored question", "tenant A's answer", scope="tenant-a")
+    holder, release = hold_the_lock(cache)
+
+    async def main():
+        mine = await cache.aget("a stored question", scope="tenant-a")  # at once, lock held
+        other = asyncio.create_task(cache.aget("a stored question", scope="tenant-b"))
+        await asyncio.to_thread(lambda: None)
+        assert not other.done()  # not a repeat of its own: it waits for a lookup
+        release.set()
+        return mine, await other
+
+    mine, other = run(main())
+    holder.join(30)
+    assert mine.response == "tenant A's answer" and other is None
+
+
 def test_a_repeat_the_lock_free_read_cannot_confirm_waits_for_the_lock(fake_embedder):
     """An entry expired by the time of the lookup is not served without the lock: the repeat
     waits for the lock in the exact tier's own thread (the loop runs on) and misses."""
