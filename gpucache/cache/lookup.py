@@ -191,30 +191,26 @@ class Lookup:
         """The findings of a request whose every prompt the exact tier answers (repeats, which
         need no embedding), or None where one is not stored. Lock held (the caller decides
         whether it may wait for it: ``CacheCore.exact``)."""
-        if request.refresh:
-            return None
-        now = self.now()
-        hits: dict[str, Hit | None] = {}
-        for prompt in dict.fromkeys(request.prompts):
-            entry = self.table.exact(request.scope, prompt, now)
-            if entry is None:
-                return None
-            hits[prompt] = _exact_hit(entry, now)
-        finding = Findings(request.scope, request.prompts, tuple(hits), _NO_VECTORS, MappingProxyType(hits))
-        if request.count:
+        finding = self._repeats(request, self.table.exact)
+        if finding is not None and request.count:
             count(self.counters(), finding)
         return finding
 
     def peek_exact(self, request: LookupRequest) -> Findings | None:
         """``exact`` without the lock and without its bookkeeping (entries.py ``peek``): the
         findings where every prompt is a live repeat, else None. The caller has the hits
-        counted and touched later, under the lock (``CacheCore.settle``)."""
+        counted and touched later, under the lock (``LoopLookups.settle``)."""
+        return self._repeats(request, self.table.peek)
+
+    def _repeats(
+        self, request: LookupRequest, read: Callable[[str, str, float], Entry | None]
+    ) -> Findings | None:
         if request.refresh:
             return None
         now = self.now()
         hits: dict[str, Hit | None] = {}
         for prompt in dict.fromkeys(request.prompts):
-            entry = self.table.peek(request.scope, prompt, now)
+            entry = read(request.scope, prompt, now)
             if entry is None:
                 return None
             hits[prompt] = _exact_hit(entry, now)

@@ -25,7 +25,7 @@ from functools import cached_property
 from importlib import resources
 from typing import Any
 
-from gpucache.guard.features import NAMES, Reader, rounded
+from gpucache.guard.features import NAMES, Reader
 from gpucache.guard.request import request_text
 from gpucache.guard.verifier import Verdict
 
@@ -148,4 +148,4 @@ class LearnedDecision:
         return Verdict(False, "score", "no named difference: the score decides at the pair's similarity")
 
 
-__all__ = ["SCALE", "WEIGHTS_FILE", "LearnedDecision", "Scored", "Weights", "rounded"]
+__all__ = ["SCALE", "WEIGHTS_FILE", "LearnedDecision", "Scored", "Weights"]
