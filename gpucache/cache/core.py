@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -41,58 +42,43 @@ from gpucache.cache.stats import StatsCounter
 from gpucache.cache.upkeep import Upkeep
 from gpucache.conversation.context import ContextMatcher
 from gpucache.conversation.value import request_of
-from gpucache.devices import DeviceLike, resolve_device
-from gpucache.embedding.embedder import TransformerEmbedder
 from gpucache.embedding.model import Embedder
-from gpucache.guard.lexical import LexicalNearMissVerifier
 from gpucache.guard.verifier import HitVerifier, ReadsRequests
 from gpucache.index.engines.base import ScanEngine
 from gpucache.index.interface import NEVER
 from gpucache.index.store import ExactScanStore
 from gpucache.policy.admission import AdmissionPolicy
-from gpucache.policy.content import CachePolicy, ContentPolicy
+from gpucache.policy.content import CachePolicy
 
 log = logging.getLogger("gpucache")
 
 
-class CacheCore:
-    """Everything a ``SemanticCache`` holds; it takes the cache's arguments (documented there)."""
+@dataclass(frozen=True)
+class Parts:
+    """What a cache is built from, checked and with every default filled in: the facade's
+    constructor (``SemanticCache``, semantic.py) makes it from its arguments, documented there."""
 
-    def __init__(
-        self,
-        embedder: Embedder | None = None,
-        *,
-        verifier: HitVerifier | None = None,
-        device: DeviceLike = "auto",
-        timer: Callable[[], float] = time.time,
-        cache_policy: CachePolicy | None = None,
-        admission: AdmissionPolicy | None = None,
-        engine: ScanEngine | None = None,
-        shared: Replication | None = None,
-        settings: CacheSettings | None = None,
-        **options: Any,
-    ) -> None:
-        if settings is not None and not isinstance(settings, CacheSettings):
-            raise TypeError(f"settings must be a CacheSettings, got {type(settings).__name__}")
-        self.settings = CacheSettings.from_options(settings, **options)
-        if not callable(timer):
-            raise TypeError("timer must be a callable returning seconds")
-        self.timer = timer
-        self.device = resolve_device(device)
-        if verifier is not None and not isinstance(verifier, HitVerifier):
-            raise TypeError("verifier must have a name and verify(cached, new, similarity)")
-        self.verifier: HitVerifier = verifier if verifier is not None else LexicalNearMissVerifier()
-        if cache_policy is not None and not isinstance(cache_policy, CachePolicy):
-            raise TypeError("cache_policy must have a name and decide(prompt, response, scope)")
-        self.cache_policy: CachePolicy = cache_policy if cache_policy is not None else ContentPolicy()
-        if admission is not None and not isinstance(admission, AdmissionPolicy):
-            raise TypeError("admission must be an AdmissionPolicy or None")
-        self.admission = admission
-        if embedder is not None and not isinstance(embedder, Embedder):
-            raise TypeError("embedder must have name, dim, device and encode(texts)")
-        if embedder is None:
-            embedder = TransformerEmbedder(device=self.device)
-        self.embedder: Embedder = embedder
+    settings: CacheSettings
+    embedder: Embedder
+    verifier: HitVerifier
+    device: torch.device
+    timer: Callable[[], float]
+    cache_policy: CachePolicy
+    admission: AdmissionPolicy | None
+    engine: ScanEngine | None
+
+
+class CacheCore:
+    """Everything a ``SemanticCache`` holds: its ``parts``, and the state built over them."""
+
+    def __init__(self, parts: Parts, shared: Replication | None = None) -> None:
+        self.settings = parts.settings
+        self.timer = parts.timer
+        self.device = parts.device
+        self.verifier = parts.verifier
+        self.cache_policy = parts.cache_policy
+        self.admission = parts.admission
+        self.embedder = parts.embedder
         s = self.settings
         self.store = ExactScanStore(
             self.embedder.dim,
@@ -102,7 +88,7 @@ class CacheCore:
             max_device_bytes=s.max_device_bytes,
             initial_rows=min(1024, s.capacity),
             scan_kernel=s.scan_kernel,
-            engine=engine,
+            engine=parts.engine,
         )
         self.lock = threading.RLock()
         self.fence = RemovalFence()  # removals, for the reads from the shared store (fetched)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from gpucache.cache.batching import LookupTimeout
-from gpucache.cache.core import CacheCore
+from gpucache.cache.core import CacheCore, Parts
 from gpucache.cache.flight import LoadAbandoned
 from gpucache.cache.loading import GetOrLoad
 from gpucache.cache.lookup import LookupRequest
@@ -41,14 +41,15 @@ from gpucache.cache.validation import (
     check_ttl,
 )
 from gpucache.conversation.value import Prompt
-from gpucache.devices import DeviceLike
+from gpucache.devices import DeviceLike, resolve_device
 from gpucache.embedding.embedder import TransformerEmbedder
 from gpucache.embedding.model import DEFAULT_MODEL_NAME, Embedder
+from gpucache.guard.lexical import LexicalNearMissVerifier
 from gpucache.guard.verifier import HitVerifier
 from gpucache.index.engines.base import ScanEngine
 from gpucache.index.store import ExactScanStore
 from gpucache.policy.admission import AdmissionPolicy
-from gpucache.policy.content import CachePolicy
+from gpucache.policy.content import CachePolicy, ContentPolicy
 
 __all__ = [
     "Found",
@@ -104,18 +105,31 @@ class SemanticCache(GetOrLoad):
         settings: CacheSettings | None = None,
         **options: Any,
     ) -> None:
-        self._core = CacheCore(
-            embedder,
-            verifier=verifier,
-            device=device,
-            timer=timer,
-            cache_policy=cache_policy,
-            admission=admission,
-            engine=engine,
-            shared=shared,
+        if settings is not None and not isinstance(settings, CacheSettings):
+            raise TypeError(f"settings must be a CacheSettings, got {type(settings).__name__}")
+        settings = CacheSettings.from_options(settings, **options)
+        if not callable(timer):
+            raise TypeError("timer must be a callable returning seconds")
+        where = resolve_device(device)
+        if verifier is not None and not isinstance(verifier, HitVerifier):
+            raise TypeError("verifier must have a name and verify(cached, new, similarity)")
+        if cache_policy is not None and not isinstance(cache_policy, CachePolicy):
+            raise TypeError("cache_policy must have a name and decide(prompt, response, scope)")
+        if admission is not None and not isinstance(admission, AdmissionPolicy):
+            raise TypeError("admission must be an AdmissionPolicy or None")
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise TypeError("embedder must have name, dim, device and encode(texts)")
+        parts = Parts(  # the model is loaded last: a wrong argument is said before it
             settings=settings,
-            **options,
+            timer=timer,
+            device=where,
+            verifier=verifier if verifier is not None else LexicalNearMissVerifier(),
+            cache_policy=cache_policy if cache_policy is not None else ContentPolicy(),
+            admission=admission,
+            embedder=embedder if embedder is not None else TransformerEmbedder(device=where),
+            engine=engine,
         )
+        self._core = CacheCore(parts, shared)
 
     # ----------------------------------------------------------------------------- views
 

@@ -84,11 +84,25 @@ def test_threshold_outside_range_is_rejected_naming_the_range(fake_embedder, thr
         ({"device": "tpu"}, ValueError),
         ({"verifier": object()}, TypeError),
         ({"timer": 5}, TypeError),
+        ({"cache_policy": object()}, TypeError),
+        ({"admission": object()}, TypeError),
+        ({"settings": {"threshold": 0.9}}, TypeError),
     ],
 )
 def test_bad_settings_raise(fake_embedder, kwargs, error):
     with pytest.raises(error):
         SemanticCache(fake_embedder, **kwargs)
+
+
+def test_a_wrong_argument_is_said_before_the_model_is_loaded(monkeypatch):
+    def no_model(**_: object) -> None:
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("gpucache.cache.semantic.TransformerEmbedder", no_model)
+    with pytest.raises(TypeError, match="verifier"):
+        SemanticCache(verifier=object(), device="cpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="top_k"):
+        SemanticCache(top_k=0, device="cpu")
 
 
 def test_an_object_that_is_not_an_embedder_is_refused():
