@@ -248,11 +248,11 @@ class EntryTable:
             for i, row in zip(fresh, rows):
                 prompt, response = items[i]
                 self._insert(Entry(prompt_key(scope, prompt), scope, prompt, response, row, now))
-        self.trim_text(tenant_of(scope))
+        self._trim_text(tenant_of(scope))
         self.stats.stores += updated + len(fresh)
         return updated + len(fresh)
 
-    def trim_text(self, tenant: str | None = None) -> None:
+    def _trim_text(self, tenant: str | None = None) -> None:
         """Evict the least recently used until the texts fit ``text_limit``: ``tenant``'s own
         first while it holds more than its share of it (``fair``), then anyone's."""
         if self.text_limit is None or self.text_bytes <= self.text_limit:
@@ -286,12 +286,16 @@ class EntryTable:
             self._insert(Entry(prompt_key(scope, p), scope, p, r, row)) for (p, r), row in zip(items, rows)
         ]
 
-    def reorder(self, entries: Sequence[Entry]) -> None:
-        """Put ``entries`` in this recency order, least recently used first."""
+    def restored(self, entries: Sequence[Entry]) -> None:
+        """The end of a restore: ``entries`` (those ``restore`` gave) put in this recency order,
+        least recently used first, then the least recently used evicted past the text budget
+        and each tenant's share, as a store would have."""
         for entry in entries:
             self.touch(entry)
+        self._trim_text()
+        self._trim_tenants()
 
-    def trim_tenants(self) -> None:
+    def _trim_tenants(self) -> None:
         """Evict each tenant's least recently used past ``tenant_limit`` (after a restore)."""
         if self.tenant_limit is None:
             return

@@ -85,9 +85,7 @@ def restore(core: CacheCore, snapshot: Snapshot) -> None:
         except BaseException:
             core.table.drop(list(restored.values()))
             raise
-        core.table.reorder([restored[i] for i in live])  # least recently used stays first
-        core.table.trim_text()
-        core.table.trim_tenants()
+        core.table.restored([restored[i] for i in live])  # least recently used stays first
         counters.expirations += expired
         core.counters = counters
         core.table.stats = counters

@@ -187,7 +187,7 @@ def test_a_tenants_last_entry_removed_forgets_the_tenant():
 
 
 def test_after_a_restore_each_tenant_is_trimmed_to_its_share():
-    t = table(tenant_limit=2)
+    t, entries = table(tenant_limit=2), []
     for scope, prompt in (
         ("alice/m", "a1"),
         ("bob/m", "b1"),
@@ -197,16 +197,16 @@ def test_after_a_restore_each_tenant_is_trimmed_to_its_share():
         ("carol/m", "c2"),
         ("carol/m", "c3"),
     ):
-        t.restore(scope, [(prompt, f"answer to {prompt}")], vectors(1), [float("inf")])
-    t.trim_tenants()
+        entries += t.restore(scope, [(prompt, f"answer to {prompt}")], vectors(1), [float("inf")])
+    t.restored(entries)
     assert prompts(t) == ["b1", "a2", "a3", "c2", "c3"] and t.stats.evictions == 2  # one each
     entry = t.exact("alice/x", "a3", now=0.0)
     assert entry is not None and (entry.scope, entry.response) == ("alice/x", "answer to a3")
     assert t.scope_id("alice/x") is not None
     loose = table()  # no share: a restore keeps everything
-    for n in range(3):
-        loose.restore("alice/m", [(f"p{n}", "r")], vectors(1), [float("inf")])
-    loose.trim_tenants()
+    loose.restored(
+        [e for n in range(3) for e in loose.restore("alice/m", [(f"p{n}", "r")], vectors(1), [float("inf")])]
+    )
     assert len(loose) == 3
 
 
