@@ -84,22 +84,6 @@ REORDER_MIN_SHARED = 8
 RESTATING = frozenset(parsing.stem_memo(w) for w in "person element city country place".split())
 SEED_RULES = ("numbers", "negation", "polarity", "direction", "substitution")
 NAMED_KINDS = differences.KINDS[:-1]  # entity, deliverable, audience, tone, time
-ADDED_RULES = (
-    "symbols",
-    "payload",
-    "antonym",
-    "confusable",
-    "question-word",
-    "swapped",
-    "voice",
-    "roles",
-    "crossed",
-    "relation",
-    *NAMED_KINDS,
-    "constraint",
-    "reordered",
-    "added",
-)
 RULES = (
     "symbols",
     "payload",
@@ -121,6 +105,7 @@ RULES = (
     "substitution",
     "added",
 )
+ADDED_RULES = tuple(rule for rule in RULES if rule not in SEED_RULES)
 
 
 # Every memo of a prompt, a word or a part of one the verdict is computed through.
