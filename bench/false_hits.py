@@ -58,7 +58,7 @@ def render_report(
             "defaults were tuned on the tuning half (`bench/guard_tuning.py`). The report half "
             "is not strictly out of sample: earlier rounds read its figures while the rules "
             "changed. Only the files marked *held apart* (never used for tuning, measured whole) "
-            "and the blind exam (`bench/reports/guard-exam.md`) are.",
+            "and the blind exams (`bench/reports/guard-exam-3.md`, the latest) are.",
             "",
         ]
     out += [
