@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, cast
 
 from gpucache.conversation.value import Prompt
@@ -46,7 +46,7 @@ except ImportError as exc:  # the serve extra
 
 from gpucache.cache.batching import LookupTimeout
 from gpucache.cache.semantic import SemanticCache
-from gpucache.cache.served import Found, Framed, Joined, Keep, Pieces, Served, ServeOnly, Stream
+from gpucache.cache.served import Found, Framed, Hit, Joined, Keep, Loaded, Pieces, Served, ServeOnly, Stream
 from gpucache.cache.validation import MAX_TTL_SECONDS
 from gpucache.serve import answers, wire
 from gpucache.serve.exchange import (
@@ -169,11 +169,15 @@ class Proxy:
             forwarded = await self.forward_exchange(ex)
             return forwarded if isinstance(forwarded, Unavailable) else Bypassed(ex.key.bypass, forwarded)
         if not ex.control.reads:
-            return await self.refresh(ex)
-        earlier = await self.stored_before(ex)
-        if earlier is not None:
-            return earlier
-        return await (self.run_stream(ex) if ex.key.stream else self.run_json(ex))
+            return await self.load(ex, refresh=True)
+        return await self.stored_before(ex) or await self.load(ex)
+
+    async def load(self, ex: Exchange, refresh: bool = False) -> Outcome:
+        """The cache asked, the upstream loading a miss (``run_json``, ``run_stream``). With
+        ``refresh`` the upstream answers, and its answer replaces the stored one as a miss's is
+        stored (policy and admission permitting; a concurrent request for the prompt joins it):
+        for ``no-cache``, ``max-age=0`` and a hit older than the request's ``max-age``."""
+        return await (self.run_stream if ex.key.stream else self.run_json)(ex, refresh)
 
     async def stored_before(self, ex: Exchange) -> Cached | None:
         """The answer an earlier version stored for exactly this conversation, where it holds
@@ -186,11 +190,7 @@ class Proxy:
         found = await self.cache.aget(text, scope=legacy, threshold=1.0)
         if found is None or not found.exact or not ex.control.fresh(found):
             return None
-        if not ex.key.stream:
-            return Cached(found, found.response)
-        meta = wire.StreamMeta(ex.kind, ex.body["model"])
-        replay = self.streams.replay(meta, self.cache.replay_chunks(found.response), ex.key.include_usage)
-        return Cached(found, "", stream=replay)
+        return self.cached(ex, found)
 
     async def run_json(self, ex: Exchange, refresh: bool = False) -> Outcome:
         async def loader(text: Prompt) -> Keep[httpx.Response] | ServeOnly[httpx.Response]:
@@ -203,13 +203,6 @@ class Proxy:
         )
         if isinstance(served, Outcome):
             return served
-        ex.timing["lookup"] = served.lookup_seconds
-        if isinstance(served, Found):
-            if not ex.control.fresh(served.hit):
-                return await self.refresh(ex)
-            return Cached(served.hit, served.hit.response)
-        if isinstance(served, Joined):
-            return Coalesced(served.text)
         if served.failed is not None:  # the upstream answered; keeping it failed: served, counted
             log.error("gpucache: storing an answer failed", exc_info=served.failed)
             ex.notes.append("cache")
@@ -225,30 +218,42 @@ class Proxy:
         )
         if isinstance(served, Outcome):
             return served
-        meta, usage = wire.StreamMeta(ex.kind, ex.body["model"]), ex.key.include_usage
-        ex.timing["lookup"] = served.lookup_seconds
-        if isinstance(served, Found):
-            if not ex.control.fresh(served.hit):
-                return await self.refresh(ex)
-            replay = self.streams.replay(meta, self.cache.replay_chunks(served.hit.response), usage)
-            return Cached(served.hit, "", stream=replay)
-        if isinstance(served, Joined):
-            replay = self.streams.replay(meta, self.cache.replay_chunks(served.text), usage)
-            return Coalesced("", stream=replay)
         if served.pieces is None:  # the upstream refused: its answer, kept from everyone
             assert isinstance(served.value, PassedThrough)
             return served.value
         return await self.relaying(served.value, cast("Pieces[Framed[bytes]]", served.pieces), served.refused)
 
-    async def ask(self, ex: Exchange, call: Awaitable[Served[Any]]) -> Served[Any] | Outcome:
-        """What the cache served, or how asking it ended: the upstream unreachable (the loader's
-        errors are all ``UpstreamUnavailable``), or the cache itself failed (``fail_open``)."""
+    async def ask(self, ex: Exchange, call: Awaitable[Served[Any]]) -> Loaded[Any] | Outcome:
+        """This call's load, or how asking the cache ended: a stored answer (a hit fresh enough
+        for the request, else refreshed) or another request's load, each answered as the request
+        asked (JSON or a stream); the upstream unreachable (the loader's errors are all
+        ``UpstreamUnavailable``); or the cache itself failed (``fail_open``)."""
         try:
-            return await call
+            served = await call
         except UpstreamUnavailable as down:
             return Unavailable(down.status, str(down))
         except Exception as exc:
             return await self.fail_open(ex, exc)
+        ex.timing["lookup"] = served.lookup_seconds
+        if isinstance(served, Found):
+            if not ex.control.fresh(served.hit):
+                return await self.load(ex, refresh=True)
+            return self.cached(ex, served.hit)
+        if isinstance(served, Joined):
+            if ex.key.stream:
+                return Coalesced("", stream=self.replayed(ex, served.text))
+            return Coalesced(served.text)
+        return served
+
+    def cached(self, ex: Exchange, hit: Hit) -> Cached:
+        """A stored answer, as JSON or replayed as a stream, as the request asked."""
+        if not ex.key.stream:
+            return Cached(hit, hit.response)
+        return Cached(hit, "", stream=self.replayed(ex, hit.response))
+
+    def replayed(self, ex: Exchange, answer: str) -> AsyncIterator[bytes]:
+        meta = wire.StreamMeta(ex.kind, ex.body["model"])
+        return self.streams.replay(meta, self.cache.replay_chunks(answer), ex.key.include_usage)
 
     async def relaying(self, headers: Any, pieces: Pieces[Framed[bytes]], refused: str = "") -> Outcome:
         """This call's streamed load to its client, once its first event is in (an upstream that
@@ -267,12 +272,6 @@ class Proxy:
         return Fetched(
             headers=headers, stream=streams.closing(streams.relayed(first, pieces), pieces), refused=refused
         )
-
-    async def refresh(self, ex: Exchange) -> Outcome:
-        """The upstream answers, and its answer replaces the stored one as a miss's is stored
-        (policy and admission permitting; a concurrent request for the prompt joins it): for
-        ``no-cache``, ``max-age=0`` and a hit older than the request's ``max-age``."""
-        return await (self.run_stream(ex, refresh=True) if ex.key.stream else self.run_json(ex, refresh=True))
 
     async def past_the_cache(self, ex: Exchange) -> Outcome:
         """A lookup that timed out: the upstream answers at once, and a complete answer is
