@@ -58,62 +58,40 @@ def respond(ex: Exchange | None, outcome: Outcome, max_concurrency: int) -> Resp
     if isinstance(outcome, Unavailable):
         code = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable"
         return error(outcome.status, outcome.message, "api_error", code, retry=True)
-    if isinstance(outcome, Shed) and outcome.reason == "rate_limit":
-        shed = error(
-            429,
-            "this credential is past its rate of requests; retry later",
-            "requests",
-            "rate_limit_exceeded",
-            retry=True,
-        )
-        shed.headers["retry-after"] = str(outcome.retry_after)
-        return shed
     if isinstance(outcome, Shed):
-        limit = (
-            f"its limit of {max_concurrency} requests in flight"
-            if outcome.reason == "concurrency"
-            else "its limit of request bodies held at once"
-        )
-        shed = error(503, f"the cache is at {limit}; retry later", "api_error", "overloaded", retry=True)
+        if outcome.reason == "rate_limit":
+            message = "this credential is past its rate of requests; retry later"
+            shed = error(429, message, "requests", "rate_limit_exceeded", retry=True)
+        else:
+            limit = (
+                f"its limit of {max_concurrency} requests in flight"
+                if outcome.reason == "concurrency"
+                else "its limit of request bodies held at once"
+            )
+            shed = error(503, f"the cache is at {limit}; retry later", "api_error", "overloaded", retry=True)
         shed.headers["retry-after"] = str(outcome.retry_after)
         return shed
     if isinstance(outcome, (Bypassed, FailedOpen)):
         assert outcome.answer is not None
         return relayed(outcome.answer, "bypass" if isinstance(outcome, Bypassed) else "miss")
-    if isinstance(outcome, PassedThrough):
-        return Response(
-            outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "miss"}
-        )
-    if isinstance(outcome, Unauthorized):
-        return Response(
-            outcome.content, outcome.status, headers={**returned(outcome.headers), "x-gpucache": "refused"}
-        )
+    if isinstance(outcome, (PassedThrough, Unauthorized)):
+        tier = {"x-gpucache": "miss" if isinstance(outcome, PassedThrough) else "refused"}
+        return Response(outcome.content, outcome.status, headers={**returned(outcome.headers), **tier})
     assert isinstance(ex, Exchange)
-    if isinstance(outcome, Cached):
-        headers = hit_headers(outcome.hit)
+    if isinstance(outcome, (Cached, Coalesced)):
+        headers = hit_headers(outcome.hit) if isinstance(outcome, Cached) else {"x-gpucache": "miss"}
         if outcome.stream is not None:
             return StreamingResponse(outcome.stream, media_type="text/event-stream", headers=headers)
         return wire.JSON(wire.completion(ex.kind, ex.body["model"], outcome.answer), headers=headers)
-    if isinstance(outcome, Coalesced):
-        if outcome.stream is not None:
-            return StreamingResponse(
-                outcome.stream, media_type="text/event-stream", headers={"x-gpucache": "miss"}
-            )
-        return wire.JSON(
-            wire.completion(ex.kind, ex.body["model"], outcome.answer), headers={"x-gpucache": "miss"}
-        )
     assert isinstance(outcome, Fetched)
     # why a stored prompt was not served: the rule, never the prompt (only the caller's own
     # scope was scanned, so it tells nothing of another tenant)
     refused = {"x-gpucache-refused": outcome.refused} if outcome.refused else {}
+    headers = {**returned(outcome.headers or {}), "x-gpucache": "miss", **refused}
     if outcome.stream is not None:
         return StreamingResponse(
-            outcome.stream,
-            status_code=outcome.status,
-            media_type="text/event-stream",
-            headers={**returned(outcome.headers or {}), "x-gpucache": "miss", **refused},
+            outcome.stream, status_code=outcome.status, media_type="text/event-stream", headers=headers
         )
-    headers = {**returned(outcome.headers), "x-gpucache": "miss", **refused}
     return Response(outcome.content, outcome.status, headers=headers)
 
 
@@ -144,18 +122,16 @@ def record(metrics: ProxyMetrics, endpoint: str, outcome: Outcome, ex: Exchange 
         m.requests.labels(endpoint, "bypass").inc()
         return
     if isinstance(outcome, Unauthorized):
-        m.errors.labels("unauthorized").inc()
-        m.requests.labels(endpoint, "refused").inc()
+        kind, label = "unauthorized", "refused"
+    elif isinstance(outcome, Shed):
+        kind, label = "shed" if outcome.reason == "concurrency" else outcome.reason, "shed"
+    elif isinstance(outcome, Unavailable):
+        kind, label = "upstream_timeout" if outcome.status == 504 else "upstream_unavailable", "error"
+    else:  # Fetched, Coalesced, PassedThrough, FailedOpen
+        m.requests.labels(endpoint, "miss").inc()
         return
-    if isinstance(outcome, Shed):
-        m.errors.labels("shed" if outcome.reason == "concurrency" else outcome.reason).inc()
-        m.requests.labels(endpoint, "shed").inc()
-        return
-    if isinstance(outcome, Unavailable):
-        m.errors.labels("upstream_timeout" if outcome.status == 504 else "upstream_unavailable").inc()
-        m.requests.labels(endpoint, "error").inc()
-        return
-    m.requests.labels(endpoint, "miss").inc()  # Fetched, Coalesced, PassedThrough, FailedOpen
+    m.errors.labels(kind).inc()
+    m.requests.labels(endpoint, label).inc()
 
 
 def relayed(answer: Forwarded, tier: str) -> Response:
