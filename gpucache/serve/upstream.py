@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 from gpucache.extras import missing
 
@@ -112,17 +112,20 @@ class Upstream:
         body: bytes,
         params: str = "",
         timeout: float | None = None,
+        stream: bool = False,
     ) -> httpx.Response:
         """A whole response (read), or ``UpstreamUnavailable``; ``timeout``, where given, in place
-        of the client's (a credential check's own, shorter one)."""
+        of the client's (a credential check's own, shorter one); ``stream``: its body still to be
+        read, the caller closes it (``open``)."""
         try:
-            return await self.client.request(
+            request = self.client.build_request(
                 method,
-                self.url(path, params or ""),
+                self.url(path, params),
                 headers=forwarded(headers),
                 content=body,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
             )
+            return await self.client.send(request, stream=stream)
         except httpx.TimeoutException as exc:
             raise UpstreamUnavailable(504, f"the upstream did not answer in time ({exc!r})") from exc
         except httpx.TransportError as exc:
@@ -132,27 +135,7 @@ class Upstream:
         self, path: str, headers: Mapping[str, str], body: bytes, params: str = ""
     ) -> httpx.Response:
         """A streamed POST whose body is still to be read; the caller closes it."""
-        request = self.client.build_request(
-            "POST", self.url(path, params or ""), headers=forwarded(headers), content=body
-        )
-        try:
-            return await self.client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise UpstreamUnavailable(504, f"the upstream did not answer in time ({exc!r})") from exc
-        except httpx.TransportError as exc:
-            raise UpstreamUnavailable(502, f"the upstream could not be reached ({exc!r})") from exc
-
-    @asynccontextmanager
-    async def stream(
-        self, path: str, headers: Mapping[str, str], body: bytes, params: str = ""
-    ) -> AsyncIterator[httpx.Response]:
-        """``open`` as a context: leaving it closes the upstream request (a client that
-        disconnects cancels the generation)."""
-        response = await self.open(path, headers, body, params)
-        try:
-            yield response
-        finally:
-            await response.aclose()
+        return await self.send("POST", path, headers, body, params, stream=True)
 
     async def reachable(self, timeout: float = 2.0) -> bool:
         try:
