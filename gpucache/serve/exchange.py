@@ -112,19 +112,13 @@ def upstream_allows_storing(headers: Mapping[str, str] | None) -> bool:
         return True
     if _varies(headers) or _expires_in(headers) == 0.0:
         return False
-    values = (
-        headers.get_list("cache-control")
-        if hasattr(headers, "get_list")
-        else [headers.get("cache-control") or ""]
-    )
-    for value in values:
-        for token in (t.strip().lower() for t in (value or "").split(",")):
-            name, _, arg = token.partition("=")
-            name = name.strip()
-            if name in _FORBIDDING:
-                return False
-            if name in ("max-age", "s-maxage") and arg.strip().strip('"') in ("0", "-0"):
-                return False
+    for token in _tokens(headers, "cache-control"):
+        name, _, arg = token.partition("=")
+        name = name.strip()
+        if name in _FORBIDDING:
+            return False
+        if name in ("max-age", "s-maxage") and arg.strip().strip('"') in ("0", "-0"):
+            return False
     return True
 
 
@@ -135,18 +129,12 @@ def upstream_lifetime(headers: Mapping[str, str] | None) -> float | None:
     than this, nor than the cache's own ``ttl``. A malformed value says nothing."""
     if not headers:
         return None
-    values = (
-        headers.get_list("cache-control")
-        if hasattr(headers, "get_list")
-        else [headers.get("cache-control") or ""]
-    )
     found: dict[str, int] = {}
-    for value in values:
-        for token in (t.strip().lower() for t in (value or "").split(",")):
-            name, _, arg = token.partition("=")
-            arg = arg.strip().strip('"')
-            if name.strip() in ("max-age", "s-maxage") and arg.isascii() and arg.isdigit():
-                found[name.strip()] = min(int(arg[:12]), MAX_DELTA_SECONDS)
+    for token in _tokens(headers, "cache-control"):
+        name, _, arg = token.partition("=")
+        arg = arg.strip().strip('"')
+        if name.strip() in ("max-age", "s-maxage") and arg.isascii() and arg.isdigit():
+            found[name.strip()] = min(int(arg[:12]), MAX_DELTA_SECONDS)
     lifetime = found.get("s-maxage", found.get("max-age"))
     if lifetime is None:
         return _expires_in(headers)
@@ -317,9 +305,14 @@ _VARY_IGNORED = frozenset(
 
 
 def _varies(headers: Mapping[str, str]) -> bool:
-    values = headers.get_list("vary") if hasattr(headers, "get_list") else [headers.get("vary") or ""]
-    names = (name.strip().lower() for value in values for name in (value or "").split(","))
-    return any(name not in _VARY_IGNORED for name in names)
+    return any(name not in _VARY_IGNORED for name in _tokens(headers, "vary"))
+
+
+def _tokens(headers: Mapping[str, str], name: str) -> list[str]:
+    """The comma-separated tokens of every ``name`` header, stripped and lower-cased (httpx's
+    ``get_list``; one header at most for a plain mapping)."""
+    values = headers.get_list(name) if hasattr(headers, "get_list") else [headers.get(name) or ""]
+    return [token.strip().lower() for value in values for token in (value or "").split(",")]
 
 
 def _expires_in(headers: Mapping[str, str]) -> float | None:
