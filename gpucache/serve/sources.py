@@ -142,33 +142,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = "none" if option.default is None else repr(option.default)
         doc = option.doc.replace("`", "").replace("%", "%%")
         shown = f"{doc} (default {default})" if option.default is not dataclasses.MISSING else doc
-        group = groups[option.section]
+        group, given = groups[option.section], {"dest": option.dest, "default": argparse.SUPPRESS}
         if option.kind == "bool":
-            group.add_argument(
-                option.flag_name,
-                dest=option.dest,
-                default=argparse.SUPPRESS,
-                action=argparse.BooleanOptionalAction,
-                help=shown,
-            )
+            group.add_argument(option.flag_name, action=argparse.BooleanOptionalAction, help=shown, **given)
         elif option.kind.startswith("tuple"):
             group.add_argument(
                 option.flag_name.rstrip("s"),
-                dest=option.dest,
-                default=argparse.SUPPRESS,
                 action="append",
                 metavar="VALUE",
                 help=shown + "; repeat for each",
+                **given,
             )
         else:
-            group.add_argument(
-                option.flag_name,
-                dest=option.dest,
-                default=argparse.SUPPRESS,
-                metavar=option.name.upper(),
-                type=str,
-                help=shown,
-            )
+            group.add_argument(option.flag_name, metavar=option.name.upper(), type=str, help=shown, **given)
 
 
 @dataclass(frozen=True)
@@ -191,11 +177,9 @@ class Resolved:
                 "'upstream' in the settings file"
             )
         built: dict[str, Any] = {}
-        kinds = {name: type(defaults) for name, defaults in section_defaults().items()}
-        for section in SECTIONS:
-            kind = kinds[section]
+        for section, defaults in section_defaults().items():
             try:
-                built[section] = kind(**parts[section])
+                built[section] = type(defaults)(**parts[section])
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"[{section}]: {exc}") from exc
         return ServeSettings(**top, **built)
