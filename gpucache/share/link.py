@@ -103,7 +103,6 @@ class Link:
     def __init__(
         self,
         client: Any,
-        url: str,
         prefix: str,
         maxlen: int,
         deadline: float,
@@ -114,7 +113,7 @@ class Link:
     ) -> None:
         # typed Any: redis-py's stubs type every reply as a union of its sync and async forms
         self.redis: Any = client
-        self.url, self.prefix, self.maxlen, self.deadline = url, prefix, maxlen, deadline
+        self.prefix, self.maxlen, self.deadline = prefix, maxlen, deadline
         self.keys = Keys(prefix)
         self.signer = Signer(secret)
         self.origin = uuid.uuid4().hex  # this replica as a writer: its own events are not applied twice
@@ -158,18 +157,12 @@ class Link:
         self.seq += 1
         return self.seq
 
-    def decoded(
-        self, records: list[dict[Any, Any]], model: str, dim: int, announced: Version | None = None
-    ) -> list[SharedEntry]:
-        """The records this replica can apply (records.py checks each); the others counted.
-        ``announced``: the version a put event names for its record (the tail), else None
-        (a fetch or a bootstrap: no event vouches for the record's place)."""
-        return self.judged(records, model, dim, announced)[0]
-
     def judged(
         self, records: list[dict[Any, Any]], model: str, dim: int, announced: Version | None = None
     ) -> tuple[list[SharedEntry], list[Refusal]]:
-        """``decoded``, with the refusals (each already counted and logged)."""
+        """The records this replica can apply (records.py checks each), and the refusals (each
+        already counted and logged). ``announced``: the version a put event names for its record
+        (the tail), else None (a fetch or a bootstrap: no event vouches for the record's place)."""
         guard = self.guard
         judge = None if guard is None else lambda record: self._judge(guard, self.keys, record, announced)
         entries, refusals = decode_entries(records, model, dim, self.signer, judge)

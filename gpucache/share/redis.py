@@ -123,7 +123,6 @@ class RedisShare:
         self.link = Link(
             client
             or redis_module.Redis.from_url(url, socket_timeout=deadline, socket_connect_timeout=deadline),
-            url,
             prefix,
             maxlen,
             deadline,
@@ -334,4 +333,4 @@ class RedisShare:
             return []
         now = time.time()
         embedder = self.tail.owner.embedder
-        return [e for e in self.link.decoded(records, embedder.name, embedder.dim) if e.expires_at > now]
+        return [e for e in self.link.judged(records, embedder.name, embedder.dim)[0] if e.expires_at > now]

@@ -84,8 +84,7 @@ class Tail:
             link.keys.key("log"), {"op": "join", "origin": link.origin}, maxlen=link.maxlen, approximate=True
         )
         start_id = start.decode() if isinstance(start, bytes) else str(start)
-        if link.guard is not None:
-            self._learn(start_id)
+        self._learn(start_id)
         keys = list(link.redis.scan_iter(match=link.keys.key("e:*"), count=BOOTSTRAP_BATCH))
         for first in range(0, len(keys), BOOTSTRAP_BATCH):
             pipe = link.redis.pipeline(transaction=False)
@@ -192,7 +191,7 @@ class Tail:
         self, records: list[dict[Any, Any]], announced: Version | None = None
     ) -> tuple[list[SharedEntry], list[Refusal]]:
         """Records into the local index, one batch under the cache's lock; ``announced``: the
-        version the put event that names the one record gives it (``Link.decoded``)."""
+        version the put event that names the one record gives it (``Link.judged``)."""
         embedder = self.owner.embedder
         entries, refusals = self.link.judged(records, embedder.name, embedder.dim, announced)
         self.owner.apply_replicated(entries)
