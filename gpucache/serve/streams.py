@@ -6,6 +6,7 @@ away closes the cache's stream and with it the upstream request."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -160,11 +161,8 @@ class Streams:
     ) -> AsyncIterator[bytes]:
         """A stored answer (a hit, or another call's load), in the cache's replay chunks, as a
         stream framed as ``wire`` frames every replayed answer."""
-        for line in wire.opening(meta):
-            yield line
-        for piece in chunks:
-            yield wire.chunk(meta, content=piece)
-        for line in wire.ending(meta, include_usage):
+        pieces = (wire.chunk(meta, content=piece) for piece in chunks)
+        for line in itertools.chain(wire.opening(meta), pieces, wire.ending(meta, include_usage)):
             yield line
 
     def cut(self, exc: Exception) -> bytes:
