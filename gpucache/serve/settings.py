@@ -116,13 +116,6 @@ def read_secret_file(path: str, create: bool = False) -> bytes:
     return secret
 
 
-def _option(default: Any, doc: str, *, flag: bool = True, secret: bool = False, **extra: Any) -> Any:
-    """A server setting: its documentation (a flag's help), whether it has a flag (a secret
-    given on the command line is visible to every local user: the tenancy secret has none),
-    and whether ``gpucache info`` shows its value (``secret``: only whether it is set)."""
-    return setting(default, doc, flag=flag, secret=secret, **extra)
-
-
 @dataclass(frozen=True)
 class ServeSettings:
     """Every setting of ``gpucache serve``, in one frozen tree: the HTTP and tenancy settings
@@ -130,77 +123,75 @@ class ServeSettings:
     (``EmbedderSettings``), the replication (``ReplicationSettings``) and the guard
     (``GuardSettings``: which soft rules run, as ``gpucache calibrate`` writes them). The command line,
     the ``--config`` file and the ``GPUCACHE_*`` environment are generated from it
-    (``gpucache.serve.sources``), so no setting exists under two names."""
+    (``gpucache.serve.sources``), so no setting exists under two names. A setting without a flag
+    (``flag=False``) is one a command line would show every local user (the tenancy secret); of a
+    ``secret`` one, ``gpucache info`` shows only whether it is set."""
 
     upstream: str = field(
-        metadata={
-            "doc": "the model server's OpenAI base URL, ending in /v1 (http://127.0.0.1:8000/v1)",
-            "flag": True,
-            "secret": False,
-        }
+        metadata={"doc": "the model server's OpenAI base URL, ending in /v1 (http://127.0.0.1:8000/v1)"}
     )
-    host: str = _option("127.0.0.1", "address to listen on")
-    port: int = _option(8100, "port to listen on")
-    upstream_timeout: float = _option(
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8100, "port to listen on")
+    upstream_timeout: float = setting(
         600.0, "seconds to wait for the upstream's answer (a long generation is slow, not dead)"
     )
-    max_concurrency: int = _option(
+    max_concurrency: int = setting(
         512,
         "most requests past the exact tier at once (waiting on a lookup or the upstream); past "
         "it a request is answered 503 with Retry-After, and exact repeats are still served; also the "
         "most credential checks in flight (a request with a new key past it: 503)",
     )
-    max_tenant_concurrency: int | None = _option(
+    max_tenant_concurrency: int | None = setting(
         None,
         "most of those one credential may hold at once (its share; past it its requests are "
         "shed from their headers, exact repeats too, before a body is read; others' are not); "
         "none: no share, one key's burst may take every slot",
     )
-    tenant_rate: float | None = _option(
+    tenant_rate: float | None = setting(
         None,
         "requests a second one credential may send (a token bucket, checked from the headers "
         "before the body is read); past it a request is answered 429 with Retry-After. Every "
         "keyless request shares one bucket. None: no limit",
     )
-    tenant_burst: int = _option(20, "requests one credential may send at once within tenant_rate")
-    retry_after: int = _option(1, "seconds a shed request is told to wait (Retry-After)")
-    header_timeout: float = _option(
+    tenant_burst: int = setting(20, "requests one credential may send at once within tenant_rate")
+    retry_after: int = setting(1, "seconds a shed request is told to wait (Retry-After)")
+    header_timeout: float = setting(
         10.0,
         "seconds a connection has to send a request's headers, from its opening or the "
         "request's first byte; a slower one is closed (a client trickling headers holds a "
         "connection for nothing)",
     )
-    grace: float = _option(30.0, "seconds in-flight requests get to finish at shutdown")
-    log_level: str = _option("info", "uvicorn's log level")
-    max_body_bytes: int = _option(8 * 2**20, "a larger request body is refused with 413")
-    max_buffered_bytes: int = _option(
+    grace: float = setting(30.0, "seconds in-flight requests get to finish at shutdown")
+    log_level: str = setting("info", "uvicorn's log level")
+    max_body_bytes: int = setting(8 * 2**20, "a larger request body is refused with 413")
+    max_buffered_bytes: int = setting(
         128 * 2**20,
         "bytes of request bodies held at once across all requests; a body that "
         "would pass it is answered 503 with Retry-After and its connection closed (each body is "
         "buffered whole, so without it many bodies under max_body_bytes hold any amount of memory)",
     )
-    body_timeout: float = _option(
+    body_timeout: float = setting(
         30.0,
         "seconds a request's body has to arrive once its headers are in; a slower one is "
         "answered 408 and its connection closed (a client trickling a body holds a connection "
         "and its buffered bytes for nothing)",
     )
-    namespace_header: str = _option(
+    namespace_header: str = setting(
         NAMESPACE_HEADER, "the header that narrows a request's tenant to one of its namespaces"
     )
-    credential_headers: tuple[str, ...] = _option(
+    credential_headers: tuple[str, ...] = setting(
         CREDENTIAL_HEADERS, "the headers whose values (all present, keyed-hashed) name the tenant"
     )
-    credential_params: tuple[str, ...] = _option(
+    credential_params: tuple[str, ...] = setting(
         CREDENTIAL_PARAMS,
         "query parameters that carry a credential: they name the tenant as the credential headers do",
     )
-    trust_namespace_header: bool = _option(
+    trust_namespace_header: bool = setting(
         False,
         "let the namespace header alone name the tenant: only behind a gateway that "
         "authenticates clients, sets the header and strips any copy a client sent",
     )
-    auth: str = _option(
+    auth: str = setting(
         "upstream",
         "how a credential is checked before the cache answers it: upstream (asked once "
         "with GET /v1/models, the verdict kept auth_ttl seconds; a refused key gets the upstream's "
@@ -208,56 +199,56 @@ class ServeSettings:
         "the upstream), gateway (a trusted front authenticated every client and strips credentials "
         "it did not check), none (no check: only where the upstream checks nothing either)",
     )
-    keys_file: str | None = _option(
+    keys_file: str | None = setting(
         None,
         "with auth=keys: the allowed keys, one a line, as the key or sha256:<hex>; read again "
         "when it changes",
     )
-    auth_ttl: float = _option(
+    auth_ttl: float = setting(
         60.0, "seconds a credential's verdict is kept before the upstream is asked again"
     )
-    auth_timeout: float = _option(
+    auth_timeout: float = setting(
         5.0,
         "seconds a credential check (GET /v1/models) may take before it counts as unanswered: "
         "the longest a new key's first request waits; a key seen before waits a quarter of a "
         "second at most on its re-check, then is served on its last verdict (within auth_grace) "
         "while the check goes on",
     )
-    auth_grace: float = _option(
+    auth_grace: float = setting(
         300.0,
         "seconds past its auth_ttl that a key's last verdict is extended while the upstream "
         "cannot answer the check (unreachable, too slow, an error status); past it, or for a key "
         "never checked, the request gets the upstream's failure",
     )
-    require_auth: bool = _option(
+    require_auth: bool = setting(
         True,
         "answer a request without credentials with 401; --no-require-auth files keyless "
         "requests under one shared tenant, 'anonymous' (checked like any credential under auth=upstream)",
     )
-    namespace_secret: bytes | None = _option(
+    namespace_secret: bytes | None = setting(
         None,
         f"the tenancy hash key (from {SECRET_ENV}, never a flag); none: secret_file or random",
         flag=False,
         secret=True,
         repr=False,
     )
-    secret_file: str | None = _option(
+    secret_file: str | None = setting(
         None,
         f"a file holding the tenancy secret (0600; or {SECRET_ENV}); needed with a snapshot or "
         "Redis, the same on every replica",
     )
-    create_secret: bool = _option(
+    create_secret: bool = setting(
         False, "create secret_file (beside the snapshot by default) with a new random secret if missing"
     )
-    admin_token: str | None = _option(
+    admin_token: str | None = setting(
         None,
         f"the bearer token of the /admin endpoints; prefer {ADMIN_TOKEN_ENV} or admin_token_file "
         "(argv is visible to every local user); none: the endpoints are off",
         secret=True,
         repr=False,
     )
-    admin_token_file: str | None = _option(None, "a file holding the admin token")
-    gateway_token: str | None = _option(
+    admin_token_file: str | None = setting(None, "a file holding the admin token")
+    gateway_token: str | None = setting(
         None,
         f"the token a trusted front sends in {GATEWAY_TOKEN_HEADER} (compared in constant time), "
         "needed with auth=gateway or trust_namespace_header: without it, anyone who reaches the port "
@@ -265,14 +256,14 @@ class ServeSettings:
         secret=True,
         repr=False,
     )
-    gateway_token_file: str | None = _option(None, "a file holding the gateway token")
-    snapshot: str | None = _option(
+    gateway_token_file: str | None = setting(None, "a file holding the gateway token")
+    snapshot: str | None = setting(
         None, "a snapshot file loaded at start (when present) and saved at shutdown and on demand"
     )
-    ignore_client_cache_control: bool = _option(
+    ignore_client_cache_control: bool = setting(
         False, "read no request's Cache-Control: for deployments that let no client steer the cache"
     )
-    passthrough: tuple[str, ...] = _option(
+    passthrough: tuple[str, ...] = setting(
         PASSTHROUGH, "the uncached paths under /v1 forwarded to the upstream ('METHOD path', '*' a segment)"
     )
     cache: CacheSettings = field(default_factory=lambda: SERVE_CACHE_DEFAULTS, metadata={"section": True})
