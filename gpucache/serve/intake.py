@@ -9,7 +9,8 @@ byte of its body is parsed.
                                                            429 past the credential's rate,
                                                            503 past the body budget;
                                                            the upstream's 401/403; 502-504)
-    Intake.release(request)                                its body's bytes back to the budget
+    Intake.budget.release(request)                         its body's bytes back to the budget,
+                                                           once it is answered, whatever its outcome
     unless_gone(receive, work)                             work, or a 499 where the client
                                                            hangs up first (work cancelled)
 """
@@ -222,7 +223,7 @@ class Intake:
         """The request's body under ``config``'s limits, or why it is refused: 413 past the
         size, 408 past the deadline (the client may send it again on a new connection), 499
         where the client hung up, shed (503, Retry-After) past the budget of bytes all requests
-        may hold at once. Its bytes stay taken from the budget until ``release``."""
+        may hold at once. Its bytes stay taken from the budget until ``budget.release``."""
         config = self.config
         try:
             return await read_body(request, config.max_body_bytes, config.body_timeout, self.budget)
@@ -234,11 +235,6 @@ class Intake:
             return Shed(config.retry_after, reason="body_budget")
         except ClientDisconnect:
             return Refused(499, "the client disconnected", "client_disconnect", kind="client_disconnect")
-
-    def release(self, request: Request) -> None:
-        """The bytes ``request``'s body took from the budget, given back: called once the
-        request is answered, whatever its outcome."""
-        self.budget.release(request)
 
     async def accept(self, kind: str, request: Request) -> Exchange | Outcome:
         """The request's exchange, or the outcome that ends it before the cache is asked.

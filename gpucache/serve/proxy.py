@@ -109,17 +109,14 @@ class Proxy:
         try:
             return await self.answer(kind, request)
         finally:
-            self.intake.release(request)
+            self.intake.budget.release(request)
 
     async def answer(self, kind: str, request: Request) -> Response:
         started = time.perf_counter()
         accepted = await self.intake.accept(kind, request)
         exchange = accepted if isinstance(accepted, Exchange) else None
         outcome = await self.admit(accepted) if isinstance(accepted, Exchange) else accepted
-        self.record(PATHS[kind], outcome, exchange)
-        response = self.respond(exchange, outcome)
-        if exchange is None and leaves_body_unread(request):
-            response.headers["connection"] = "close"
+        response = self.answered(request, PATHS[kind], outcome, exchange, read=exchange is not None)
         # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
         upstream = exchange.timing["upstream"] if exchange is not None else 0.0
         overhead = max(0.0, time.perf_counter() - started - upstream)
@@ -355,15 +352,21 @@ class Proxy:
         forwarded = await self.forward_exchange(ex)
         return forwarded if isinstance(forwarded, Unavailable) else FailedOpen(exc, forwarded)
 
-    # ------------------------------------------------------------------------- respond, store
+    # ------------------------------------------------------------------------- answer, store
 
-    def respond(self, ex: Exchange | None, outcome: Outcome) -> Response:
-        return answers.respond(ex, outcome, self.config.max_concurrency)
-
-    def record(self, endpoint: str, outcome: Outcome, ex: Exchange | None = None) -> None:
+    def answered(
+        self, request: Request, endpoint: str, outcome: Outcome, ex: Exchange | None, read: bool
+    ) -> Response:
+        """``outcome`` recorded (and heard as the upstream's word on the credential) and made
+        HTTP; where its body was not ``read``, a request that leaves a large one unread closes
+        its connection after the answer (``leaves_body_unread``)."""
         answers.record(self.metrics, endpoint, outcome, ex)
         if ex is not None:
             self.intake.heard(ex.holder, outcome)
+        response = answers.respond(ex, outcome, self.config.max_concurrency)
+        if not read and leaves_body_unread(request):
+            response.headers["connection"] = "close"
+        return response
 
     def loaded(self, response: httpx.Response, refused: str = "") -> Fetched:
         return Fetched(response.status_code, response.headers, response.content, refused=refused)
@@ -417,10 +420,6 @@ class Proxy:
                 else await self.forward(path, request.method, request.headers, request.url.query, body, False)
             )
         finally:
-            self.intake.release(request)
+            self.intake.budget.release(request)
         outcome = Bypassed("endpoint", forwarded) if isinstance(forwarded, Forwarded) else forwarded
-        self.record(label, outcome)
-        response = self.respond(None, outcome)
-        if not isinstance(body, bytes) and leaves_body_unread(request):
-            response.headers["connection"] = "close"
-        return response
+        return self.answered(request, label, outcome, None, read=isinstance(body, bytes))
