@@ -193,12 +193,6 @@ class CredentialCheck:
         """Drop a credential's verdict: its next request is checked again."""
         self.verdicts.pop(credential, None)
 
-    def refused(self, credential: str, verdict: Denied) -> None:
-        """The upstream refused ``credential`` on a request it was sent (a miss, a refresh):
-        that is its verdict too, kept as a checked one is, so the credential's hits stop now
-        rather than when the verdict it had expires."""
-        self._keep(credential, verdict)
-
     async def check(self, credential: str, headers: Mapping[str, str], query: str) -> Verdict:
         if self.authority is None:
             await self.probe()
@@ -264,10 +258,10 @@ class CredentialCheck:
                 credential, before, down.status, f"the credential could not be checked: {down}"
             )
         if 200 <= response.status_code < 300:
-            return self._keep(credential, Allowed(), cleared)
+            return self.keep(credential, Allowed(), cleared)
         if response.status_code in (401, 403):
             denied = Denied(response.status_code, response.headers, response.content)
-            return self._keep(credential, denied, cleared)
+            return self.keep(credential, denied, cleared)
         return self._unanswered(
             credential,
             before,
@@ -275,9 +269,12 @@ class CredentialCheck:
             f"the credential could not be checked: the upstream answered {response.status_code}",
         )
 
-    def _keep(
+    def keep(
         self, credential: str, verdict: Allowed | Denied, cleared: int | None = None
     ) -> Allowed | Denied:
+        """``verdict`` kept for ``credential``: a check's answer, or the upstream's refusal on a
+        request it was sent (a miss, a refresh), kept as a checked one is, so the credential's
+        hits stop now rather than when the verdict it had expires."""
         self.unanswered.pop(credential, None)
         if len(self.verdicts) >= self.max_verdicts:
             self.verdicts.pop(next(iter(self.verdicts)))

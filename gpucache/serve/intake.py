@@ -325,7 +325,7 @@ class Intake:
         if not isinstance(self.credentials, CredentialCheck) or answer is None:
             return
         if answer.status in (401, 403):
-            self.credentials.refused(holder, Denied(answer.status, answer.headers, answer.content))
+            self.credentials.keep(holder, Denied(answer.status, answer.headers, answer.content))
 
     def forget(self, holder: str) -> None:
         """Drop ``holder``'s verdict (``/admin/revoke``): its next request is checked again."""
