@@ -62,22 +62,17 @@ def check_type(name: str, value: Any, kind: str) -> None:
         if "None" not in options:
             raise ConfigError(f"{name} must be set")
         return
-    for option in options:
-        if option == "bool" and isinstance(value, bool):
-            return
-        if (
-            option in ("int", "float")
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and (option == "float" or isinstance(value, int))
-        ):
-            return
-        if option == "str" and isinstance(value, str):
-            return
-        if option == "bytes" and isinstance(value, bytes):
-            return
-        if option.startswith("tuple") and isinstance(value, tuple) and all(isinstance(v, str) for v in value):
-            return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    fits = {
+        "bool": isinstance(value, bool),
+        "int": number and isinstance(value, int),
+        "float": number,
+        "str": isinstance(value, str),
+        "bytes": isinstance(value, bytes),
+        "tuple": isinstance(value, tuple) and all(isinstance(v, str) for v in value),
+    }
+    if any(fits.get(option.split("[")[0], False) for option in options):
+        return
     raise ConfigError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
 
 
