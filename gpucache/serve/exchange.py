@@ -287,10 +287,9 @@ def upstream_answer(outcome: Outcome) -> PassedThrough | None:
     """The upstream's own answer where ``outcome`` relays one (its status, headers and body: a
     streamed one's body is not read here), else None (a hit, a refusal, an unreachable
     upstream)."""
-    if isinstance(outcome, (Fetched, PassedThrough)):
-        return PassedThrough(outcome.status, outcome.headers, outcome.content)
-    if isinstance(outcome, (Bypassed, FailedOpen)) and outcome.answer is not None:
-        return PassedThrough(outcome.answer.status, outcome.answer.headers, outcome.answer.content)
+    answer = outcome.answer if isinstance(outcome, (Bypassed, FailedOpen)) else outcome
+    if isinstance(answer, (Fetched, PassedThrough, Forwarded)):
+        return PassedThrough(answer.status, answer.headers, answer.content)
     return None
 
 

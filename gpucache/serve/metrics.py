@@ -33,8 +33,7 @@ SIMILARITY_BUCKETS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.975, 0.99, 1.0)
 
 class ProxyMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
+        r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "gpucache_requests",
             "Requests by endpoint and outcome (exact, semantic, miss, bypass, error, shed)",
@@ -71,7 +70,6 @@ class ProxyMetrics:
             ["kind"],
             registry=r,
         )
-
         self.body_bytes = Gauge(
             "gpucache_request_body_bytes",
             "Bytes of request bodies held now, across all requests (max_buffered_bytes bounds them)",

@@ -225,9 +225,7 @@ def text(data: bytes) -> str:
 
 def as_bytes(value: Any) -> bytes:
     """A field value as Redis will hold it (what redis-py sends for a str, bytes or number)."""
-    if isinstance(value, bytes):
-        return value
-    return str(value).encode()
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def id_after(a: str, b: str) -> bool:
