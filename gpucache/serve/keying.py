@@ -42,6 +42,7 @@ from typing import Any
 from gpucache.conversation.value import MARK, Conversation, Prompt, Turn
 
 TRANSPORT_FIELDS = frozenset({"stream", "stream_options", "user"})
+LOGPROBS_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
 MIN_TEXT_CHARS = 2  # below this a text has no meaning to compare: "" or "?" embed to noise
 MAX_JSON_DEPTH = 64
 # OpenAI's own bound on a chat request's messages: a longer list is no request its API takes,
@@ -197,25 +198,20 @@ def request_key(kind: str, body: Any, tenant: str) -> RequestKey:
     else:
         text, bypass = _prompt_text(rest)
     n = body.get("n", 1)
-    if bypass is None and (not isinstance(n, int) or n != 1):
-        bypass = "n"
-    # any value but an absent one or false asks for logprobs: ``/v1/completions`` takes a count,
-    # and ``logprobs: 0`` still asks for the chosen token's, which a stored text cannot give
-    if bypass is None and any(
-        body.get(k) is not None and body.get(k) is not False
-        for k in ("logprobs", "top_logprobs", "prompt_logprobs")
-    ):
-        bypass = "logprobs"
-    # vLLM's extensions that put more than the text in the answer: the token ids, and the
-    # prompt echoed before the answer (another user's wording, on a semantic hit)
-    if bypass is None and body.get("return_token_ids") not in (None, False):
-        bypass = "token-ids"
-    if bypass is None and body.get("echo") not in (None, False):
-        bypass = "echo"
-    if bypass is None and text is not None and len(text.strip()) < MIN_TEXT_CHARS:
-        bypass = "short-text"
-    if bypass is None and text is not None and text.startswith(MARK):
-        bypass = "reserved-text"  # the cache's own key of a conversation: the client's text stays its own
+    reasons = {  # the first that applies is why the request is bypassed
+        "n": not isinstance(n, int) or n != 1,
+        # any value but an absent one or false asks for logprobs: ``/v1/completions`` takes a count,
+        # and ``logprobs: 0`` still asks for the chosen token's, which a stored text cannot give
+        "logprobs": any(body.get(k) is not None and body.get(k) is not False for k in LOGPROBS_FIELDS),
+        # vLLM's extensions that put more than the text in the answer: the token ids, and the
+        # prompt echoed before the answer (another user's wording, on a semantic hit)
+        "token-ids": body.get("return_token_ids") not in (None, False),
+        "echo": body.get("echo") not in (None, False),
+        "short-text": text is not None and len(text.strip()) < MIN_TEXT_CHARS,
+        # the cache's own key of a conversation: the client's text stays its own
+        "reserved-text": text is not None and text.startswith(MARK),
+    }
+    bypass = bypass or next((reason for reason, applies in reasons.items() if applies), None)
     if text is not None and len(text) + sum(len(turn.text) for turn in context) > MAX_COMPARED_CHARS:
         # its scope is never asked (nor hashed: a history kept in the scope would be)
         return RequestKey(kind, f"{tenant}/too-large", None, "too-large", stream, include_usage)
