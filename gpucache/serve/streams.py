@@ -149,10 +149,9 @@ class Streams:
         try:
             async for piece in pieces:
                 yield piece.frame
-        except UpstreamUnavailable as exc:
-            yield self.cut(exc)
         except Exception as exc:  # past the first event: an error event, never a traceback
-            log.exception("gpucache: a streamed load failed mid-stream")
+            if not isinstance(exc, UpstreamUnavailable):  # a cut upstream is no bug to log
+                log.exception("gpucache: a streamed load failed mid-stream")
             yield self.cut(exc)
 
     @staticmethod
