@@ -254,20 +254,13 @@ class CredentialCheck:
                 "GET", "models", headers, b"", params=query, timeout=self.timeout
             )
         except UpstreamUnavailable as down:
-            return self._unanswered(
-                credential, before, down.status, f"the credential could not be checked: {down}"
-            )
+            return self._unanswered(credential, before, down.status, str(down))
         if 200 <= response.status_code < 300:
             return self.keep(credential, Allowed(), cleared)
         if response.status_code in (401, 403):
             denied = Denied(response.status_code, response.headers, response.content)
             return self.keep(credential, denied, cleared)
-        return self._unanswered(
-            credential,
-            before,
-            503,
-            f"the credential could not be checked: the upstream answered {response.status_code}",
-        )
+        return self._unanswered(credential, before, 503, f"the upstream answered {response.status_code}")
 
     def keep(
         self, credential: str, verdict: Allowed | Denied, cleared: int | None = None
@@ -285,16 +278,17 @@ class CredentialCheck:
         )
         return verdict
 
-    def _unanswered(self, credential: str, before: Kept | None, status: int, message: str) -> Verdict:
-        """The upstream could not say: the key's last verdict, extended within its grace, or
-        the upstream's failure."""
+    def _unanswered(self, credential: str, before: Kept | None, status: int, why: str) -> Verdict:
+        """The upstream could not say (``why``): the key's last verdict, extended within its
+        grace, or the upstream's failure."""
         now = self.clock()
         last = before.confirmed + self.ttl + self.grace if before is not None else now
         if before is None or now >= last:
             if len(self.unanswered) >= self.max_verdicts:
                 self.unanswered.pop(next(iter(self.unanswered)))
-            self.unanswered[credential] = (Unverified(status, message), now + self.timeout)
-            return self.unanswered[credential][0]
+            failed = Unverified(status, f"the credential could not be checked: {why}")
+            self.unanswered[credential] = (failed, now + self.timeout)
+            return failed
         self.verdicts[credential] = Kept(
             before.verdict, min(now + self.ttl, last), before.confirmed, before.cleared
         )
