@@ -48,8 +48,9 @@ class AdminRefusal(Exception):
         self.response = response
 
 
-def refused(status: int, message: str, code: str | None = None, param: str | None = None) -> AdminRefusal:
-    return AdminRefusal(error(status, message, "invalid_request_error", code, param, retry=False))
+def refused(message: str, code: str | None = None, param: str | None = None) -> AdminRefusal:
+    """A 400 for a call whose body names what it cannot (``param``: the field)."""
+    return AdminRefusal(error(400, message, "invalid_request_error", code, param, retry=False))
 
 
 def admitted(config: ServeSettings, request: Request) -> Response | None:
@@ -77,9 +78,9 @@ async def admin_doc(request: Request) -> dict[str, Any]:
     try:
         doc = parse_json(await request.body() or b"{}")
     except BadRequest as exc:
-        raise refused(400, str(exc)) from None
+        raise refused(str(exc)) from None
     if not isinstance(doc, dict):
-        raise refused(400, "the body must be a JSON object")
+        raise refused("the body must be a JSON object")
     return doc
 
 
@@ -88,7 +89,7 @@ def _credentials(doc: dict[str, Any]) -> dict[str, str]:
     if not isinstance(credentials, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in credentials.items()
     ):
-        raise refused(400, "'credentials' must map header names to strings", param="credentials")
+        raise refused("'credentials' must map header names to strings", param="credentials")
     return {k.lower(): v for k, v in credentials.items()}
 
 
@@ -107,19 +108,19 @@ class Target:
         tenant sends them) and ``namespace`` (the namespace header's value)."""
         kind, named = doc.get("kind", "chat"), doc.get("namespace")
         if kind not in ("chat", "completions"):
-            raise refused(400, "'kind' must be 'chat' or 'completions'", param="kind")
+            raise refused("'kind' must be 'chat' or 'completions'", param="kind")
         headers = _credentials(doc)
         if named is not None and not isinstance(named, str):
-            raise refused(400, "'namespace' must be a string", param="namespace")
+            raise refused("'namespace' must be a string", param="namespace")
         if named:
             headers[config.tenancy.namespace_header] = named
         tenant = config.tenancy.tenant(headers)
         if isinstance(tenant, Refusal):
-            raise refused(400, tenant.message, tenant.code)
+            raise refused(tenant.message, tenant.code)
         try:
             key = request_key(kind, doc.get("request"), tenant)
         except BadRequest as exc:
-            raise refused(400, str(exc), param=exc.param) from None
+            raise refused(str(exc), param=exc.param) from None
         return cls(key.scope, None if key.text is None else key.prompt)
 
 
@@ -141,29 +142,25 @@ class Holder:
     def of(cls, doc: dict[str, Any], config: ServeSettings) -> Holder:
         if "key" in doc:
             if "credentials" in doc or "query" in doc:  # which of them was meant is not ours to guess
-                raise refused(
-                    400, "name the credential once: 'key', or 'credentials' (and 'query')", param="key"
-                )
+                raise refused("name the credential once: 'key', or 'credentials' (and 'query')", param="key")
             return cls.of_key(doc["key"], config)
         query = doc.get("query", "")
         if not isinstance(doc.get("credentials"), dict) or not isinstance(query, str):
             raise refused(
-                400,
-                "'credentials' must map header names to strings, 'query' be a string",
-                param="credentials",
+                "'credentials' must map header names to strings, 'query' be a string", param="credentials"
             )
         headers = {k: v for k, v in _credentials(doc).items() if k != config.namespace_header}
         identity = dataclasses.replace(config.tenancy, trust_namespace_header=False).identify(headers, query)
         if isinstance(identity, Refusal) or identity.holder == ANONYMOUS:
             raise refused(
-                400, "name the credentials to revoke: no credential was found in them", param="credentials"
+                "name the credentials to revoke: no credential was found in them", param="credentials"
             )
         return cls((identity.holder,))
 
     @classmethod
     def of_key(cls, key: object, config: ServeSettings) -> Holder:
         if not isinstance(key, str) or not key.strip():
-            raise refused(400, "'key' must be the credential's value, a non-empty string", param="key")
+            raise refused("'key' must be the credential's value, a non-empty string", param="key")
         tenancy = config.tenancy
         forms = [
             (name, form.format(key))
