@@ -11,5 +11,7 @@ from dataclasses import field
 from typing import Any
 
 
-def setting(default: Any, doc: str, **metadata: Any) -> Any:
-    return field(default=default, metadata={"doc": doc, **metadata})
+def setting(default: Any, doc: str, *, repr: bool = True, **metadata: Any) -> Any:
+    """``repr=False`` for a secret: the dataclass's own repr leaves it out (a settings tree
+    printed or logged would show it otherwise)."""
+    return field(default=default, repr=repr, metadata={"doc": doc, **metadata})

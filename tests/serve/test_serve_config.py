@@ -181,6 +181,19 @@ def test_info_prints_the_resolved_settings_and_hides_secrets(tmp_path, capsys, m
     assert "a-secret-nobody-may-print" not in out
 
 
+def test_a_settings_trees_repr_shows_no_secret():
+    secrets = {
+        "namespace_secret": b"namespace-secret-0123456789",
+        "admin_token": "admin-token-0123456789",
+        "gateway_token": "gateway-token-0123456789",
+    }
+    shown = repr(ServeSettings(upstream=UPSTREAM, **secrets))  # a settings tree printed or logged
+    assert "port=8100" in shown
+    for name, value in secrets.items():
+        assert f"{name}=" not in shown
+        assert (value.decode() if isinstance(value, bytes) else value) not in shown
+
+
 def test_a_cache_factory_beside_a_redis_url_is_refused():
     pytest.importorskip("fastapi")
     from gpucache.serve.app import create_app
