@@ -26,6 +26,7 @@ from typing import Any
 
 from gpucache.cache.settings import read_toml
 from gpucache.serve.settings import ConfigError, ServeSettings
+from gpucache.share.settings import without_password
 
 ENV_PREFIX = "GPUCACHE_"
 CONFIG_ENV = "GPUCACHE_CONFIG"
@@ -192,7 +193,9 @@ class Resolved:
                 out.append(f"{option.key} = (not set)")
                 continue
             value = self.values[option.key]
-            shown = ("(set)" if value is not None else "none") if option.secret else repr(value)
+            shown = (
+                ("(set)" if value is not None else "none") if option.secret else repr(without_password(value))
+            )
             out.append(f"{option.key} = {shown}  ({self.sources[option.key]})")
         return out
 

@@ -62,6 +62,7 @@ from gpucache.cache.validation import MAX_TTL_SECONDS
 from gpucache.share.link import Link, ShareStats
 from gpucache.share.records import SharedModelMismatch, model_mismatch
 from gpucache.share.replay import ReplayGuard
+from gpucache.share.settings import without_password
 from gpucache.share.tail import Tail
 from gpucache.share.writer import Writer
 
@@ -132,7 +133,8 @@ class RedisShare:
             guard=ReplayGuard(replay_window),
         )
         self.redis, self.keys, self.signer = self.link.redis, self.link.keys, self.link.signer
-        self.url, self.prefix = url, prefix
+        # the URL as logs and errors show it: a password in it (redis://:pw@host) masked
+        self.url, self.prefix = without_password(url), prefix
         self.stats: ShareStats = self.link.stats
         self.writer = Writer(self.link, pending_max)
         self.tail = Tail(self.link, on_apply)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpucache.fields import setting
 
@@ -12,7 +13,9 @@ from gpucache.fields import setting
 @dataclass(frozen=True)
 class ReplicationSettings:
     redis: str | None = setting(
-        None, "a Redis or Valkey URL: replicas share their entries through it (none: this process only)"
+        None,
+        "a Redis or Valkey URL: replicas share their entries through it (none: this process only)",
+        repr=False,  # it may carry a password: gpucache info shows it through without_password
     )
     redis_prefix: str = setting("gpucache", "the prefix of every key this deployment writes in Redis")
     replay_window: float = setting(
@@ -42,7 +45,9 @@ class ReplicationSettings:
 
     def __post_init__(self) -> None:
         if self.redis is not None and not self.redis.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis must be a redis://, rediss:// or unix:// URL, got {self.redis!r}")
+            raise ValueError(
+                f"redis must be a redis://, rediss:// or unix:// URL, got {without_password(self.redis)!r}"
+            )
         if (
             isinstance(self.replay_window, bool)
             or not isinstance(self.replay_window, (int, float))
@@ -78,3 +83,14 @@ class ReplicationSettings:
             claim_wait=float(self.claim_wait),
             claim_ttl=float(self.claim_ttl),
         )
+
+
+def without_password(value: Any) -> Any:
+    """``value`` with a URL's password shown as ``***`` (``redis://:pw@host``), anything else as
+    it is: a URL printed by ``gpucache info``, logged or in an error gives no credential away."""
+    if not isinstance(value, str) or "@" not in value:
+        return value
+    parts = urlsplit(value)
+    if parts.password is None:
+        return value
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()

@@ -194,6 +194,21 @@ def test_a_settings_trees_repr_shows_no_secret():
         assert (value.decode() if isinstance(value, bytes) else value) not in shown
 
 
+def test_a_redis_urls_password_is_shown_by_no_setting(capsys, monkeypatch):
+    url = "redis://:hunter2-secret@127.0.0.1:6379/0"
+    monkeypatch.setenv("GPUCACHE_REDIS", url)
+    monkeypatch.setenv("GPUCACHE_UPSTREAM", UPSTREAM)
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "replication.redis = 'redis://:***@127.0.0.1:6379/0'  (env GPUCACHE_REDIS)" in out
+    assert "hunter2-secret" not in repr(
+        ServeSettings(upstream=UPSTREAM, replication=ReplicationSettings(url))
+    )
+    with pytest.raises(ValueError, match=r"'http://:\*\*\*@h'") as refused:
+        ReplicationSettings("http://:hunter2-secret@h")
+    assert "hunter2-secret" not in out + str(refused.value)
+
+
 def test_a_cache_factory_beside_a_redis_url_is_refused():
     pytest.importorskip("fastapi")
     from gpucache.serve.app import create_app

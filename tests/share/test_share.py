@@ -633,3 +633,17 @@ def test_a_conversation_replicates_whole_and_is_judged_the_same_on_every_replica
     refused = a.stats().rejections
     assert refused == b.stats().rejections and list(refused.values()) == [1]
     assert next(iter(refused)).startswith("context-")  # the context matcher's verdict, on both
+
+
+def test_a_password_in_the_redis_url_is_never_logged(caplog):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: Redis is away at the start
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"redis://:hunter2-secret@127.0.0.1:{port}/0"
+    with caplog.at_level("WARNING", logger="gpucache"):
+        cache = SemanticCache(FakeEmbedder(), device="cpu", shared=RedisShare(url, prefix="t", deadline=0.5))
+    cache.close()
+    assert f"redis://:***@127.0.0.1:{port}/0 is unreachable" in caplog.text
+    assert "hunter2-secret" not in caplog.text
