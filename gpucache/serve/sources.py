@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucache.cache.settings import read_toml
+from gpucache.fields import without_password
 from gpucache.serve.settings import ConfigError, ServeSettings
-from gpucache.share.settings import without_password
 
 ENV_PREFIX = "GPUCACHE_"
 CONFIG_ENV = "GPUCACHE_CONFIG"

@@ -59,10 +59,10 @@ import torch
 
 from gpucache.cache.replication import Replica, SharedEntry, covers
 from gpucache.cache.validation import MAX_TTL_SECONDS
+from gpucache.fields import without_password
 from gpucache.share.link import Link, ShareStats
 from gpucache.share.records import SharedModelMismatch, model_mismatch
 from gpucache.share.replay import ReplayGuard
-from gpucache.share.settings import without_password
 from gpucache.share.tail import Tail
 from gpucache.share.writer import Writer
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-from gpucache.fields import setting
+from gpucache.fields import setting, without_password
 
 
 @dataclass(frozen=True)
@@ -15,7 +14,7 @@ class ReplicationSettings:
     redis: str | None = setting(
         None,
         "a Redis or Valkey URL: replicas share their entries through it (none: this process only)",
-        repr=False,  # it may carry a password: gpucache info shows it through without_password
+        repr=False,  # it may carry a password: gpucache info shows it through fields.without_password
     )
     redis_prefix: str = setting("gpucache", "the prefix of every key this deployment writes in Redis")
     replay_window: float = setting(
@@ -83,14 +82,3 @@ class ReplicationSettings:
             claim_wait=float(self.claim_wait),
             claim_ttl=float(self.claim_ttl),
         )
-
-
-def without_password(value: Any) -> Any:
-    """``value`` with a URL's password shown as ``***`` (``redis://:pw@host``), anything else as
-    it is: a URL printed by ``gpucache info``, logged or in an error gives no credential away."""
-    if not isinstance(value, str) or "@" not in value:
-        return value
-    parts = urlsplit(value)
-    if parts.password is None:
-        return value
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
