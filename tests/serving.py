@@ -47,10 +47,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def keyless_proxy(upstream_url: str, embedder: Any, snapshot: str, admin_token: str, secret: bytes) -> Any:
+def keyless_proxy(
+    upstream_url: str, embedder: Any, snapshot: str, admin_token: str, secret: bytes, **cache: Any
+) -> Any:
     """The proxy app before ``upstream_url`` with the real ``embedder`` and the cache's defaults
-    (but a short lookup window): keyless clients let in, so a module's clients tell themselves
-    apart by namespace, each test a tenant of its own."""
+    (but a short lookup window; ``cache`` sets others): keyless clients let in, so a module's
+    clients tell themselves apart by namespace, each test a tenant of its own."""
     from gpucache import SemanticCache
     from gpucache.serve.app import create_app
     from gpucache.serve.settings import ServeSettings
@@ -65,6 +67,6 @@ def keyless_proxy(upstream_url: str, embedder: Any, snapshot: str, admin_token: 
     return create_app(
         config,
         cache_factory=lambda: SemanticCache(
-            embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0
+            embedder, device="cpu", lookup_window_seconds=0.002, lookup_timeout_seconds=30.0, **cache
         ),
     )

@@ -11,8 +11,8 @@ has never heard of is in it too: an unknown field can cost a hit, never cause a 
 The text compared by meaning is the last user message (for ``/v1/completions``, the prompt),
 and the earlier user and assistant turns are its *context*, carried with it as a
 ``Conversation`` (gpucache.conversation): the cache serves a follow-up ("how old is he?") after
-turns the context matcher finds agree on what it depends on (``match_context``, on by default),
-or, with it off, only after the same earlier turns, word for word. System and developer messages before the
+the same earlier turns, word for word (``match_context`` off, the default), or, with it on,
+after turns the context matcher finds agree on what it depends on. System and developer messages before the
 first turn stay in the scope. A conversation holding anything else (tool calls and results, names, a system
 message between turns, content that is not text) keeps every earlier message in the scope, as
 an exact match: an unknown shape can cost a hit, never cause a wrong answer.

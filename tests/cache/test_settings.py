@@ -30,7 +30,7 @@ NON_DEFAULT = {
     "lookup_batch": 8,
     "lookup_timeout_seconds": 0.5,
     "scan_kernel": "torch",
-    "match_context": False,
+    "match_context": True,
 }
 # the machine's and the server's speed choices: a snapshot leaves them out
 NOT_SAVED = {

@@ -25,15 +25,15 @@ STORED = talk(
 
 @pytest.fixture
 def cache(real_embedder) -> SemanticCache:
-    made = SemanticCache(real_embedder, device="cpu")  # match_context on: the default
+    made = SemanticCache(real_embedder, device="cpu", match_context=True)
     made.put(STORED, "The Traveller plan is $45 a month.")
     return made
 
 
-def test_with_match_context_off_earlier_turns_must_be_the_same_word_for_word(real_embedder):
-    """``match_context`` off: the final request is matched by meaning, after the same earlier
-    turns only."""
-    cache = SemanticCache(real_embedder, device="cpu", match_context=False)
+def test_by_default_earlier_turns_must_be_the_same_word_for_word(real_embedder):
+    """``match_context`` off, the default: the final request is matched by meaning, after the
+    same earlier turns only."""
+    cache = SemanticCache(real_embedder, device="cpu")
     cache.put(STORED, "The Traveller plan is $45 a month.")
     reworded_final = Conversation("what would that cost monthly?", STORED.context)
     hit = cache.get(reworded_final)
