@@ -1,37 +1,37 @@
 """ContextMatcher: may a conversation's stored answer be served after another conversation?
 
-The guard has already judged the two final requests the same. What is left is the context:
-the earlier turns. Comparing them whole would refuse nearly every conversation (a greeting, a
-turn reworded, a question about something else asked first); ignoring them would serve the
-answer to "how much is it?" about one product after a conversation about another. So:
+The guard has already judged the two final requests the same. What is left is the context: the
+earlier turns. With one key shared by many end users, a difference in them is another person's
+record, account, age or approval, whatever the final request looks like ("what is the current
+balance?" after "my account number is 12345678"). So the matcher is safe by construction: **a
+difference in the earlier turns is a miss unless it is shown not to matter.** What it can show:
 
-1. **Read each turn sentence by sentence** (reading.py): each sentence's content words (the
-   guard's reading: framing dropped, stems, the interchangeable table, misspellings mended) and
-   its *details* (numbers, as written and with every quantity in one unit; names written with a
-   capital). A sentence with neither is chatter, set aside.
-2. **A request that stands alone** (it points back to nothing: no "it", "that", "the second
-   one", "my ...", "the approach I chose", "the answer", no follow-up opening; and it shares no
-   word with the turns before it) needs only the same standing instructions on both sides
-   ("from now on answer in French"). A request that names what the turns talked about ("where
-   is the noise coming from?" after a turn about the noise) depends on them.
-3. **Find what the request depends on, on each side** (``needed_turns``): the latest exchange
-   and every sentence sharing a word with the request or with one found, and every other
-   exchange except an island (sharing no word with the request or the rest), an exchange the
-   user marks as an aside ("random q", "unrelated", "btw") and the exchanges tied only to one.
-4. **Compare strictly**: the numbers and names stated in what the request depends on must be
-   stated on the other side; every sentence needs a close counterpart (a third of its words
-   shared) that the guard and the edit check judge the same (a sentence edited in a word,
-   "a tension headache" / "a migraine", states something else), in the same order where the
-   order can decide what "it" or "the second one" means; a sentence one side has and the other
-   does not refuses when the request depends on it, unless it is a reaction said in passing or
-   the other side tells what it says in other words (``_Told.restates``: half its words said
-   there, every word naming a kind of thing said there, no negation or change of mind the
-   other side lacks).
+1. **Chatter** (``chatter``): a sentence made only of greetings and thanks from a closed list
+   ("hi there", "thanks!", "How can I help?") is set aside. Nothing else is: a reaction word
+   beside a fact ("sorry, I'm allergic to penicillin") is a fact.
+2. **A sentence said in other words**: every other sentence on each side needs a counterpart on
+   the other that the guard judges the same and that is no edit of it (not one content word
+   added, dropped or substituted: "a tension headache" / "a migraine", "a peanut allergy" / "an
+   allergy"), or the other side must tell all it says (``_Told.restates``: every content word,
+   every number, name and kind, no negation or change of mind the other side lacks), and the
+   sentences come in the same order.
+3. **Details** (numbers, amounts, dates, names) stated in any turn, the user's or the
+   assistant's, must be stated on the other side (``differing``).
 
-When unsure it refuses: a turn with no counterpart is a difference. Everything is a pure
-function of the two conversations and shipped word lists (no floating point, no ``hash()``),
-so every process and machine gives the same verdict, and ``explain`` names the turn and the
-difference that refused a candidate.
+What it does not read by meaning is compared exactly, so a bound costs a hit, never a wrong
+answer (``_unread``): a turn longer than ``MAX_TURN_CHARS``; a sentence with a word in no English
+dictionary (another language, a misspelling, a code: the guard's word lists do not read it, and
+it is never spell-mended); a user sentence about the answers themselves (an instruction such as
+"include a link to evil.example in each reply", "from now on answer in French"); a sentence of
+no content word ("Yes." / "No."). Those must appear on the other side, in the same order, as
+written (case and spacing aside).
+
+Its work is bounded before anything is read: the turns' count and characters
+(``MAX_CONTEXT_TURNS``, ``MAX_CONTEXT_CHARS``), then its sentences (``MAX_CONTEXT_SENTENCES``) and
+the guard's judgments (``MAX_JUDGED``); past any bound the two are matched exactly only (a miss,
+as they differ). Everything is a pure function of the two conversations and shipped word lists
+(no floating point, no ``hash()``), so every process and machine gives the same verdict, and
+``explain`` names the turn and the difference that refused a candidate.
 """
 
 from __future__ import annotations
@@ -39,103 +39,91 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpucache.conversation.reading import (
-    MAX_TURN_CHARS,
-    WORD,
-    Sentence,
-    differing,
-    needed_turns,
-    points_back,
-    read_text,
-    sentences,
-)
-from gpucache.conversation.value import Conversation
-from gpucache.guard.differences import align, kind_of, segments
+from gpucache.conversation.reading import MAX_TURN_CHARS, WORD, Sentence, differing, read_text, sentences
+from gpucache.conversation.value import Conversation, Turn
+from gpucache.guard.differences import align, segments
 from gpucache.guard.lexical import LexicalNearMissVerifier
 from gpucache.guard.parsing import parse
-from gpucache.guard.request import request_text
+from gpucache.guard.request import dictionary, request_text
 from gpucache.guard.verifier import ExplainingVerifier, Verdict
 from gpucache.guard.words import NEGATIONS
 
-# A turn that keeps this many content words of the other, and at least EDIT_RATIO times as many
-# as it changes, is an edit of it (context.ContextMatcher._same)
-EDIT_SHARED_MIN, EDIT_RATIO = 3, 1
-# Words of a reaction said in passing, and words and phrases of a change of mind (``aside``)
-REACTIONS = frozenset(
-    """lol haha hahaha ha hehe lmao omg wow ugh yay yikes oops oh ah ahh hmm cool
-    awesome nice great thanks thank thx appreciate sorry excited exciting nervous glad happy phew
-    gosh sweet lovely fun love hi hello hey morning afternoon evening welcome anytime rush
-    worries""".split()
+# A turn that keeps this many content words of the other and changes any is an edit of it
+# (context.ContextMatcher._same): a statement changed in one word states something else
+EDIT_SHARED_MIN = 1
+# The closed list of chatter: a sentence of these words alone (and no digit) says nothing the
+# answer can turn on ("hi there", "thank you so much!", "Hello! How can I help you?")
+CHATTER = frozenset(
+    """hi hello hey hiya there thanks thank you thx ty cheers much so very good morning afternoon
+    evening bye goodbye how can i help may""".split()
 )
 CHANGES = frozenset("actually instead rather meant change changed switch cancel scratch wait".split())
 CHANGE_PHRASES = re.compile(
     r"\b(?:never ?mind|on second thought|make (?:it|that)|not anymore)\b", re.IGNORECASE
 )
-# A user's instruction for every later answer: its manner, language, length, audience or role
+# A user's sentence about the answers themselves: their manner, language, length, audience, role,
+# format or what each must hold. Compared exactly: an instruction shapes every later answer
 INSTRUCTION = re.compile(
-    r"\b(?:from now on|going forward|for (?:the rest|all) of|(?:always|only|never) (?:answer|reply|respond|"
-    r"use|give|write|say)|(?:answer|reply|respond|write|talk|speak|explain)\w* (?:in|as|like|with|to|"
-    r"using|only|briefly|simply)|like i'?m \w+|keep (?:it|your|answers|replies|responses)|"
-    r"pretend|act as|you are (?:a|an|my)|in (?:bullet|one|two|three|a) \w+|no more than|"
-    r"under \d+ words|in (?:french|spanish|german|italian|portuguese|chinese|japanese|korean|hindi|"
-    r"arabic|russian|dutch|english))\b",
+    r"\b(?:from now on|going forward|for (?:the rest|all) of|always|never|each|every|all|"
+    r"answers?|repl(?:y|ies)|respon(?:d|ses?)|outputs?|format\w*|links?|urls?|https?|www|"
+    r"pretend|act as|role\w*|you are|you're|like i'?m|keep (?:it|your)|bullet\w*|words?|"
+    r"sentences?|paragraphs?|language|english|french|spanish|german|italian|portuguese|"
+    r"chinese|japanese|korean|hindi|arabic|russian|dutch)\b|\w\.[a-z]{2,}\b",
     re.IGNORECASE,
 )
-# The guard's rules not run on a turn against its counterpart: a word one side adds to a
-# statement of the same facts ("which plans include roaming" / "which plans have roaming") is
-# how people restate context; the details that matter are compared by the detail check.
-TURN_RULES_SKIPPED: tuple[str, ...] = ("added",)
-# What a sentence may be refused for and still be a rewording, where the other side tells what
+# What a sentence may be refused for and still be a rewording, where the other side tells all
 # it says (``_Told.restates``): no sentence there shares enough of its words to be its
 # counterpart (said in other words, split or merged), or the closest differs in how a request
 # is put or in a number the other side states elsewhere (one sentence here, two there). A word
-# substituted in a sentence otherwise the same ("the front lever is spongy" / "the rear lever
-# is spongy"), a negation, an opposite, a direction, a thing named or a payload never is.
+# substituted in a sentence otherwise the same, a negation, an opposite, a direction, a thing
+# named or a payload never is.
 RESTATABLE = frozenset(
     f"context-{rule}"
     for rule in "unmatched time tone deliverable audience constraint roles "
     "crossed voice question-word numbers".split()
 )
-RESTATED_SHARE = (1, 2)  # (numerator, denominator): the share of its words the other side says
-# Longer conversations are served for their exact repeat only: the matcher's cost grows with
-# the turns, and a dependency in a turn it did not read would be a wrong answer.
+# The bounds on one comparison, each counted before the work it bounds, so the verdict is the
+# same on every machine and a client cannot make a lookup expensive: past one, the two
+# conversations are matched exactly only. A side's earlier turns, and their characters (what
+# reading costs: about 2.2 CPU-seconds per 200 KB before this bound); a side's sentences; the
+# guard's judgments of one comparison, each sentence judged against its MAX_JUDGED_EACH closest.
 MAX_CONTEXT_TURNS = 128
-# The matcher's work is bounded by counts, so its verdict is the same on every machine: a side of
-# more sentences than this (chatter included), or a comparison that would ask the guard about more
-# pairs of sentences than MAX_JUDGED, is matched exactly only; each sentence is judged against
-# its MAX_JUDGED_EACH closest. A client can send 128 turns of 2,000 characters each, every
-# sentence near one of the other side's: unbounded, judging such a pair took 1.6 s of CPU.
-MAX_CONTEXT_SENTENCES = 512
+MAX_CONTEXT_CHARS = 16_000
+MAX_CONTEXT_SENTENCES = 256
 MAX_JUDGED, MAX_JUDGED_EACH = 256, 3
+# Letters of words a dictionary may hold, and the pieces a contraction splits into ("i'm")
+_LETTER_RUN = re.compile(r"[^\W\d_]+")
+_CLITICS = frozenset("s t m re ve ll d".split())
+_JOINING = frozenset({"and"})  # what joins two sentences into one ("... breaker, and it started ...")
 
 
 class ContextMatcher:
     """Judges two conversations whose final requests the guard found the same (module doc).
 
-    ``guard`` judges a user turn against its counterpart (default: the lexical guard without
-    the rules listed in ``TURN_RULES_SKIPPED``)."""
+    ``guard`` judges a sentence against its counterpart (default: the lexical guard, every rule
+    on)."""
 
     name = "context"
 
     def __init__(self, guard: ExplainingVerifier | None = None) -> None:
-        self.guard: ExplainingVerifier = (
-            guard if guard is not None else LexicalNearMissVerifier(skip=TURN_RULES_SKIPPED)
-        )
+        self.guard: ExplainingVerifier = guard if guard is not None else LexicalNearMissVerifier()
 
     def explain(self, cached: Conversation, new: Conversation) -> Verdict:
-        """Accept where the contexts agree on everything the final requests depend on; else
-        reject, naming the side, the turn (counted from 1) and the difference."""
+        """Accept where every difference between the two contexts is shown not to matter
+        (module doc); else reject, naming the side, the turn (counted from 1) and the difference."""
         if cached.context == new.context:
             return Verdict(False, "context-same")
-        longest = max(len(cached.context), len(new.context))
-        if longest > MAX_CONTEXT_TURNS:
-            return Verdict(
-                True,
-                "context-too-long",
-                f"{longest} earlier turns: more than {MAX_CONTEXT_TURNS} are matched exactly only",
-            )
+        for conversation in (cached, new):
+            turns, chars = len(conversation.context), sum(len(t.text) for t in conversation.context)
+            if turns > MAX_CONTEXT_TURNS or chars > MAX_CONTEXT_CHARS:
+                return Verdict(
+                    True,
+                    "context-too-long",
+                    f"{turns} earlier turns of {chars} characters: more than {MAX_CONTEXT_TURNS} "
+                    f"turns or {MAX_CONTEXT_CHARS} characters are matched exactly only",
+                )
         most = max(
-            sum(len(segments(t.text[:MAX_TURN_CHARS])) for t in conversation.context)
+            sum(len(segments(t.text)) for t in conversation.context if len(t.text) <= MAX_TURN_CHARS)
             for conversation in (cached, new)
         )  # counted before any is read: reading is most of the cost
         if most > MAX_CONTEXT_SENTENCES:
@@ -144,44 +132,43 @@ class ContextMatcher:
                 "context-too-long",
                 f"{most} sentences: more than {MAX_CONTEXT_SENTENCES} are matched exactly only",
             )
-        sides = []
-        for conversation in (cached, new):
-            turns = [unit for i, t in enumerate(conversation.context) for unit in sentences(i, t)]
-            spoken = [t for t in turns if t.content or t.details]  # chatter set aside
-            sides.append((spoken, needed_turns(conversation.request, spoken)))
-        (spoken_a, needed_a), (spoken_b, needed_b) = sides
-        # a request that shares a word with the turns before it is about them, pronoun or none
-        strict = points_back(cached.request) or points_back(new.request) or bool(needed_a or needed_b)
-        if not strict:  # the request stands alone: only an instruction for every answer counts
-            return self._instructions(spoken_a, spoken_b)
-        unstated = differing(needed_a, spoken_b) + differing(needed_b, spoken_a)
-        if unstated:
+        (spoken_a, exact_a), (spoken_b, exact_b) = _split(cached.context), _split(new.context)
+        if [key for key, _ in exact_a] != [key for key, _ in exact_b]:
+            where = next(
+                (i for i, (x, y) in enumerate(zip(exact_a, exact_b)) if x[0] != y[0]),
+                min(len(exact_a), len(exact_b)),
+            )
+            side, place = (
+                ("cached", exact_a[where][1]) if where < len(exact_a) else ("new", exact_b[where][1])
+            )
             return Verdict(
                 True,
-                "context-detail",
-                f"the turns the request depends on differ in {', '.join(unstated)}",
-                tuple(unstated),
+                "context-unread",
+                f"{side} turn {place + 1}: what is compared exactly (too long, not read, an "
+                "instruction or no content word) differs",
+            )
+        if _gist(spoken_a) == _gist(spoken_b):  # the same words in the same order, split otherwise
+            return Verdict(False, "context-agrees")
+        unstated = differing(spoken_a, spoken_b) + differing(spoken_b, spoken_a)
+        if unstated:
+            return Verdict(
+                True, "context-detail", f"the earlier turns differ in {', '.join(unstated)}", tuple(unstated)
             )
         budget = [MAX_JUDGED]  # the guard's judgments this comparison may still ask for
-        for side, spoken, needed, others, asked in (
-            ("cached", spoken_a, needed_a, spoken_b, new.request),
-            ("new", spoken_b, needed_b, spoken_a, cached.request),
+        for side, spoken, others, asked in (
+            ("cached", spoken_a, spoken_b, new.request),
+            ("new", spoken_b, spoken_a, cached.request),
         ):
             found: list[tuple[int, int]] = []
             told = _Told.of(others, asked)
             for turn in spoken:
                 after = found[-1] if found else (-1, -1)
-                match = self._counterpart(
-                    turn, [t for t in others if t.role == turn.role], strict, after, budget
-                )
+                match = self._counterpart(turn, [t for t in others if t.role == turn.role], after, budget)
                 if isinstance(match, tuple):
                     found.append(match)
-                elif match.rule == "context-unmatched" and (turn not in needed or aside(turn)):
-                    continue  # said in passing, or about what the request does not depend on
                 elif match.rule in RESTATABLE and told.restates(turn, match.rule):
-                    continue  # reworded: what it states is stated on the other side
+                    continue  # reworded: all it states is stated on the other side
                 else:
-                    # a statement changed, or one the request may depend on stated on one side only
                     return Verdict(
                         True, match.rule, f"{side} turn {turn.index + 1}: {match.detail}", match.words
                     )
@@ -189,27 +176,8 @@ class ContextMatcher:
                 return Verdict(True, "context-order", f"the {side} side's sentences come in another order")
         return Verdict(False, "context-agrees")
 
-    def _instructions(self, a: list[Sentence], b: list[Sentence]) -> Verdict:
-        """For a request that stands alone: accept unless a user sentence that instructs every
-        later answer ("from now on answer in French", "explain like I'm five") is said on one
-        side only, or differently."""
-        budget = [MAX_JUDGED]
-        for side, mine, others in (("cached", a, b), ("new", b, a)):
-            theirs = [t for t in others if t.role == "user"]
-            for turn in mine:
-                if turn.role == "user" and INSTRUCTION.search(turn.text):
-                    match = self._counterpart(turn, theirs, True, (-1, -1), budget)
-                    if isinstance(match, Verdict):
-                        return Verdict(
-                            True,
-                            "context-instruction",
-                            f"{side} turn {turn.index + 1}: {match.detail}",
-                            match.words,
-                        )
-        return Verdict(False, "context-apart")
-
     def _counterpart(
-        self, turn: Sentence, others: list[Sentence], strict: bool, after: tuple[int, int], budget: list[int]
+        self, turn: Sentence, others: list[Sentence], after: tuple[int, int], budget: list[int]
     ) -> tuple[int, int] | Verdict:
         """The position of the sentence of ``others`` that says the same as ``turn`` (``_same``),
         the first at or after ``after`` among those sharing the most words (a sentence said
@@ -230,7 +198,7 @@ class ContextMatcher:
             if budget[0] <= 0:
                 return Verdict(True, "context-too-long", f"more than {MAX_JUDGED} sentences to judge")
             budget[0] -= 1
-            verdict = self._same(other, turn, strict)
+            verdict = self._same(other, turn)
             if verdict is None:
                 return other.index, other.part
             first = first or verdict
@@ -239,32 +207,25 @@ class ContextMatcher:
             True, first.rule, f'"{turn.text[:80]}" / "{close[0].text[:80]}": {first.detail}', first.words
         )
 
-    def _same(self, a: Sentence, b: Sentence, strict: bool) -> Verdict | None:
-        """None where two turns say the same; else the difference. The guard judges them as two
-        requests; and where one is an edit of the other (most of its words shared), any word
-        substituted or added is a difference: a statement of context changed in one word ("a
-        tension headache" / "a migraine", "rename it" / "rename it, no wait, delete it") states
-        something else, where a question changed in one word may not ask anything else.
-        ``strict``: the words must also come in the same order (the request points at the
-        first or second of something)."""
+    def _same(self, a: Sentence, b: Sentence) -> Verdict | None:
+        """None where two sentences say the same; else the difference. The guard judges them as
+        two requests; and where one is an edit of the other, any content word added, dropped or
+        substituted is a difference: a statement of context changed in one word ("a tension
+        headache" / "a migraine", "a peanut allergy" / "an allergy") states something else,
+        where a question changed in one word may not ask anything else. The same words in
+        another order are a difference too ("my husband has a cold and my daughter pink eye" /
+        "my daughter has a cold and my husband pink eye")."""
         verdict = self.guard.explain(a.text, b.text)
         if verdict.rejected:
             return Verdict(True, f"context-{verdict.rule}", str(verdict), verdict.words)
         edit = align(parse(request_text(a.text)), parse(request_text(b.text)))
-        changed = len(edit.only_a) + len(edit.only_b)
-        # a word substituted, or more than one added (one verb more restates: "which plans
-        # include roaming" / "which plans have roaming")
-        altered = (edit.only_a and edit.only_b) or changed > 1
         kept = max(edit.shared, edit.framed)
-        if altered and kept >= EDIT_SHARED_MIN and kept >= EDIT_RATIO * changed:
+        if (edit.only_a or edit.only_b) and kept >= EDIT_SHARED_MIN:
             words = edit.only_a + edit.only_b
             return Verdict(
-                True, "context-edited", f"one turn is the other edited: {' / '.join(words)}", words
+                True, "context-edited", f"one sentence is the other edited: {' / '.join(words)}", words
             )
-        # the same words in another order: "my husband has a cold and my daughter pink eye" /
-        # "my daughter has pink eye and my husband a cold" (a rewording moves words and changes
-        # some: the guard has judged it)
-        if strict and a.content == b.content and _order(a, a.content) != _order(b, b.content):
+        if a.content == b.content and _order(a, a.content) != _order(b, b.content):
             return Verdict(True, "context-order", "the same words in another order")
         return None
 
@@ -294,12 +255,9 @@ class _Told:
 
     def restates(self, turn: Sentence, rule: str) -> bool:
         """Whether ``turn``, refused by ``rule`` (one of RESTATABLE), says nothing this side does
-        not tell: every word of it naming a kind of thing (categories.txt) is said here, and of
-        its other content words RESTATED_SHARE where no sentence here is close to it (said in
-        other words), every one where one is but differs in how it is put or in a number (what
-        it says beside must be said elsewhere); its numbers stated here, as written or in one
-        unit; no negation or change of mind where this side says none. (The numbers and names
-        of what the request depends on were compared before: ``differing``.)"""
+        not tell: every content word of it said here; its numbers stated here, as written or in
+        one unit; no negation or change of mind where this side says none. (Every turn's numbers
+        and names were compared before: ``differing``.)"""
         if rule == "context-numbers" and not (
             turn.details <= self.details or (turn.converted and turn.converted <= self.details)
         ):
@@ -309,13 +267,8 @@ class _Told:
             (said & CHANGES or CHANGE_PHRASES.search(turn.text)) and not self.changed
         ):
             return False
-        if any(kind_of(w, frozenset()) is not None and w not in self.words for w in turn.content):
-            return False
         words = {w for w in turn.content if not any(c.isdigit() for c in w)}  # numbers: details
-        shared = len(words & self.words)
-        if rule != "context-unmatched":
-            return shared == len(words)
-        return RESTATED_SHARE[1] * shared >= RESTATED_SHARE[0] * len(words)
+        return words <= self.words
 
 
 def _negates(text: str) -> bool:
@@ -323,17 +276,64 @@ def _negates(text: str) -> bool:
     return any(w in NEGATIONS or w.endswith("n't") for w in WORD.findall(text.casefold()))
 
 
-def aside(turn: Sentence) -> bool:
-    """Whether a sentence only one side has is said in passing: a reaction ("haha sorry, my
-    hands are full", "thank you, that's kind of you") that states no number or name and changes
-    nothing ("actually", "instead", "I meant")."""
-    words = set(WORD.findall(turn.text.casefold()))
+def chatter(text: str) -> bool:
+    """Whether a sentence is chatter: greetings and thanks from the closed list alone, no
+    digit ("Hi, how can I help?", "thank you so much!")."""
+    words = _LETTER_RUN.findall(text.casefold())
+    return bool(words) and not any(c.isdigit() for c in text) and all(w in CHATTER for w in words)
+
+
+def readable(text: str) -> bool:
+    """Whether the guard's word lists read a sentence: every word of it in the English
+    dictionary (a contraction's pieces too). Another language, a misspelling or a code is not
+    read, and so never spell-mended: it is compared exactly."""
+    words = dictionary()
+    return all(w in words or w in _CLITICS for w in _LETTER_RUN.findall(text.casefold()))
+
+
+def _unread(role: str, text: str) -> bool:
+    """Whether a sentence is compared exactly rather than read (module doc)."""
     return (
-        not turn.details
-        and bool(words & REACTIONS)
-        and not words & CHANGES
-        and not CHANGE_PHRASES.search(turn.text)
+        not readable(text)
+        or (role == "user" and bool(INSTRUCTION.search(text)))
+        or not read_text(text)[0]  # no content word: "Yes." / "No.", "Done."
     )
+
+
+def _split(context: tuple[Turn, ...]) -> tuple[list[Sentence], list[tuple[tuple[str, int, str], int]]]:
+    """One side's earlier turns as (the sentences read by meaning, the parts compared exactly:
+    each a key of its role, its turn's place among the turns that say more than chatter and its
+    text, case and spacing aside, with its turn's index). Chatter is set aside; a turn past
+    MAX_TURN_CHARS is compared whole."""
+    spoken: list[Sentence] = []
+    exact: list[tuple[tuple[str, int, str], int]] = []
+    place = 0  # turns so far that say more than chatter
+    for i, turn in enumerate(context):
+        if len(turn.text) > MAX_TURN_CHARS:
+            exact.append(((turn.role, place, " ".join(turn.text.casefold().split())), i))
+            place += 1
+            continue
+        units = [unit for unit in sentences(i, turn) if not chatter(unit.text)]
+        for unit in units:
+            if _unread(turn.role, unit.text):
+                exact.append(((turn.role, place, " ".join(unit.text.casefold().split())), i))
+            else:
+                spoken.append(unit)
+        place += bool(units)
+    return spoken, exact
+
+
+def _gist(spoken: list[Sentence]) -> tuple[tuple[str, int, tuple[str, ...]], ...]:
+    """What one side's read sentences say, turn by turn, as the guard reads them: each turn's role,
+    place among the turns read, and every word of it in order (stemmed, negations folded) but
+    an "and" joining two sentences. Two sides of one gist differ only in case, punctuation,
+    framing, chatter and where their sentences end ("the kettle trips the breaker, and it started
+    last week" / "The kettle trips the breaker. It started last week.")."""
+    turns: dict[int, tuple[str, list[str]]] = {}
+    for unit in spoken:
+        words = (w for w in parse(request_text(unit.text)).tokens if w not in _JOINING)
+        turns.setdefault(unit.index, (unit.role, []))[1].extend(words)
+    return tuple((role, place, tuple(words)) for place, (role, words) in enumerate(turns.values()))
 
 
 def _close(a: Sentence, b: Sentence) -> bool:

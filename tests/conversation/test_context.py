@@ -1,11 +1,11 @@
-"""The context matcher serves a conversation's answer after another conversation only where their
-earlier turns agree on everything the final request depends on: reworded turns, chatter and
-turns about something else do not block a hit; a differing detail, a change of mind or a fact the
-assistant stated differently does. Each case below fails when its check is taken out."""
+"""The context matcher serves a conversation's answer after another conversation only where every
+difference between their earlier turns is shown not to matter: chatter from a closed list and the
+same sentences said in other words or split otherwise do not block a hit; a differing detail, a
+turn on one side only, a change of mind, a fact the assistant stated differently and anything it
+does not read by meaning (compared exactly) do. Each case below fails when its check is taken
+out."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 
@@ -46,7 +46,17 @@ def test_reworded_turns_and_chatter_do_not_block_a_hit(matcher):
     assert not matcher.explain(BOOKED, reworded).rejected
 
 
-def test_a_turn_about_something_else_does_not_block_a_hit(matcher):
+def test_the_same_words_split_into_other_sentences_do_not_block_a_hit(matcher, monkeypatch):
+    request = "so what should I check first?"
+    one = talk(request, "The kettle trips the breaker. It started last week.", "Let's see.")
+    other = talk(request, "the kettle trips the breaker, and it started last week", "Let's see.")
+    assert not matcher.explain(one, other).rejected
+    monkeypatch.setattr(context, "_gist", lambda spoken: id(spoken))
+    assert matcher.explain(one, other).rejected
+
+
+def test_a_turn_about_something_else_blocks_a_hit(matcher):
+    """It may hold a fact the answer turns on: nothing shows it cannot matter."""
     detour = talk(
         "can you move it to the afternoon?",
         "do you take Visa cards?",
@@ -54,7 +64,7 @@ def test_a_turn_about_something_else_does_not_block_a_hit(matcher):
         "I need to book a dentist cleaning at the Elm Street clinic on Friday",
         "Done: Friday at 9:00 at Elm Street.",
     )
-    assert not matcher.explain(BOOKED, detour).rejected
+    assert matcher.explain(BOOKED, detour).rejected
 
 
 @pytest.mark.parametrize(
@@ -89,21 +99,14 @@ def test_a_change_of_mind_refuses(matcher):
         "I need to book a dentist cleaning at the Elm Street clinic on Friday",
         "Done: Friday at 9:00 at Elm Street.",
         "actually cancel the cleaning and book a filling instead",
-        "Done: Friday at 9:00 at Elm Street.",
     )
     verdict = matcher.explain(BOOKED, changed)
     assert verdict.rejected and "turn 3" in verdict.detail
 
 
-def test_a_request_that_points_back_needs_the_turn_it_points_to(matcher):
+def test_turns_against_none_are_a_difference(matcher):
     verdict = matcher.explain(BOOKED, talk("can you move it to the afternoon?"))
     assert verdict.rejected
-
-
-def test_a_request_that_stands_alone_is_served_whatever_came_before(matcher):
-    alone = "what are the opening hours of the Elm Street clinic"
-    asked = talk(alone, "do you take Visa cards?", "Yes, every major card.")
-    assert not matcher.explain(asked, talk(alone, "is parking free?", "Yes, behind the building.")).rejected
 
 
 def test_taking_out_the_detail_check_serves_the_other_place(matcher, monkeypatch):
@@ -118,45 +121,22 @@ def test_taking_out_the_detail_check_serves_the_other_place(matcher, monkeypatch
     assert verdict.rule != "context-detail"
 
 
-def test_taking_out_the_latest_exchange_rule_serves_a_follow_up_without_its_referent(matcher, monkeypatch):
-    monkeypatch.setattr(context, "points_back", lambda request: False)
-    monkeypatch.setattr(reading, "points_back", lambda request: False)
-    assert not matcher.explain(BOOKED, talk("can you move it to the afternoon?")).rejected
-
-
-def test_a_request_that_names_what_the_turns_talked_about_depends_on_them(matcher, monkeypatch):
-    """ "where is the rattle coming from?" has no pronoun, but the rattle is the one described
-    before: a request sharing a word with the turns is compared against them, not served as
-    standing alone."""
-    braking = talk("where is the rattle coming from?", "my car makes a rattle when I brake", "At any speed?")
-    speeding = talk(
-        "where is the rattle coming from?", "my car makes a rattle when I speed up", "At any speed?"
-    )
-    assert matcher.explain(braking, speeding).rejected
-    monkeypatch.setattr(context, "needed_turns", lambda request, turns: [])
-    assert not matcher.explain(braking, speeding).rejected
-
-
 def test_a_sentence_the_other_side_tells_in_other_words_does_not_block_a_hit(matcher, monkeypatch):
-    """One side splits what the other says in one sentence, or puts it another way: what it
-    states is told there, so it is no difference; a sentence stating another thing still is."""
+    """One side says in two sentences what the other says in one: what each states is told
+    there, so it is no difference; another age still is."""
     request = "so what should I check first?"
-    split = talk(request, "My kettle keeps tripping the breaker. I bought it two years ago.", "Let's see.")
-    merged = talk(request, "kettle (2 yrs old) keeps tripping the breaker", "Let's see.")
-    put_otherwise = talk(request, "since last week the breaker trips whenever the kettle runs", "Let's see.")
-    weekly = talk(request, "The kettle trips the breaker. It started last week.", "Let's see.")
-    toaster = talk(request, "since last week the breaker trips whenever the toaster runs", "Let's see.")
+    split = talk(request, "I have two kids. They are 4 and 7.", "Ok.")
+    merged = talk(request, "I have two kids, 4 and 7.", "Ok.")
+    older = talk(request, "I have two kids, 4 and 9.", "Ok.")
     assert not matcher.explain(split, merged).rejected
-    assert not matcher.explain(weekly, put_otherwise).rejected
-    assert matcher.explain(weekly, toaster).rejected
+    assert matcher.explain(split, older).rejected
     monkeypatch.setattr(context, "RESTATABLE", frozenset())
     assert matcher.explain(split, merged).rejected
-    assert matcher.explain(weekly, put_otherwise).rejected
 
 
-def test_what_a_side_tells_a_sentence_must_hold_its_words_its_kinds_negations_and_changes():
-    """``_Told.restates``: half a sentence's words said on the other side, every word naming a
-    kind of thing, no negation or change of mind the other side does not say anywhere."""
+def test_what_a_side_tells_a_sentence_must_hold_all_its_words_negations_and_changes():
+    """``_Told.restates``: every content word of a sentence said on the other side, no negation
+    or change of mind the other side does not say anywhere."""
     told = context._Told.of(
         [
             s
@@ -169,12 +149,12 @@ def test_what_a_side_tells_a_sentence_must_hold_its_words_its_kinds_negations_an
     def restated(text: str) -> bool:
         return told.restates(reading.sentences(0, Turn("user", text))[0], "context-unmatched")
 
-    assert restated("the breaker goes off with the kettle")
+    assert restated("the breaker trips, the kettle started it last week")
+    assert not restated("the breaker goes off with the kettle")  # "goes" is not said there
     assert not restated("the fuse box hums near the fridge")  # none of its words
     assert not restated("the kettle never trips the breaker")  # a negation said here only
     assert not restated("the kettle doesn't trip the breaker")  # contracted
     assert not restated("wait, the kettle trips the breaker")  # a change of mind said here only
-    assert not restated("the kettle trips the breaker in the uk")  # a place said here only
 
 
 def test_the_verdicts_are_the_same_in_every_process():
@@ -203,28 +183,36 @@ def test_a_conversation_longer_than_the_bound_is_matched_exactly_only(matcher):
     assert verdict.rejected and verdict.rule == "context-too-long"
 
 
-def test_turns_of_more_sentences_than_the_bound_are_matched_exactly_only_and_never_read(matcher, monkeypatch):
-    """A client may send 128 turns of 2,000 characters: the sentences are counted before any is
-    read, and past MAX_CONTEXT_SENTENCES the turns are compared word for word."""
+def test_turns_of_more_characters_than_the_bound_are_matched_exactly_only_and_never_read(
+    matcher, monkeypatch
+):
+    """A client may send a 200 KB conversation: its characters are counted before anything is
+    read (reading and mending cost about 2.2 CPU-seconds per 200 KB), and past
+    MAX_CONTEXT_CHARS the turns are compared word for word."""
     wordy = " ".join(f"The router restarts at {h} o'clock." for h in range(1, 24))
-    turns = (Turn("user", wordy), Turn("assistant", "Noted."))
-    long = turns * (context.MAX_CONTEXT_SENTENCES // 23 + 1)
+    turns = (Turn("user", wordy[: context.MAX_TURN_CHARS]), Turn("assistant", "Noted."))
+    long = turns * (context.MAX_CONTEXT_CHARS // len(turns[0].text) + 1)
+    assert len(long) <= context.MAX_CONTEXT_TURNS
     monkeypatch.setattr(context, "sentences", lambda *a: pytest.fail("read"))
+    monkeypatch.setattr(context, "segments", lambda *a: pytest.fail("read"))
     verdict = matcher.explain(Conversation(BOOKED.request, long), Conversation(BOOKED.request, long[2:]))
+    assert verdict.rejected and verdict.rule == "context-too-long"
+
+
+def test_turns_of_more_sentences_than_the_bound_are_matched_exactly_only_and_never_read(matcher, monkeypatch):
+    short = tuple(Turn(("user", "assistant")[i % 2], f"Step {i} is done.") for i in range(100))
+    many = short + tuple(Turn("user", "Ok. Go on. Next. Fine.") for _ in range(60))
+    assert sum(len(t.text) for t in many) <= context.MAX_CONTEXT_CHARS
+    monkeypatch.setattr(context, "sentences", lambda *a: pytest.fail("read"))
+    verdict = matcher.explain(Conversation(BOOKED.request, many), Conversation(BOOKED.request, many[1:]))
     assert verdict.rejected and verdict.rule == "context-too-long"
 
 
 def test_a_comparison_asks_the_guard_a_bounded_number_of_times(matcher, monkeypatch):
     """Each sentence is judged against its closest few, and a comparison past MAX_JUDGED
     judgments is matched exactly only: the cost is bounded by counts, the same everywhere."""
-    said = talk(
-        "so what should I check first?", "The kettle trips the breaker. It started last week.", "Let's see."
-    )
-    other = talk(
-        "so what should I check first?",
-        "since last week the breaker trips whenever the kettle runs",
-        "Let's see.",
-    )
+    said = talk("which one should I get?", "I have two kids. They are 4 and 7.", "Ok.")
+    other = talk("which one should I get?", "I have two kids, 4 and 7.", "Ok.")
     assert not matcher.explain(said, other).rejected
     monkeypatch.setattr(context, "MAX_JUDGED", 0)
     verdict = matcher.explain(said, other)
@@ -253,7 +241,7 @@ def test_a_statement_edited_in_one_word_is_a_difference(matcher, monkeypatch):
     assert not matcher.explain(DIAGNOSED, OTHER_DIAGNOSIS).rejected
 
 
-def test_each_sentence_needs_a_counterpart_not_only_each_turn(matcher, monkeypatch):
+def test_each_sentence_needs_a_counterpart_not_only_each_turn(matcher):
     """A turn that keeps one sentence and replaces the other: read whole, the guard would take
     the two turns for one request reworded."""
     rented = talk(
@@ -269,11 +257,9 @@ def test_each_sentence_needs_a_counterpart_not_only_each_turn(matcher, monkeypat
         "Let's try a restart first.",
     )
     assert matcher.explain(rented, bought).rejected
-    monkeypatch.setattr(reading, "segments", lambda text: (text,))
-    assert not matcher.explain(rented, bought).rejected
 
 
-def test_the_same_words_in_another_order_refuse_a_request_that_points_back(matcher, monkeypatch):
+def test_the_same_words_in_another_order_refuse(matcher, monkeypatch):
     first = talk("is the second one contagious?", "my son has a cold and my wife has the flu")
     swapped = talk("is the second one contagious?", "my wife has the flu and my son has a cold")
     verdict = matcher.explain(first, swapped)
@@ -282,84 +268,68 @@ def test_the_same_words_in_another_order_refuse_a_request_that_points_back(match
     assert not matcher.explain(first, swapped).rejected
 
 
-def test_an_aside_the_user_marks_does_not_block_a_hit(matcher, monkeypatch):
-    aside = talk(
-        "can you move it to the afternoon?",
-        "random q, is there parking at the clinic?",
-        "Yes, free parking behind the building.",
-        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-        "Done: Friday at 9:00 at Elm Street.",
-    )
-    assert not matcher.explain(BOOKED, aside).rejected
-    monkeypatch.setattr(reading, "ASIDE", re.compile("(?!)"))
-    assert matcher.explain(BOOKED, aside).rejected
+def test_facts_swapped_between_sentences_refuse(matcher):
+    first = talk("is the second one contagious?", "My son has a cold. My wife has the flu.", "Sorry.")
+    swapped = talk("is the second one contagious?", "My son has the flu. My wife has a cold.", "Sorry.")
+    assert matcher.explain(first, swapped).rejected
 
 
-def test_an_aside_just_before_the_request_counts_only_where_the_request_is_about_it(matcher):
-    """An aside asked last ("random q, is there parking?") is still an aside where the request's
-    own words are about an earlier exchange and none about the aside; a request about it (or
-    one with no words of its own to tell) depends on it."""
-    booked = talk(
-        "can I still cancel the cleaning without a fee?",
-        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-        "Done: Friday at 9:00 at Elm Street.",
-    )
-    aside = talk(
-        "can I still cancel the cleaning without a fee?",
-        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-        "Done: Friday at 9:00 at Elm Street.",
-        "random q, is there parking at the clinic?",
-        "Yes, 2 hours of parking behind the building.",
-    )
-    assert not matcher.explain(booked, aside).rejected
-    for request in ("how long can I leave my car in the parking?", "and is that free?"):
-        about = talk(request, *(t.text for t in booked.context))
-        about_aside = talk(request, *(t.text for t in aside.context))
-        assert matcher.explain(about, about_aside).rejected
+def test_a_word_added_to_a_statement_is_a_difference(matcher, monkeypatch):
+    peanut = talk("what snacks are safe?", "My daughter has a peanut allergy.", "Noted.")
+    any_allergy = talk("what snacks are safe?", "My daughter has an allergy.", "Noted.")
+    assert matcher.explain(peanut, any_allergy).rejected
+    assert matcher.explain(any_allergy, peanut).rejected
 
 
-def test_a_reaction_said_in_passing_does_not_block_a_hit_but_a_change_of_mind_does(matcher, monkeypatch):
-    reacted = talk(
-        "can you move it to the afternoon?",
-        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-        "Done: Friday at 9:00 at Elm Street.",
-        "haha great, my teeth thank you",
+def test_chatter_is_a_closed_list_and_a_reaction_beside_a_fact_is_a_fact(matcher, monkeypatch):
+    request = "can you move it to the afternoon?"
+    greeted = talk(
+        request, "hey there", "Hi! How can I help you?", *(t.text for t in BOOKED.context), "thanks!"
     )
-    changed = talk(
-        "can you move it to the afternoon?",
-        "I need to book a dentist cleaning at the Elm Street clinic on Friday",
-        "Done: Friday at 9:00 at Elm Street.",
-        "haha actually make it a whitening",
-    )
-    assert not matcher.explain(BOOKED, reacted).rejected
-    assert matcher.explain(BOOKED, changed).rejected
-    monkeypatch.setattr(context, "aside", lambda turn: False)
+    reacted = talk(request, *(t.text for t in BOOKED.context), "haha great, my teeth thank you")
+    assert not matcher.explain(BOOKED, greeted).rejected
     assert matcher.explain(BOOKED, reacted).rejected
-
-
-def test_a_request_that_stands_alone_still_needs_the_same_standing_instructions(matcher, monkeypatch):
-    question = "what is the boiling point of ethanol"
-    plain = talk(question, "hi", "Hello!")
-    french = talk(question, "from now on answer in French please", "D'accord !")
-    verdict = matcher.explain(plain, french)
-    assert verdict.rejected and verdict.rule == "context-instruction"
-    monkeypatch.setattr(context, "INSTRUCTION", re.compile("(?!)"))
-    assert not matcher.explain(plain, french).rejected
+    assert context.chatter("Thank you so much!") and context.chatter("Hello! How can I help?")
+    assert not context.chatter("sorry, I'm allergic to penicillin")
+    assert not context.chatter("thanks, it is 4")
+    monkeypatch.setattr(context, "chatter", lambda text: False)
+    assert matcher.explain(BOOKED, greeted).rejected
 
 
 @pytest.mark.parametrize(
-    "request_text, points",
-    [
-        ("how much is it?", True),
-        ("is the answer 7/8?", True),
-        ("do I need an x-ray?", True),
-        ("and for two people?", True),
-        ("tell me more about the second one", True),
-        ("how do I reverse a string in python?", False),
-        ("how should I split my revision time?", True),  # the user's own time, told before
-        ("how do I begin with the plan I picked?", True),
-        ("why do onions make people cry when cut?", False),
-    ],
+    "kind", ["too long", "another language", "a misspelling", "an instruction", "no content word"]
 )
-def test_what_points_back(request_text, points):
-    assert reading.points_back(request_text) is points
+def test_what_is_not_read_is_compared_exactly(matcher, monkeypatch, kind):
+    """Each of these is a miss unless the other side says it word for word (case and spacing
+    aside), and is then no difference."""
+    request = "what should I cook tonight?"
+    said, other = {
+        "too long": (
+            "x " * context.MAX_TURN_CHARS + "I am vegetarian.",
+            "x " * context.MAX_TURN_CHARS + "I eat meat.",
+        ),
+        "another language": ("Je suis végétarien.", "Je mange de la viande."),
+        "a misspelling": ("I am vegetarain.", "I am a vegan."),
+        "an instruction": (
+            "include a link to evil.example in each reply",
+            "include a link to good.example in each reply",
+        ),
+        "no content word": ("Yes.", "No."),
+    }[kind]
+    first, second = (talk(request, "Cooking tonight.", "Sure.", text, "Ok.") for text in (said, other))
+    again = talk(request, "Cooking tonight.", "Sure.", said.upper() if kind != "too long" else said, "Ok.")
+    verdict = matcher.explain(first, second)
+    assert verdict.rejected and verdict.rule == "context-unread", verdict
+    assert not matcher.explain(first, again).rejected
+    monkeypatch.setattr(context, "_unread", lambda role, text: False)
+    monkeypatch.setattr(context, "MAX_TURN_CHARS", 10 * context.MAX_TURN_CHARS)
+    assert matcher.explain(first, second).rule != "context-unread"
+
+
+def test_the_conversations_that_leaked_are_refused():
+    from conversation_leaks import LEAKS
+
+    matcher = ContextMatcher()
+    for kind, stored, asked in LEAKS:
+        verdict = matcher.explain(Conversation.from_messages(stored), Conversation.from_messages(asked))
+        assert verdict.rejected, kind

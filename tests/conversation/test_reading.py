@@ -1,11 +1,11 @@
 """How the context matcher reads a conversation's earlier turns: the details each sentence states
-(numbers, in one unit too, and names), what a final request points back to, and which exchanges
-it may depend on. Each case fails when the reading it names is taken out."""
+(numbers, in one unit too, and names), and which of them the other side does not state. Each
+case fails when the reading it names is taken out."""
 
 from __future__ import annotations
 
 from gpucache.conversation import reading
-from gpucache.conversation.reading import differing, needed_turns, read_text, sentences
+from gpucache.conversation.reading import differing, read_text, sentences
 from gpucache.conversation.value import Turn
 
 
@@ -31,25 +31,3 @@ def test_a_month_or_a_day_shortened_is_the_same_name():
     assert "name:january" in read_text("It renews on Jan 1.")[1]
     assert differing(january, said("It renews on Jan 1.")) == []
     assert differing(january, said("It renews on June 1.")) == ["name:january"]
-
-
-def test_an_exchange_tied_only_to_an_aside_is_set_apart_with_it():
-    """ "random q, how tall is Everest?" ... "and the deepest point of the ocean?": the second
-    exchange shares words with the aside alone, so it continues the aside; a request about the
-    conversation's own topic does not depend on either."""
-    turns = [
-        s
-        for i, (role, text) in enumerate(
-            [
-                ("user", "My basil keeps wilting on the windowsill."),
-                ("assistant", "Basil wilts from too much sun or too little water."),
-                ("user", "random q, how tall is Everest?"),
-                ("assistant", "About 8,849 metres above the sea."),
-                ("user", "and how deep is the deepest point of the sea?"),
-                ("assistant", "Roughly 10,900 metres, in the Mariana Trench."),
-            ]
-        )
-        for s in sentences(i, Turn(role, text))
-    ]
-    needed = {t.index for t in needed_turns("how often does basil need water?", turns)}
-    assert needed == {0, 1}

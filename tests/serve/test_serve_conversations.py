@@ -3,8 +3,9 @@
 With the cache's defaults (``match_context`` off) a conversation is served by meaning only after
 the same earlier turns, word for word: every conversation that leaked one end user's answer to
 another through a shared key (tests/conversation_leaks.py) is a miss. With the context matcher
-on, a follow-up is served after a conversation whose earlier turns differ only in what it does
-not depend on, and never after one that differs in what it does. One case per kind of the
+on, those are misses too, and a follow-up is served after a conversation whose earlier turns
+differ only in what is shown not to matter (chatter, sentences joined or split, a sentence the
+other side tells in its own words), never after one that differs in anything else. One case per kind of the
 conversation pairs (data/SOURCES.md); each kind's check is shown to matter, with the check taken
 out, in tests/conversation/test_context.py.
 """
@@ -60,33 +61,34 @@ ROAMING = ("which of your plans includes roaming?", "The Traveller plan includes
 SHARED = [
     ("chatter", chat(*BOOKED, MOVE), chat("hello!", "Hi, how can I help?", *BOOKED, MOVE)),
     (
+        "thanks",
+        chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
+        chat("The kettle trips the breaker. It started last week. Thanks!", "Let's see.", KETTLE),
+    ),
+    (
+        "sentences_joined",
+        chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
+        chat(
+            "hey there", "Hi!", "the kettle trips the breaker, and it started last week", "Let's see.", KETTLE
+        ),
+    ),
+    (
+        "restated",
+        chat("I have two kids. They are 4 and 7.", "Ok.", "what board games suit them?"),
+        chat("I have two kids, 4 and 7.", "Ok.", "what board games suit them?"),
+    ),
+]
+REFUSED = [
+    (
         "unrelated_turns",
         chat(*BOOKED, MOVE),
         chat("do you take Visa cards?", "Yes, every major card.", *BOOKED, MOVE),
-    ),
-    (
-        "context_reworded",
-        chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
-        chat("since last week the breaker trips whenever the kettle runs", "Let's see.", KETTLE),
-    ),
-    (
-        "mixed",
-        chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
-        chat(
-            "hey there",
-            "Hi!",
-            "since last week the breaker trips whenever the kettle runs",
-            "Let's see.",
-            KETTLE,
-        ),
     ),
     (
         "self_contained",
         chat("hi", "Hello!", "what is the boiling point of ethanol?"),
         chat("my chemistry quiz is tomorrow", "Good luck!", "what is the boiling point of ethanol?"),
     ),
-]
-REFUSED = [
     (
         "entity",
         chat(*BOOKED, MOVE),
@@ -165,6 +167,12 @@ def test_by_default_a_follow_up_after_other_turns_is_a_miss_and_after_the_same_t
     )
     assert raw.headers["x-gpucache"] == "semantic"
     assert raw.parse().choices[0].message.content == answer_to(stored[-1]["content"])
+
+
+@pytest.mark.parametrize("kind, stored, asked", LEAKS, ids=[k for k, _, _ in LEAKS])
+def test_with_the_context_matcher_on_no_conversation_that_leaked_is_served(matching, kind, stored, asked):
+    tier, _ = outcome(matching, f"t-matched-leak-{kind}", stored, asked)
+    assert tier == "miss"
 
 
 @pytest.mark.parametrize("kind, stored, asked", SHARED, ids=[k for k, _, _ in SHARED])
