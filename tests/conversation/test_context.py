@@ -284,12 +284,12 @@ def test_a_word_added_to_a_statement_is_a_difference(matcher, monkeypatch):
 def test_chatter_is_a_closed_list_and_a_reaction_beside_a_fact_is_a_fact(matcher, monkeypatch):
     request = "can you move it to the afternoon?"
     greeted = talk(
-        request, "hey there", "Hi! How can I help you?", *(t.text for t in BOOKED.context), "thanks!"
+        request, "hey there", "Good evening!", *(t.text for t in BOOKED.context), "thanks!"
     )
     reacted = talk(request, *(t.text for t in BOOKED.context), "haha great, my teeth thank you")
     assert not matcher.explain(BOOKED, greeted).rejected
     assert matcher.explain(BOOKED, reacted).rejected
-    assert context.chatter("Thank you so much!") and context.chatter("Hello! How can I help?")
+    assert context.chatter("cheers, thank you!") and context.chatter("Hey there, good morning!")
     assert not context.chatter("sorry, I'm allergic to penicillin")
     assert not context.chatter("thanks, it is 4")
     monkeypatch.setattr(context, "chatter", lambda text: False)
