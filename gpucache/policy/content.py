@@ -24,7 +24,10 @@ and linear in it on any input: ``re`` holds the GIL for a whole search, so a pat
 backtracks quadratically lets one prompt stop every request in the process. An unbounded run
 that a match may fail after (an address's local part, a JWT's segments) starts only where the
 run starts and is taken whole (``_whole``), and every other run is bounded or ends the match;
-``bench/policy_cost.py`` measures ``decide`` on text written to backtrack.
+``bench/policy_cost.py`` measures ``decide`` on text written to backtrack. A long text is
+scanned in overlapping pieces (``pieces``), so no one search holds the GIL for more than a
+piece: a 190 KB conversation scanned whole held it about 70 ms at a time, and every other
+tenant's exact hits on the event loop waited that long.
 """
 
 from __future__ import annotations
@@ -85,22 +88,40 @@ def _whole(chars: str, least: int, name: str) -> str:
 # The characters of an e-mail address's local part, and of a base64url segment
 _LOCAL = "A-Za-z0-9._%+\\-"
 _B64 = "A-Za-z0-9_\\-"
-_SECRET_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p)
-    for p in (
-        r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----",
-        r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key id
-        r"\bgh[pousr]_[A-Za-z0-9]{36,}\b",  # GitHub tokens
-        r"\bgithub_pat_[A-Za-z0-9_]{22,}\b",
-        r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b",  # Slack
-        r"\bAIza[0-9A-Za-z_\-]{35}\b",  # Google API key
-        r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{20,}\b",  # OpenAI / Anthropic style
+# Each credential pattern with the literal strings one of which every match holds (lowercase:
+# looked for in the text lowercased). A pattern runs only on a text holding one: most texts hold
+# none, and a search that starts with ``\b`` or a lookbehind tries every position of the text
+# (a few milliseconds per 190 KB each, with the GIL held), where a substring test does not.
+_SECRET_RULES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
+    (re.compile(p), needles)
+    for p, needles in (
+        (r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----", ("-----begin",)),
+        (r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", ("akia", "asia")),  # AWS access key id
+        (r"\bgh[pousr]_[A-Za-z0-9]{36,}\b", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),  # GitHub tokens
+        (r"\bgithub_pat_[A-Za-z0-9_]{22,}\b", ("github_pat_",)),
+        (r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b", ("xox",)),  # Slack
+        (r"\bAIza[0-9A-Za-z_\-]{35}\b", ("aiza",)),  # Google API key
+        (r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{20,}\b", ("sk-",)),  # OpenAI / Anthropic style
         # JWT: three base64url segments, the first two a JSON object's '{"' (eyJ)
-        rf"(?<![{_B64}])eyJ{_whole(_B64, 8, 'header')}\.eyJ{_whole(_B64, 8, 'claims')}\.[{_B64}]{{8,}}",
-        r"(?i)\bbearer\s+[A-Za-z0-9_\-.=]{20,}",
-        r"(?i)\b(?:api[_-]?key|secret|password|passwd|token)\s*[:=]\s*['\"]?[^\s'\"]{8,}",
+        (
+            rf"(?<![{_B64}])eyJ{_whole(_B64, 8, 'header')}\.eyJ{_whole(_B64, 8, 'claims')}\.[{_B64}]{{8,}}",
+            ("eyj",),
+        ),
+        (r"(?i)\bbearer\s+[A-Za-z0-9_\-.=]{20,}", ("bearer",)),
+        (
+            r"(?i)\b(?:api[_-]?key|secret|password|passwd|token)\s*[:=]\s*['\"]?[^\s'\"]{8,}",
+            ("api", "secret", "passw", "token"),
+        ),
     )
 )
+_SECRET_PATTERNS = tuple(pattern for pattern, _ in _SECRET_RULES)
+
+
+def _has_secret(text: str) -> bool:
+    lowered = text.lower()
+    return any(any(n in lowered for n in needles) and p.search(text) for p, needles in _SECRET_RULES)
+
+
 _EMAIL = re.compile(rf"(?<![{_LOCAL}]){_whole(_LOCAL, 1, 'local')}@[A-Za-z0-9.\-]+\.[A-Za-z]{{2,}}\b")
 # +country code or (area code) forms, 9 to 15 digits with the usual separators
 _PHONE = re.compile(
@@ -108,6 +129,25 @@ _PHONE = re.compile(
     r"|(?<![\w.])\+\d{9,15}(?!\w|\.\d)"
 )
 _CARD = re.compile(r"(?<!\d)(?:\d[ \-]?){12,18}\d(?!\d)")
+# What every phone or card number above holds: nine digits, at most two of the separators they
+# allow between two of them. Most texts hold none, and this search is a scan for a digit.
+_NINE_DIGITS = re.compile(r"\d(?:[\s.\-()]{0,2}\d){8}")
+
+
+# Pieces a long text is scanned in, and by how much each overlaps the next: a match of up to
+# SCAN_OVERLAP characters lies whole in one piece (the credentials, numbers and addresses the
+# patterns find are far shorter; a longer run, "[^\s]{8,}", holds a short match too). A piece
+# that starts inside a word may match where the whole text would not: a refusal more, never one
+# fewer.
+SCAN_PIECE, SCAN_OVERLAP = 8192, 1024
+
+
+def pieces(text: str) -> tuple[str, ...]:
+    """``text`` as overlapping pieces of at most SCAN_PIECE characters (module doc)."""
+    if len(text) <= SCAN_PIECE:
+        return (text,)
+    step = SCAN_PIECE - SCAN_OVERLAP
+    return tuple(text[i : i + SCAN_PIECE] for i in range(0, len(text) - SCAN_OVERLAP, step))
 
 
 def luhn_valid(digits: str) -> bool:
@@ -202,14 +242,15 @@ class ContentPolicy:
             return PolicyDecision(False, "empty-response")
         if len(response) > self.max_response_chars or len(prompt) > self.max_prompt_chars:
             return PolicyDecision(False, "too-large")
-        head = response[: self.max_scan_chars]
-        if any(p.search(head) for p in self._errors):
+        head = pieces(response[: self.max_scan_chars])
+        if any(p.search(t) for p in self._errors for t in head):
             return PolicyDecision(False, "error-response")
-        texts = (prompt[: self.max_scan_chars], head)
-        if self.refuse_secrets and any(p.search(t) for p in _SECRET_PATTERNS for t in texts):
+        texts = (*pieces(prompt[: self.max_scan_chars]), *head)
+        if self.refuse_secrets and any(_has_secret(t) for t in texts):
             return PolicyDecision(False, "secret")
         if self.refuse_personal_data and any(
-            _EMAIL.search(t) or _has_card(t) or _has_phone(t) for t in texts
+            ("@" in t and _EMAIL.search(t)) or (_NINE_DIGITS.search(t) and (_has_card(t) or _has_phone(t)))
+            for t in texts
         ):
             return PolicyDecision(False, "personal-data")
         return ALLOWED

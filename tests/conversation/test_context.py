@@ -283,9 +283,7 @@ def test_a_word_added_to_a_statement_is_a_difference(matcher, monkeypatch):
 
 def test_chatter_is_a_closed_list_and_a_reaction_beside_a_fact_is_a_fact(matcher, monkeypatch):
     request = "can you move it to the afternoon?"
-    greeted = talk(
-        request, "hey there", "Good evening!", *(t.text for t in BOOKED.context), "thanks!"
-    )
+    greeted = talk(request, "hey there", "Good evening!", *(t.text for t in BOOKED.context), "thanks!")
     reacted = talk(request, *(t.text for t in BOOKED.context), "haha great, my teeth thank you")
     assert not matcher.explain(BOOKED, greeted).rejected
     assert matcher.explain(BOOKED, reacted).rejected

@@ -200,3 +200,43 @@ def test_an_address_anywhere_in_a_run_of_address_characters_is_found(text):
 )
 def test_a_jwt_after_adversarial_text_is_still_found(text):
     assert policy().decide(text, "an answer", "default") == PolicyDecision(False, "secret")
+
+
+SECRETS = [
+    "-----BEGIN OPENSSH PRIVATE KEY-----",
+    "AKIAIOSFODNN7EXAMPLE",
+    "ASIAIOSFODNN7EXAMPLE",
+    "gho_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789",
+    "github_pat_11ABCDEFG0123456789_abcdefghij",
+    "xoxb-1234567890-abcdefghij",
+    "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    "sk-proj-abcdefghijklmnopqrstuvwx",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+    "BEARER abcdefghijklmnopqrstuvwxyz",
+    "PassWord: hunter2hunter2",
+    "API-KEY = 'abcdefgh12345678'",
+]
+
+
+@pytest.mark.parametrize("secret", SECRETS)
+def test_every_credential_is_found_with_its_literal_first(secret):
+    """A credential pattern runs only on a text holding one of its literal strings (the fast
+    path); every form each pattern finds holds one, in any case the pattern takes."""
+    from gpucache.policy import content
+
+    assert any(p.search(secret) for p, _ in content._SECRET_RULES)
+    assert content._has_secret(f"my setup: {secret} -- does it look right?")
+    assert ContentPolicy().decide(f"is {secret} valid?", "Yes.", "s").reason == "secret"
+
+
+@pytest.mark.parametrize("what, text", [("card", "4111 1111 1111 1111"), ("phone", "+1 (415) 555-2671")])
+def test_a_number_across_two_scanned_pieces_is_found(what, text):
+    """A long text is scanned in overlapping pieces (``pieces``): a number that straddles where
+    one piece ends is whole in the next."""
+    from gpucache.policy import content
+
+    before = "word " * (content.SCAN_PIECE // 5)
+    prompt = before[: content.SCAN_PIECE - len(text) // 2] + text + " and more words" * 2000
+    assert len(prompt) > 2 * content.SCAN_PIECE
+    assert ContentPolicy().decide(prompt, "Noted.", "s").reason == "personal-data", what
+    assert all(len(piece) <= content.SCAN_PIECE for piece in content.pieces(prompt))
