@@ -331,3 +331,37 @@ def test_the_conversations_that_leaked_are_refused():
     for kind, stored, asked in LEAKS:
         verdict = matcher.explain(Conversation.from_messages(stored), Conversation.from_messages(asked))
         assert verdict.rejected, kind
+
+
+class _Counting:
+    """The default guard, counting the judgments it is asked for."""
+
+    def __init__(self) -> None:
+        from gpucache.guard.lexical import LexicalNearMissVerifier
+
+        self.inner, self.asked = LexicalNearMissVerifier(), 0
+
+    def explain(self, a: str, b: str):
+        self.asked += 1
+        return self.inner.explain(a, b)
+
+
+def test_a_long_comparison_stops_at_the_judgment_budget_at_its_shipped_value():
+    """Two conversations within every count bound whose sentences each need the guard (one side
+    the other's in lower case, one sentence added at the end): the comparison asks the guard at
+    most MAX_JUDGED times, then refuses as too long."""
+    sentences = [
+        f"The {c} kettle in my kitchen trips the breaker on day {n}."
+        for n in range(80)
+        for c in ("red", "blue")
+    ]
+    turns = [" ".join(sentences[k : k + 6]) for k in range(0, len(sentences), 6)]
+    said = talk("what should I check first?", *turns[: len(turns) // 2 * 2])
+    lower = [t.lower() for t in turns[: len(turns) // 2 * 2]]
+    lower[-1] += " A zebra ate my homework."
+    other = talk("what should I check first?", *lower)
+    assert sum(len(t.text) for t in other.context) <= context.MAX_CONTEXT_CHARS
+    guard = _Counting()
+    verdict = ContextMatcher(guard).explain(said, other)
+    assert verdict.rejected and verdict.rule == "context-too-long", verdict
+    assert guard.asked == context.MAX_JUDGED
