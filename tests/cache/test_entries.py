@@ -321,3 +321,28 @@ def test_the_entries_are_nothing_the_garbage_collector_walks(fake_embedder):
     held = list(cache._core.table._entries.values()) + list(cache._core.table._by_row.values())
     assert len(held) == 100 and not any(gc.is_tracked(stored) for stored in held)
     assert cache.get("question number 3").response == "a newer answer"
+
+
+@pytest.mark.parametrize("meanwhile", ["dropped", "replaced"])
+def test_the_lock_free_read_serves_nothing_changed_between_its_two_looks(monkeypatch, meanwhile):
+    """``peek`` runs without the lock, beside a store or a removal under it. The race is made
+    here deterministic: the entry is dropped, or stored again with another answer, while the read
+    is between its first look at the mapping and its second (as it reads the row's expiry). The
+    read then serves nothing; only a read that saw the same record twice serves it."""
+    t = table()
+    put(t, "s", ("a question", "the old answer"))
+    assert t.peek("s", "a question", now=0.0).response == "the old answer"
+    real = t.index.expires_at
+
+    def racing(row):
+        if meanwhile == "dropped":
+            t.drop([e for e in t if e.prompt == "a question"])
+        else:
+            put(t, "s", ("a question", "the new answer"))
+        monkeypatch.setattr(t.index, "expires_at", real)
+        return real(row)
+
+    monkeypatch.setattr(t.index, "expires_at", racing)
+    assert t.peek("s", "a question", now=0.0) is None
+    served = t.peek("s", "a question", now=0.0)
+    assert served is None if meanwhile == "dropped" else served.response == "the new answer"

@@ -431,3 +431,33 @@ def test_replication_is_attached_after_the_entries_are_in_and_never_to_a_failed_
     shared = Recording()
     cache = SemanticCache.load(good, fake_embedder, device="cpu", shared=shared)
     assert shared.held_at_attach == [len(filled)] and cache.shared is shared
+
+
+def test_a_restore_that_fails_midway_leaves_none_of_the_snapshot_served(
+    filled, fake_embedder, tmp_path, monkeypatch
+):
+    """The snapshot's scopes go in one by one; where one fails (memory, a device error), those
+    already in are taken out again: all or nothing, never an entry half restored and served."""
+    from gpucache.cache.snapshot import read_snapshot
+
+    path = tmp_path / "c.gpucache"
+    filled.save(path)
+    target = SemanticCache(fake_embedder, device="cpu", verifier=ThresholdOnly(), threshold=0.8)
+    target.put("kept before", "mine")
+    table = target._core.table
+    calls: list[str] = []
+    real = table.restore
+
+    def failing_second(scope, *args, **kwargs):
+        calls.append(scope)
+        if len(calls) == 2:
+            raise MemoryError("the device is full")
+        return real(scope, *args, **kwargs)
+
+    monkeypatch.setattr(table, "restore", failing_second)
+    with pytest.raises(MemoryError):
+        target.restore(read_snapshot(path))
+    assert len(calls) == 2  # one scope was in before the failure
+    assert target.get("alpha beta") is None and target.get("gamma delta") is None
+    assert target.get("alpha beta", scope="tenant") is None
+    assert len(target) == 1 and target.get("kept before").response == "mine"
