@@ -1,7 +1,7 @@
 """What matching a conversation by meaning costs a lookup: a single-turn lookup beside the same
 request after 2, 16 and 64 earlier messages, through a real ``SemanticCache`` (the shipped
 embedder, CPU), with a stored conversation that the semantic tier finds and the context matcher
-judges; and the matcher alone, cold (its memo of read turns cleared) and warm.
+judges; and the matcher alone (it keeps no memo: each comparison reads both sides).
 
     python bench/conversation_cost.py --out bench/reports/conversation-cost.md
 """
@@ -21,8 +21,6 @@ import torch  # noqa: E402
 from provenance import run_label  # noqa: E402
 
 from gpucache import ContextMatcher, Conversation, SemanticCache, Turn  # noqa: E402
-from gpucache.conversation import reading  # noqa: E402
-from gpucache.guard.lexical import clear_caches  # noqa: E402
 
 # an exchange of a long support chat, repeated about other parcels to make 64 messages
 EXCHANGES = [
@@ -87,17 +85,11 @@ def main() -> None:
         assert cache.get(asked, scope=scope) is not None, "the bench's pair must be served"
         lookup = timed(lambda: cache.get(asked, scope=scope), args.rounds)  # noqa: B023
 
-        def cold() -> None:
-            reading.read_text.cache_clear()
-            clear_caches()
-            matcher.explain(stored, asked)  # noqa: B023
-
         rows.append(
             (
                 messages,
                 lookup,
                 lookup - single,
-                timed(cold, args.rounds),
                 timed(lambda: matcher.explain(stored, asked), args.rounds),  # noqa: B023
             )
         )
@@ -111,14 +103,10 @@ def main() -> None:
         "",
         f"Single-turn semantic lookup: {single:.2f} ms.",
         "",
-        "| earlier messages | lookup (ms) | added to a single-turn lookup (ms) | matcher, cold (ms) "
-        "| matcher, warm (ms) |",
-        "|---:|---:|---:|---:|---:|",
+        "| earlier messages | lookup (ms) | added to a single-turn lookup (ms) | matcher alone (ms) |",
+        "|---:|---:|---:|---:|",
     ]
-    lines += [
-        f"| {m} | {lookup:.2f} | {added:+.2f} | {cold:.2f} | {warm:.2f} |"
-        for m, lookup, added, cold, warm in rows
-    ]
+    lines += [f"| {m} | {lookup:.2f} | {added:+.2f} | {alone:.3f} |" for m, lookup, added, alone in rows]
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text, "utf-8")

@@ -76,7 +76,6 @@ TIERS: dict[str, str] = {
     "gpucache.cache.snapshot": ENGINE,
     "gpucache.conversation": VALUES,
     "gpucache.conversation.context": VALUES,
-    "gpucache.conversation.reading": VALUES,
     "gpucache.conversation.value": VALUES,
     "gpucache.demo": VALUES,
     "gpucache.demo.local_model": ENGINE,

@@ -55,7 +55,7 @@ def test_a_reworded_conversation_with_chatter_is_a_semantic_hit(cache):
         "how much would that cost per month?",
         "hi there",
         "Hello! How can I help?",
-        "Which of your plans includes international roaming",
+        "Which of your plans includes international roaming?",
         "The Traveller plan includes roaming in 40 countries.",
     )
     hit = cache.get(asked)

@@ -4,8 +4,8 @@ With the cache's defaults (``match_context`` off) a conversation is served by me
 the same earlier turns, word for word: every conversation that leaked one end user's answer to
 another through a shared key (tests/conversation_leaks.py) is a miss. With the context matcher
 on, those are misses too, and a follow-up is served after a conversation whose earlier turns
-differ only in what is shown not to matter (chatter, sentences joined or split, a sentence the
-other side tells in its own words), never after one that differs in anything else. One case per kind of the
+differ only in what is shown not to matter (chatter, where the sentences end), never after one
+that differs in anything else. One case per kind of the
 conversation pairs (data/SOURCES.md); each kind's check is shown to matter, with the check taken
 out, in tests/conversation/test_context.py.
 """
@@ -68,14 +68,7 @@ SHARED = [
     (
         "sentences_joined",
         chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
-        chat(
-            "hey there", "Hi!", "the kettle trips the breaker, and it started last week", "Let's see.", KETTLE
-        ),
-    ),
-    (
-        "restated",
-        chat("I have two kids. They are 4 and 7.", "Ok.", "what board games suit them?"),
-        chat("I have two kids, 4 and 7.", "Ok.", "what board games suit them?"),
+        chat("hey there", "Hi!", "the kettle trips the breaker, it started last week", "Let's see.", KETTLE),
     ),
 ]
 REFUSED = [
