@@ -5,27 +5,25 @@ earlier turns. With one key shared by many end users, a difference in them is an
 record, account, age, diagnosis or approval, whatever the final request looks like ("what is the
 current balance?" after "my account number is 12345678"). So the matcher is safe by
 construction: **a difference in the earlier turns is a miss unless it is shown not to matter**,
-and what it can show is deliberately little:
+and what it shows is deliberately little (``said``):
 
-1. **Chatter** (``chatter``): a sentence made only of greetings and thanks from a closed list
-   ("hi there", "thanks!", "How can I help?") is set aside. A reaction beside a fact ("sorry,
-   I'm allergic to penicillin") is a fact.
-2. **Where sentences end**: every other sentence is compared word for word (``said``), the words
-   as written, case, signs, symbols, digits and every small word kept ("I am" / "he is", "HIV+"
-   / "HIV-", "-500" / "500", "XyZ7q" / "xyz7q", "≥" / "≤"). Only what separates words is not a
-   word: spacing, and the marks that end or join a clause (``.,;:!``), so "the kettle trips the
-   breaker, it started last week" and "The kettle trips the breaker. It started last week."
-   agree; a question mark is kept ("allergic to nuts?" is no statement); and a sentence's first
-   word is read in lower case where it is one of a closed list of function words ("The", "It"),
-   never a name ("Bill" / "bill").
+- **an opening greeting**: a conversation's first user turn that only greets ("hi", "hello
+  there!") with the assistant's reply that only greets and offers help ("Hi! How can I help
+  you?"), or greeting sentences that open the first user turn ("Hi! I need to book a
+  cleaning..."), are set aside;
+- **spacing around a turn**: each turn is compared without the spaces and line breaks that
+  start or end it.
 
-Earlier rounds read the turns by meaning: the guard's rules on each sentence, stems, synonyms,
-spelling mended, sentences restated across the conversation, turns about something else and the
-turns of a request that "stands alone" set aside. Tried as a hostile user of a shared key would,
-each of those served one customer's answer to another (issue 65): pronouns and tenses are no
-content words to the guard ("I am allergic" / "he is allergic", "I am a smoker" / "I was"), signs
-are no words ("HIV+" / "HIV-"), a turn about something else may hold the fact. Rewordings of the
-earlier turns are left to a model that reads both conversations together.
+Everything else is compared as written: every character, its case, each sign, mark and space
+between words. Earlier rounds showed more not to matter, and a hostile client shown none of the
+code found each of those serving one customer's answer to another (issue 65): read by meaning,
+a pronoun or a tense is no content word ("I am allergic" / "he is allergic", "I am a smoker" /
+"I was"), a sign is no word ("HIV+" / "HIV-", "-500" / "500"); with punctuation set aside,
+"Let's eat, grandma" is "Let's eat grandma", "Compute 5!" is "Compute 5", "1, 000" is "1 000";
+with spacing collapsed, a line of code moves out of its loop; with thanks and goodbyes set aside,
+"Thanks!" no longer accepts the offer before it, "Good morning" is "Good evening", "Goodbye! I
+can't take it anymore" is a plain sigh. Rewordings of the earlier turns are left to a model that
+reads both conversations together.
 
 The work is linear in the characters, and bounded before anything is read: past
 ``MAX_CONTEXT_TURNS`` earlier turns or ``MAX_CONTEXT_CHARS`` characters a side, two
@@ -42,27 +40,17 @@ from gpucache.conversation.value import Conversation, Turn
 from gpucache.guard.differences import segments
 from gpucache.guard.verifier import Verdict
 
-# The closed list of chatter: a sentence of these words alone (and no digit) says nothing the
-# answer can turn on ("hi there", "thank you so much!", "Hello! How can I help you?")
-CHATTER = frozenset(
-    """hi hello hey hiya there thanks thank you thx ty cheers much so very good morning afternoon
-    evening bye goodbye how can i help may""".split()
-)
-# Function words a sentence may start with in either case ("The kettle" / "the kettle"): a
-# closed list, so a name ("Bill" / "bill") or a code keeps its case
-OPENERS = frozenset(
-    """the a an it its this that these those there my our your we you they he she his her their
-    is are was were can could do does did what how when where why which who so but and also then
-    please yes no ok okay sure well if in on at for to of with""".split()
-)
-# What ends or joins a clause, and is no word: stripped from a word's end
-CLAUSE_MARKS = ".,;:!"
+# The words of an opening greeting, the user's ("hi there!"), and of the assistant's reply to
+# it, which may offer help ("Hello! How can I help you today?"). Closed lists: a goodbye, a
+# time of day ("good morning" / "good evening") or a thanks can carry meaning, and is none.
+GREETING = frozenset("hi hello hey hiya there".split())
+WELCOME = GREETING | frozenset("how can may i help you today".split())
 # The bounds on one comparison, counted before anything is read: past either, the two
 # conversations are matched exactly only
 MAX_CONTEXT_TURNS = 128
 MAX_CONTEXT_CHARS = 16_000
-_LETTER_RUN = re.compile(r"[A-Za-z]+")
-_CHATTER_TEXT = re.compile(r"[A-Za-z\s,.!?'-]*[A-Za-z][A-Za-z\s,.!?'-]*")  # letters and marks alone
+_WORDS_ONLY = re.compile(r"[A-Za-z]+(?:[ ,]+[A-Za-z]+)*[ ,]*[.!?]*")  # words, commas, an end
+_WORD = re.compile(r"[A-Za-z]+")
 
 
 class ContextMatcher:
@@ -71,8 +59,8 @@ class ContextMatcher:
     name = "context"
 
     def explain(self, cached: Conversation, new: Conversation) -> Verdict:
-        """Accept where the two contexts say the same words, turn by turn, chatter and where
-        sentences end aside (module doc); else reject, naming the first turn that differs."""
+        """Accept where the two contexts are the same but for an opening greeting and the
+        spacing around each turn (module doc); else reject, naming the first turn that differs."""
         if cached.context == new.context:
             return Verdict(False, "context-same")
         for conversation in (cached, new):
@@ -85,49 +73,46 @@ class ContextMatcher:
                     f"turns or {MAX_CONTEXT_CHARS} characters are matched exactly only",
                 )
         a, b = said(cached.context), said(new.context)
-        if [(role, words) for _, role, words in a] == [(role, words) for _, role, words in b]:
+        if [turn for _, turn in a] == [turn for _, turn in b]:
             return Verdict(False, "context-agrees")
-        place = next((i for i, (x, y) in enumerate(zip(a, b)) if x[1:] != y[1:]), min(len(a), len(b)))
-        side, (turn, role, words) = ("cached", a[place]) if place < len(a) else ("new", b[place])
+        place = next((i for i, (x, y) in enumerate(zip(a, b)) if x[1] != y[1]), min(len(a), len(b)))
+        side, (turn, (role, text)) = ("cached", a[place]) if place < len(a) else ("new", b[place])
         return Verdict(
             True,
             "context-differs",
-            f"{side} turn {turn + 1} ({role}): {' '.join(words)[:80]!r} is not said so on the other side",
+            f"{side} turn {turn + 1} ({role}): {text[:80]!r} is not said so on the other side",
         )
 
 
-def said(context: tuple[Turn, ...]) -> list[tuple[int, str, tuple[str, ...]]]:
-    """One side's earlier turns as compared: each turn that says more than chatter, as (its
-    index, its role, its words in order). The index is reported, not compared."""
-    out = []
-    for i, turn in enumerate(context):
-        words = tuple(
-            w for sentence in segments(turn.text) if not chatter(sentence) for w in _words(sentence)
-        )
-        if words:
-            out.append((i, turn.role, words))
-    return out
+def said(context: tuple[Turn, ...]) -> list[tuple[int, tuple[str, str]]]:
+    """One side's earlier turns as compared: (each turn's index, (its role, its text without
+    the spacing around it)), an opening greeting set aside (module doc). The index is reported,
+    not compared."""
+    turns = [(i, (t.role, t.text.strip())) for i, t in enumerate(context)]
+    if (
+        len(turns) >= 2
+        and turns[0][1][0] == "user"
+        and only(turns[0][1][1], GREETING)
+        and turns[1][1][0] == "assistant"
+        and only(turns[1][1][1], WELCOME)
+    ):
+        turns = turns[2:]
+    if turns and turns[0][1][0] == "user":
+        sentences = list(segments(turns[0][1][1]))
+        while sentences and only(sentences[0], GREETING):
+            sentences.pop(0)
+        opened = turns[0][1][1]
+        if sentences and len(sentences) < len(segments(opened)):
+            rest = opened[opened.index(sentences[0]) :]
+            turns[0] = (turns[0][0], ("user", rest))
+    return turns
 
 
-def chatter(text: str) -> bool:
-    """Whether a sentence is chatter: greetings and thanks from the closed list alone, no
-    digit ("Hi, how can I help?", "thank you so much!")."""
-    return bool(_CHATTER_TEXT.fullmatch(text)) and all(
-        w in CHATTER for w in _LETTER_RUN.findall(text.casefold())
+def only(text: str, words: frozenset[str]) -> bool:
+    """Whether ``text`` is words of ``words`` alone (any case), sentence by sentence, with
+    commas between them and ".", "!" or "?" at each one's end: "Hi there!", "Hello! How can I
+    help you?"."""
+    found = segments(text)
+    return bool(found) and all(
+        _WORDS_ONLY.fullmatch(s) and all(w in words for w in _WORD.findall(s.casefold())) for s in found
     )
-
-
-def _words(sentence: str) -> list[str]:
-    """A sentence's words as compared (module doc): split at spacing, the clause marks at each
-    word's end dropped, a question mark kept as a word of its own, the first word in lower
-    case where it is a function word of ``OPENERS``."""
-    out = []
-    for k, chunk in enumerate(sentence.split()):
-        bare = chunk.rstrip(CLAUSE_MARKS + "?")
-        if k == 0 and bare.lower() in OPENERS:
-            bare = bare.lower()
-        if bare:
-            out.append(bare)
-        if "?" in chunk[len(bare) :]:
-            out.append("?")
-    return out

@@ -50,12 +50,12 @@ def test_the_exact_conversation_is_an_exact_hit(cache):
     assert hit is not None and hit.exact and hit.cached_prompt == STORED
 
 
-def test_a_reworded_conversation_with_chatter_is_a_semantic_hit(cache):
+def test_a_conversation_opened_with_a_greeting_is_a_semantic_hit(cache):
     asked = talk(
         "how much would that cost per month?",
         "hi there",
         "Hello! How can I help?",
-        "Which of your plans includes international roaming?",
+        "which of your plans includes international roaming?",
         "The Traveller plan includes roaming in 40 countries.",
     )
     hit = cache.get(asked)

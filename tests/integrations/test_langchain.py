@@ -49,7 +49,7 @@ def test_a_follow_up_is_served_after_the_same_conversation_reworded(real_embedde
     reworded = [
         HumanMessage(content="hey!"),
         AIMessage(content="Hello, how can I help?"),
-        HumanMessage(content="who was Ada Lovelace?"),
+        HumanMessage(content="Who was Ada Lovelace?"),
         AIMessage(content="A mathematician."),
         HumanMessage(content="When was she born?"),
     ]

@@ -4,8 +4,8 @@ With the cache's defaults (``match_context`` off) a conversation is served by me
 the same earlier turns, word for word: every conversation that leaked one end user's answer to
 another through a shared key (tests/conversation_leaks.py) is a miss. With the context matcher
 on, those are misses too, and a follow-up is served after a conversation whose earlier turns
-differ only in what is shown not to matter (chatter, where the sentences end), never after one
-that differs in anything else. One case per kind of the
+differ only in what is shown not to matter (an opening greeting), never after one that differs
+in anything else. One case per kind of the
 conversation pairs (data/SOURCES.md); each kind's check is shown to matter, with the check taken
 out, in tests/conversation/test_context.py.
 """
@@ -59,17 +59,8 @@ ROAMING = ("which of your plans includes roaming?", "The Traveller plan includes
 
 # (kind, the conversation stored, the one asked after it)
 SHARED = [
-    ("chatter", chat(*BOOKED, MOVE), chat("hello!", "Hi, how can I help?", *BOOKED, MOVE)),
-    (
-        "thanks",
-        chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
-        chat("The kettle trips the breaker. It started last week. Thanks!", "Let's see.", KETTLE),
-    ),
-    (
-        "sentences_joined",
-        chat("The kettle trips the breaker. It started last week.", "Let's see.", KETTLE),
-        chat("hey there", "Hi!", "the kettle trips the breaker, it started last week", "Let's see.", KETTLE),
-    ),
+    ("greeting", chat(*BOOKED, MOVE), chat("hello!", "Hi, how can I help?", *BOOKED, MOVE)),
+    ("greeting_first", chat(*BOOKED, MOVE), chat("Hi! " + BOOKED[0], BOOKED[1], MOVE)),
 ]
 REFUSED = [
     (
