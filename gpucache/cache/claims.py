@@ -33,7 +33,9 @@ class Claims:
     single-flight keys of the misses this call loads; ``elsewhere``: the loads of other calls it
     waits on; ``prompt_of``: each of those keys' prompt; ``stored``: misses another call stored
     while the lookup ran (prompt -> answer); ``shared``: its claims across replicas (prompt ->
-    token). ``mine`` and ``shared`` shrink as the claims are answered or released."""
+    token); ``since``: the cache's removals when they were claimed (``RemovalFence.mark``), so
+    that an answer loaded across an invalidate, a clear or a revoke is not stored after it.
+    ``mine`` and ``shared`` shrink as the claims are answered or released."""
 
     found: Findings
     prompt_of: dict[bytes, str]
@@ -41,6 +43,7 @@ class Claims:
     elsewhere: dict[bytes, Future[str]]
     stored: dict[str, str] = field(default_factory=dict)
     shared: dict[str, str] = field(default_factory=dict)
+    since: int = 0
 
     @property
     def scope(self) -> str:

@@ -219,8 +219,11 @@ class CacheCore:
             return [self.claims(r, f, now) if r.claim else f for r, f in zip(requests, found)]
 
     def claims(self, request: LookupRequest, found: Findings, now: float) -> Claims:
-        """A get-or-load request's claims on what its lookup found (claims.py). Lock held."""
-        return take_claims(found, request, self.table, self.flights, self.counters, self.admission, now)
+        """A get-or-load request's claims on what its lookup found (claims.py), marked with the
+        removals so far (``Claims.since``). Lock held."""
+        claims = take_claims(found, request, self.table, self.flights, self.counters, self.admission, now)
+        claims.since = self.fence.mark()
+        return claims
 
     async def afind(self, request: LookupRequest) -> Findings:
         """``find`` for one plain request, from the event loop (onloop.py)."""
@@ -258,6 +261,9 @@ class CacheCore:
         with self.lock:
             now = self.now()
             self.counters.admissions_deferred += len(permitted) - len(admitted)
+            # a removal since the claim (an admin invalidate, clear or revoke that returned while
+            # the answer was loading) covers what it loaded: handed to its callers, not stored
+            admitted = [(p, a) for p, a in admitted if not self.fence.stale(claims.scope, p, claims.since)]
             groups: dict[float, list[tuple[str, str]]] = {}
             for p, a in admitted:
                 assert a.text is not None

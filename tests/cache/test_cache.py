@@ -869,3 +869,59 @@ def test_a_miss_stored_while_another_call_was_embedding_is_not_loaded_again():
     a_done.set()
     b.join(5)
     assert results == ["answer", "answer"] and loads == ["hot"]
+
+
+@pytest.mark.parametrize(
+    "removal",
+    [
+        lambda cache: cache.invalidate("a question in flight", scope="t/a"),
+        lambda cache: cache.clear(scope="t/a"),
+        lambda cache: cache.clear(),
+        lambda cache: cache.clear_under("t"),  # a revoked credential's scopes
+    ],
+    ids=["invalidate", "clear-scope", "clear-all", "clear-under"],
+)
+def test_an_answer_loading_across_a_removal_is_handed_over_but_not_stored(fake_embedder, removal):
+    """An admin removal that returned is never undone by a load that was in flight when it
+    was called: the answer reaches its caller and is not stored. A load claimed after the
+    removal stores as ever."""
+    cache = SemanticCache(fake_embedder, device="cpu", threshold=0.8)
+    started, removed = threading.Event(), threading.Event()
+
+    def slow(prompt: str) -> str:
+        started.set()
+        assert removed.wait(10)
+        return "loaded before the removal returned"
+
+    answers: list[str] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(cache.get_or_put("a question in flight", slow, scope="t/a"))
+    )
+    caller.start()
+    assert started.wait(10)
+    removal(cache)
+    removed.set()
+    caller.join(10)
+    assert answers == ["loaded before the removal returned"]
+    assert cache.get("a question in flight", scope="t/a") is None
+    assert cache.get_or_put("a question in flight", lambda p: "loaded after", scope="t/a") == "loaded after"
+    assert cache.get("a question in flight", scope="t/a").response == "loaded after"
+
+
+def test_a_removal_elsewhere_does_not_stop_a_load_storing(fake_embedder):
+    cache = SemanticCache(fake_embedder, device="cpu", threshold=0.8)
+    started, removed = threading.Event(), threading.Event()
+
+    def slow(prompt: str) -> str:
+        started.set()
+        assert removed.wait(10)
+        return "kept"
+
+    caller = threading.Thread(target=lambda: cache.get_or_put("mine", slow, scope="t/a"))
+    caller.start()
+    assert started.wait(10)
+    cache.clear(scope="t/other")
+    cache.invalidate("another question", scope="t/a")
+    removed.set()
+    caller.join(10)
+    assert cache.get("mine", scope="t/a").response == "kept"

@@ -732,3 +732,40 @@ def test_a_corrupt_snapshot_is_set_aside_and_the_proxy_starts_empty(upstream, re
     assert (tmp_path / "cache.gpucache.corrupt").read_bytes() == b"not a snapshot at all"
     # saved at shutdown: a whole, loadable file holding the one answer stored since
     assert len(SemanticCache.load(str(snapshot), embedder=real_embedder, device="cpu")) == 1
+
+
+@pytest.mark.parametrize("removal", ["invalidate", "clear", "revoke"])
+def test_an_answer_loading_across_an_admin_removal_is_not_stored(real_embedder, tmp_path, removal):
+    """A request whose answer is loading when an operator removes its entry (invalidate, a
+    clear of its scope, a revoke of its credential) gets its answer, and the answer is not
+    stored after the removal returned: a model update followed by a clear keeps no old answer."""
+    text = "[drip] What is the tallest mountain in the Alps?"
+    body = {"model": "smol", "messages": [{"role": "user", "content": text}]}
+    with Served(make_upstream()) as upstream:
+        app = keyless_proxy(f"{upstream.url}/v1", real_embedder, str(tmp_path / "c.gpucache"), ADMIN, SECRET)
+        with Served(app) as proxy:
+            c = client(proxy, "t-removal", api_key="sk-removal")
+            got: list[str] = []
+            caller = threading.Thread(target=lambda: got.append(ask(c, text)[0]["x-gpucache"]))
+            caller.start()
+            arrived = upstream.app.state.arrived
+            with arrived:  # the request is held at the upstream: its answer is loading
+                assert arrived.wait_for(lambda: ("chat", text) in upstream.app.state.calls, timeout=60)
+            auth = {"authorization": f"Bearer {ADMIN}"}
+            target = {
+                "kind": "chat",
+                "namespace": "t-removal",
+                "credentials": {"authorization": "Bearer sk-removal"},
+                "request": body,
+            }
+            path, doc = {
+                "invalidate": ("/admin/invalidate", target),
+                "clear": ("/admin/clear", target),
+                "revoke": ("/admin/revoke", {"key": "sk-removal"}),
+            }[removal]
+            assert httpx.post(f"{proxy.url}{path}", json=doc, headers=auth).status_code == 200
+            httpx.post(f"{upstream.url}/control/drip")
+            caller.join(60)
+            assert got == ["miss"]
+            assert ask(c, text)[0]["x-gpucache"] == "miss"  # not stored: the model is asked again
+            assert ask(c, text)[0]["x-gpucache"] == "exact"  # stored this time
