@@ -112,8 +112,8 @@ class CacheSettings:
     match_context: bool = _setting(
         False,
         "`false`: a conversation is served by meaning only after the same earlier turns, word for "
-        "word. `true`: `ContextMatcher` also sets aside an opening greeting and the spacing around "
-        "each turn, and nothing else. Off by default: with one key shared by many "
+        "word. `true`: `ContextMatcher` also sets aside an opening greeting, and nothing else. "
+        "Off by default: with one key shared by many "
         "users, the matcher of the round before, which read the turns by meaning, served one "
         "customer's answer after another's record, account or approval (issue 65); it goes back on "
         "by the rule docs/conversations.md states. Not kept in snapshots",

@@ -5,22 +5,22 @@ earlier turns. With one key shared by many end users, a difference in them is an
 record, account, age, diagnosis or approval, whatever the final request looks like ("what is the
 current balance?" after "my account number is 12345678"). So the matcher is safe by
 construction: **a difference in the earlier turns is a miss unless it is shown not to matter**,
-and what it shows is deliberately little (``said``):
+and what it shows is one thing (``said``): **an opening greeting**. A conversation's first user
+turn that only greets ("hi", "hello there!") with the assistant's reply that only greets and
+offers help ("Hi! How can I help you?"), or greeting sentences that open the first user turn
+("Hi! I need to book a cleaning..."), are set aside. Everything else is compared as written:
+every character, its case, each sign, mark and space, the spaces around a turn too (a line of
+code's indentation, a password's trailing spaces). Known limit, one a final request must aim at
+to reach: a question about the greeting itself ("what was the first thing I said?"), or a system
+prompt that keys on how the user greets, is served the answer made after another greeting.
 
-- **an opening greeting**: a conversation's first user turn that only greets ("hi", "hello
-  there!") with the assistant's reply that only greets and offers help ("Hi! How can I help
-  you?"), or greeting sentences that open the first user turn ("Hi! I need to book a
-  cleaning..."), are set aside;
-- **spacing around a turn**: each turn is compared without the spaces and line breaks that
-  start or end it.
-
-Everything else is compared as written: every character, its case, each sign, mark and space
-between words. Earlier rounds showed more not to matter, and a hostile client shown none of the
-code found each of those serving one customer's answer to another (issue 65): read by meaning,
+Earlier rounds showed more not to matter, and a hostile client shown none of the code found
+each of those serving one customer's answer to another (issue 65): read by meaning,
 a pronoun or a tense is no content word ("I am allergic" / "he is allergic", "I am a smoker" /
 "I was"), a sign is no word ("HIV+" / "HIV-", "-500" / "500"); with punctuation set aside,
 "Let's eat, grandma" is "Let's eat grandma", "Compute 5!" is "Compute 5", "1, 000" is "1 000";
-with spacing collapsed, a line of code moves out of its loop; with thanks and goodbyes set aside,
+with spacing collapsed or trimmed, a line of code moves out of its loop or loses its indentation;
+with thanks and goodbyes set aside,
 "Thanks!" no longer accepts the offer before it, "Good morning" is "Good evening", "Goodbye! I
 can't take it anymore" is a plain sigh. Rewordings of the earlier turns are left to a model that
 reads both conversations together.
@@ -59,8 +59,8 @@ class ContextMatcher:
     name = "context"
 
     def explain(self, cached: Conversation, new: Conversation) -> Verdict:
-        """Accept where the two contexts are the same but for an opening greeting and the
-        spacing around each turn (module doc); else reject, naming the first turn that differs."""
+        """Accept where the two contexts are the same but for an opening greeting (module
+        doc); else reject, naming the first turn that differs."""
         if cached.context == new.context:
             return Verdict(False, "context-same")
         for conversation in (cached, new):
@@ -85,10 +85,9 @@ class ContextMatcher:
 
 
 def said(context: tuple[Turn, ...]) -> list[tuple[int, tuple[str, str]]]:
-    """One side's earlier turns as compared: (each turn's index, (its role, its text without
-    the spacing around it)), an opening greeting set aside (module doc). The index is reported,
-    not compared."""
-    turns = [(i, (t.role, t.text.strip())) for i, t in enumerate(context)]
+    """One side's earlier turns as compared: (each turn's index, (its role, its text)), an
+    opening greeting set aside (module doc). The index is reported, not compared."""
+    turns = [(i, (t.role, t.text)) for i, t in enumerate(context)]
     if (
         len(turns) >= 2
         and turns[0][1][0] == "user"
