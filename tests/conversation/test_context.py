@@ -36,7 +36,7 @@ def test_the_same_context_agrees(matcher):
 
 
 def test_an_opening_greeting_is_set_aside(matcher, monkeypatch):
-    greeted = talk(MOVE, "hey there", "Hello! How can I help you today?", *(t.text for t in BOOKED.context))
+    greeted = talk(MOVE, "hey there", "Hello there! How may I help?", *(t.text for t in BOOKED.context))
     prefixed = talk(MOVE, "Hi! " + BOOKED.context[0].text, BOOKED.context[1].text)
     for other in (greeted, prefixed):
         assert matcher.explain(BOOKED, other).rule == "context-agrees"
