@@ -871,6 +871,26 @@ def test_a_miss_stored_while_another_call_was_embedding_is_not_loaded_again():
     assert results == ["answer", "answer"] and loads == ["hot"]
 
 
+def load_across(cache: SemanticCache, prompt: str, removal, answer: str) -> list[str]:
+    """``get_or_put(prompt)`` in scope t/a whose loader is held until ``removal(cache)`` has
+    returned: what the caller got."""
+    started, removed = threading.Event(), threading.Event()
+
+    def slow(p: str) -> str:
+        started.set()
+        assert removed.wait(10)
+        return answer
+
+    got: list[str] = []
+    caller = threading.Thread(target=lambda: got.append(cache.get_or_put(prompt, slow, scope="t/a")))
+    caller.start()
+    assert started.wait(10)
+    removal(cache)
+    removed.set()
+    caller.join(10)
+    return got
+
+
 @pytest.mark.parametrize(
     "removal",
     [
@@ -886,23 +906,8 @@ def test_an_answer_loading_across_a_removal_is_handed_over_but_not_stored(fake_e
     was called: the answer reaches its caller and is not stored. A load claimed after the
     removal stores as ever."""
     cache = SemanticCache(fake_embedder, device="cpu", threshold=0.8)
-    started, removed = threading.Event(), threading.Event()
-
-    def slow(prompt: str) -> str:
-        started.set()
-        assert removed.wait(10)
-        return "loaded before the removal returned"
-
-    answers: list[str] = []
-    caller = threading.Thread(
-        target=lambda: answers.append(cache.get_or_put("a question in flight", slow, scope="t/a"))
-    )
-    caller.start()
-    assert started.wait(10)
-    removal(cache)
-    removed.set()
-    caller.join(10)
-    assert answers == ["loaded before the removal returned"]
+    got = load_across(cache, "a question in flight", removal, "loaded before the removal returned")
+    assert got == ["loaded before the removal returned"]
     assert cache.get("a question in flight", scope="t/a") is None
     assert cache.get_or_put("a question in flight", lambda p: "loaded after", scope="t/a") == "loaded after"
     assert cache.get("a question in flight", scope="t/a").response == "loaded after"
@@ -910,18 +915,10 @@ def test_an_answer_loading_across_a_removal_is_handed_over_but_not_stored(fake_e
 
 def test_a_removal_elsewhere_does_not_stop_a_load_storing(fake_embedder):
     cache = SemanticCache(fake_embedder, device="cpu", threshold=0.8)
-    started, removed = threading.Event(), threading.Event()
 
-    def slow(prompt: str) -> str:
-        started.set()
-        assert removed.wait(10)
-        return "kept"
+    def elsewhere(c: SemanticCache) -> None:
+        c.clear(scope="t/other")
+        c.invalidate("another question", scope="t/a")
 
-    caller = threading.Thread(target=lambda: cache.get_or_put("mine", slow, scope="t/a"))
-    caller.start()
-    assert started.wait(10)
-    cache.clear(scope="t/other")
-    cache.invalidate("another question", scope="t/a")
-    removed.set()
-    caller.join(10)
+    assert load_across(cache, "mine", elsewhere, "kept") == ["kept"]
     assert cache.get("mine", scope="t/a").response == "kept"

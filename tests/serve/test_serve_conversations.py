@@ -133,9 +133,12 @@ def outcome(proxy, tenant: str, stored: list[dict[str, str]], asked: list[dict[s
     return raw.headers["x-gpucache"], raw.parse().choices[0].message.content
 
 
+@pytest.mark.parametrize("served_by", ["proxy", "matching"])
 @pytest.mark.parametrize("kind, stored, asked", LEAKS, ids=[k for k, _, _ in LEAKS])
-def test_by_default_no_conversation_that_leaked_is_served(proxy, kind, stored, asked):
-    tier, _ = outcome(proxy, f"t-leak-{kind}", stored, asked)
+def test_no_conversation_that_leaked_is_served_by_default_or_with_the_matcher_on(
+    request, served_by, kind, stored, asked
+):
+    tier, _ = outcome(request.getfixturevalue(served_by), f"t-leak-{served_by}-{kind}", stored, asked)
     assert tier == "miss"
 
 
@@ -151,12 +154,6 @@ def test_by_default_a_follow_up_after_other_turns_is_a_miss_and_after_the_same_t
     )
     assert raw.headers["x-gpucache"] == "semantic"
     assert raw.parse().choices[0].message.content == answer_to(stored[-1]["content"])
-
-
-@pytest.mark.parametrize("kind, stored, asked", LEAKS, ids=[k for k, _, _ in LEAKS])
-def test_with_the_context_matcher_on_no_conversation_that_leaked_is_served(matching, kind, stored, asked):
-    tier, _ = outcome(matching, f"t-matched-leak-{kind}", stored, asked)
-    assert tier == "miss"
 
 
 @pytest.mark.parametrize("kind, stored, asked", SHARED, ids=[k for k, _, _ in SHARED])
