@@ -93,6 +93,20 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
             arrived.notify_all()
         if request.headers.get("authorization", "").removeprefix("Bearer ").strip() in revoked:
             return refused()  # as the model server refuses a revoked key on every endpoint
+        if str(body.get("model", "")).startswith("forbidden"):
+            # as a gateway with per-key model lists answers (LiteLLM): the key is valid, and
+            # GET /v1/models says so, but not for this model
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": "key not allowed to access model",
+                        "type": "auth_error",
+                        "param": "model",
+                        "code": "401",
+                    }
+                },
+                status_code=401,
+            )
         if "[500]" in text:
             return JSONResponse(
                 {

@@ -265,9 +265,9 @@ class CredentialCheck:
     def keep(
         self, credential: str, verdict: Allowed | Denied, cleared: int | None = None
     ) -> Allowed | Denied:
-        """``verdict`` kept for ``credential``: a check's answer, or the upstream's refusal on a
-        request it was sent (a miss, a refresh), kept as a checked one is, so the credential's
-        hits stop now rather than when the verdict it had expires."""
+        """``verdict`` kept for ``credential``: a check's answer. (The upstream's refusal on a
+        request it was sent, a miss or a refresh, drops the verdict instead, ``Intake.heard``: the
+        next request is checked again.)"""
         self.unanswered.pop(credential, None)
         if len(self.verdicts) >= self.max_verdicts:
             self.verdicts.pop(next(iter(self.verdicts)))

@@ -320,12 +320,15 @@ class Intake:
 
     def heard(self, holder: str, outcome: Outcome) -> None:
         """What the upstream answered ``holder``'s request, seen after the fact: a 401 or 403
-        is its verdict on the credential (auth = upstream), whichever request it came on."""
+        drops the credential's verdict (auth = upstream), so its next request, hit or miss, is
+        checked again. Not kept as a refusal: a gateway refuses one model to a key it allows
+        (LiteLLM's per-key model lists answer 401), and one end user asking for that model
+        would lock every user of a shared key out; a revoked key is refused by the check."""
         answer = upstream_answer(outcome)
         if not isinstance(self.credentials, CredentialCheck) or answer is None:
             return
         if answer.status in (401, 403):
-            self.credentials.keep(holder, Denied(answer.status, answer.headers, answer.content))
+            self.credentials.forget(holder)
 
     def forget(self, holder: str) -> None:
         """Drop ``holder``'s verdict (``/admin/revoke``): its next request is checked again."""

@@ -697,9 +697,10 @@ def test_a_refused_request_with_a_large_unread_body_has_its_connection_closed(re
             assert r.status_code == 401 and r.headers.get("connection") != "close"
 
 
-def test_a_401_on_any_request_is_the_upstreams_verdict_and_ends_the_keys_hits_at_once(real_embedder):
+def test_a_401_on_any_request_ends_the_kept_verdict_and_the_keys_hits_at_once(real_embedder):
     """The verdict kept from the last check would serve the key for up to auth_ttl more; the
-    upstream refusing it on a miss is its word on the key as much as a check is."""
+    upstream refusing it on a miss drops that verdict, and the key's next request is checked
+    again: refused there, it gets nothing more from the cache."""
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=3600) as proxy:
         text = "What is the balance of my savings account?"
         assert chat(proxy, "sk-erin", text) == "miss"
@@ -712,7 +713,7 @@ def test_a_401_on_any_request_is_the_upstreams_verdict_and_ends_the_keys_hits_at
             with pytest.raises(openai.AuthenticationError) as refused:
                 ask()
             assert refused.value.body["code"] == "invalid_api_key"
-        assert upstream.app.state.checks.count("sk-erin") == checks  # the refusal itself was the verdict
+        assert upstream.app.state.checks.count("sk-erin") == checks + 1  # checked again once: refused
         assert chat(proxy, "sk-frank", text) == "miss"  # another key is unaffected
 
 
@@ -733,3 +734,26 @@ def test_a_key_file_of_keys_as_written_that_others_may_read_is_warned_about(tmp_
     with caplog.at_level("WARNING", logger="gpucache.serve"):
         KeyFile(str(path))
     assert "holds keys as written" not in caplog.text
+
+
+def test_a_gateways_refusal_of_one_model_does_not_lock_a_shared_key_out(real_embedder):
+    """A gateway with per-key model lists answers 401 for a model the key may not use, and
+    allows the key on GET /v1/models: one end user asking for that model gets the 401, and
+    every other user of the key keeps its hits and its misses. The credential is checked again
+    on its next request (one check more), not refused for the verdict's lifetime."""
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=60) as proxy:
+        text = "How do I export my calendar?"
+        assert chat(proxy, "sk-shared", text) == "miss"
+        checks = upstream.app.state.checks.count("sk-shared")
+        c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-shared", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            c.chat.completions.create(model="forbidden-large", messages=[{"role": "user", "content": text}])
+        assert refused.value.status_code == 401
+        assert chat(proxy, "sk-shared", text) == "exact"  # another user of the key: served
+        assert chat(proxy, "sk-shared", "How do I import a calendar?") == "miss"
+        assert upstream.app.state.checks.count("sk-shared") == checks + 1  # checked again, once
+        upstream.app.state.revoked.add("sk-shared")
+        with pytest.raises(openai.AuthenticationError):  # a revoked key is refused by the check
+            c.chat.completions.create(model="forbidden-large", messages=[{"role": "user", "content": text}])
+        with pytest.raises(openai.AuthenticationError):
+            chat(proxy, "sk-shared", text)
