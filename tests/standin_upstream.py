@@ -263,6 +263,9 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
         # a credential check (the proxy asks before it serves a key: auth.py), recorded apart
         # from the completions; a key in ``revoked`` is refused as a model server refuses it
         key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        # a key in a ``token`` parameter or a ``session`` cookie is read first, as gateways read
+        # one before Authorization (Kong's key-auth reads ``apikey``)
+        key = request.query_params.get("token") or request.cookies.get("session") or key
         if public_models:
             (probes if key.startswith("gpucache-probe-") else checks).append(key)
             return JSONResponse({"object": "list", "data": []})

@@ -344,7 +344,8 @@ class Intake:
         if isinstance(self.credentials, KeyFile):
             verdict = await keys_verdict(self.credentials, identity.values)
         else:
-            verdict = await self.credentials.check(identity.holder, request.headers, request.url.query)
+            headers = self.config.tenancy.checked(request.headers)
+            verdict = await self.credentials.check(identity.holder, headers, request.url.query)
         if isinstance(verdict, Denied):
             return Unauthorized(verdict.status, verdict.headers, verdict.content)
         if isinstance(verdict, Unverified):

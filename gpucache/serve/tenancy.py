@@ -132,6 +132,16 @@ class Tenancy:
                 return Refusal(
                     400, f"more than one {name!r} query parameter: send it once", "duplicate_parameter"
                 )
+        for name, _ in params:
+            if name not in self.credential_params and credential_like(name.lower()):
+                return Refusal(
+                    400,
+                    f"the {name!r} query parameter carries a credential this proxy does not name "
+                    "tenants by; send the key in one of "
+                    + ", ".join(self.credential_headers)
+                    + f", or list {name!r} among the credential parameters",
+                    "unhashed_credential",
+                )
         for name in map(str.lower, headers.keys()):
             if name not in self.credential_headers and credential_like(name):
                 return Refusal(
@@ -163,6 +173,15 @@ class Tenancy:
             )
         scope = f"{holder}/ns:{named}" if named else holder
         return Identity(self._with_query(scope, query), holder, values)
+
+    def checked(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """The headers a credential check sends the upstream (auth.py): the credential headers
+        the holder is hashed from, and no other. A check sent every header it forwards once: a
+        revoked key beside a valid one in a cookie was allowed, and the verdict filed under the
+        revoked key's holder served its entries. (The query string goes whole: ``identify``
+        refuses a credential-like parameter the holder is not hashed from, and an upstream may
+        need the rest, Azure's ``api-version``.)"""
+        return {name: headers[name] for name in self.credential_headers if headers.get(name)}
 
     def _with_query(self, scope: str, query: str) -> str:
         """The scope narrowed by the raw query string (keyed-hashed: it may hold a key)."""

@@ -757,3 +757,36 @@ def test_a_gateways_refusal_of_one_model_does_not_lock_a_shared_key_out(real_emb
             c.chat.completions.create(model="forbidden-large", messages=[{"role": "user", "content": text}])
         with pytest.raises(openai.AuthenticationError):
             chat(proxy, "sk-shared", text)
+
+
+def test_a_valid_key_in_a_cookie_beside_a_revoked_one_serves_nothing(real_embedder):
+    """The credential check sends the upstream the credential headers the tenant is hashed
+    from and no other: a revoked key sent with a valid one in a cookie (which an upstream or
+    gateway may read first) is checked alone, and refused."""
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=0) as proxy:
+        c = openai.OpenAI(
+            base_url=f"{proxy.url}/v1",
+            api_key="sk-gone",
+            max_retries=0,
+            default_headers={"cookie": "session=sk-valid"},
+        )
+        messages = [{"role": "user", "content": "What is on my statement this month?"}]
+        raw = c.chat.completions.with_raw_response.create(model="smol", messages=messages)
+        assert raw.headers["x-gpucache"] == "miss"
+        upstream.app.state.revoked.add("sk-gone")
+        with pytest.raises(openai.AuthenticationError) as refused:
+            c.chat.completions.create(model="smol", messages=messages)
+        assert refused.value.status_code == 401
+
+
+def test_a_credential_in_a_query_parameter_the_tenant_is_not_hashed_from_is_refused(real_embedder):
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder) as proxy:
+        c = openai.OpenAI(
+            base_url=f"{proxy.url}/v1", api_key="sk-gone", max_retries=0, default_query={"token": "sk-valid"}
+        )
+        with pytest.raises(openai.BadRequestError) as refused:
+            c.chat.completions.create(
+                model="smol", messages=[{"role": "user", "content": "Hello there, what is new?"}]
+            )
+        assert refused.value.body["code"] == "unhashed_credential"
+        assert upstream.app.state.checks == [] and upstream.app.state.calls == []
