@@ -1,3 +1,3 @@
-"""Conversations: a final request and the earlier turns it may depend on (value.py), and the
-deterministic check that two conversations' contexts agree on what the request depends on
-(context.py)."""
+"""Conversations: a final request and the earlier turns before it, as one value (value.py), and
+the deterministic check that two conversations' earlier turns are the same but for what is
+shown not to matter (context.py)."""

@@ -114,7 +114,6 @@ _SECRET_RULES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         ),
     )
 )
-_SECRET_PATTERNS = tuple(pattern for pattern, _ in _SECRET_RULES)
 
 
 def _has_secret(text: str) -> bool:
