@@ -10,33 +10,12 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from gpucache.benchmark.machine import commit, cpu_model
 
-
-def commit() -> str:
-    """The checkout's short commit, with "+changes" where tracked files differ from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what the platform reports)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+__all__ = ["commit", "cpu_model", "machine", "precision", "run_label"]
 
 
 def machine() -> str:

@@ -1,15 +1,18 @@
 """The ``gpucache`` command: ``demo`` (the main job), ``serve`` (the caching proxy),
 ``calibrate`` (the threshold and soft rules from your own labelled pairs), ``explain`` (whether
-the cache would serve one prompt's answer for another, and why), ``info``.
+the cache would serve one prompt's answer for another, and why), ``bench`` (GPU against CPU),
+``info``.
 
     gpucache demo [--model standin|smollm2] [--device auto] [--batch-size 16] [--limit N]
     gpucache calibrate PAIRS.jsonl [--budget 0.01] [--out gpucache.toml]
     gpucache serve --upstream http://127.0.0.1:8000/v1 [--config gpucache.toml] [--<setting> ...]
     gpucache explain "STORED PROMPT" "ASKED PROMPT" [--config gpucache.toml] [--no-embed]
+    gpucache bench [--quick] [--device all|cpu|cuda] [--minutes 12] [--out gpucache-bench.md]
     gpucache info [--config gpucache.toml]
 
-The benchmarks that write the repository's reports (the false-hit benchmark, the speed
-benchmark, the serving benchmark) are scripts under bench/, not commands of the library.
+``bench`` is the GPU-against-CPU benchmark a user runs on their own machine
+(``gpucache.benchmark``). The repository's other reports (the false-hit benchmark, the serving
+benchmark) come from scripts under bench/, not commands of the library.
 """
 
 from __future__ import annotations
@@ -216,6 +219,35 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import shlex
+
+    from gpucache.benchmark.runner import BenchOptions, main
+
+    defaults = BenchOptions()
+    options = BenchOptions(
+        quick=args.quick,
+        repeat=args.repeat or (1 if args.quick else defaults.repeat),
+        minutes=args.minutes,
+        memory_fraction=args.memory_fraction,
+        cell_seconds=args.cell_seconds,
+    )
+    if options.repeat < 1 or options.minutes <= 0 or not 0 < options.memory_fraction <= 1:
+        print("gpucache bench: --repeat >= 1, --minutes > 0, 0 < --memory-fraction <= 1", file=sys.stderr)
+        return 2
+    given = [
+        ("--quick", args.quick, False),
+        (f"--device {args.device}", args.device, "all"),
+        (f"--repeat {args.repeat}", args.repeat, None),
+        (f"--minutes {args.minutes:g}", args.minutes, defaults.minutes),
+        (f"--memory-fraction {args.memory_fraction:g}", args.memory_fraction, defaults.memory_fraction),
+        (f"--cell-seconds {args.cell_seconds:g}", args.cell_seconds, defaults.cell_seconds),
+    ]
+    command = "gpucache bench" + "".join(f" {flag}" for flag, value, default in given if value != default)
+    command += f" --out {shlex.quote(args.out)}"
+    return main(device=args.device, out=args.out, options=options, command=command)
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     """The cache's decision on one pair, as a lookup makes it: the prompt stored, the prompt
     asked, what of each the cache reads as the request, their similarity beside the threshold,
@@ -356,6 +388,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     explain.set_defaults(run=_cmd_explain)
+
+    bench = sub.add_parser(
+        "bench",
+        help="GPU against CPU: the embedder, the scan per storage mode and size, the cache end "
+        "to end, beside FAISS and sentence-transformers where installed",
+    )
+    bench.add_argument("--quick", action="store_true", help="the smallest sizes: a smoke test")
+    bench.add_argument(
+        "--device", default="all", help="all (default: the CPU, and CUDA where present), cpu, cuda"
+    )
+    bench.add_argument("--repeat", type=int, default=None, help="timed calls per measurement (default 3)")
+    bench.add_argument(
+        "--minutes",
+        type=float,
+        default=12.0,
+        help="the whole run's time; scan cells that would pass it are left out and named (default 12)",
+    )
+    bench.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=0.5,
+        help="of the memory available when the scans begin, what one scan cell may plan to hold (default 0.5)",
+    )
+    bench.add_argument(
+        "--cell-seconds",
+        type=float,
+        default=60.0,
+        help="the most one engine may take in one scan cell, projected from the size below (default 60)",
+    )
+    bench.add_argument(
+        "--out",
+        default="gpucache-bench.md",
+        help="the Markdown report; the JSON and PNG are written beside it (default gpucache-bench.md)",
+    )
+    bench.set_defaults(run=_cmd_bench)
 
     info = sub.add_parser("info", help="device, versions and GPU telemetry")
     info.add_argument(

@@ -11,5 +11,5 @@ export PYTHONUNBUFFERED=1 GPUCACHE_MODEL_DIR="${GPUCACHE_MODEL_DIR:-$PWD/.model-
 python3 -m pip install --quiet --no-deps -e . 2>&1 | tail -2
 python3 -m gpucache info 2>&1 | tee "$out/info.txt"
 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.txt"
-python3 bench/speed.py --repeat 3 --out "$out/bench.md" 2>&1 | tail -5
+python3 -m gpucache bench --out "$out/bench.md" 2>&1 | tail -40
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true

@@ -33,7 +33,9 @@ def run_cli(*args: str, blocked: list[str] | None = None) -> subprocess.Complete
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["calibrate"], ["serve"], ["explain"], ["info"]])
+@pytest.mark.parametrize(
+    "command", [[], ["demo"], ["calibrate"], ["serve"], ["explain"], ["bench"], ["info"]]
+)
 def test_every_commands_help_works_with_no_extra_installed(command):
     result = run_cli(*command, "--help", blocked=NO_EXTRA)
     assert result.returncode == 0, result.stderr

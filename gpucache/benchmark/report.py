@@ -1,50 +1,19 @@
-"""The speed benchmark: the same work on every available device, beside the tools a user would
-pick instead, measured in one run.
+"""The benchmark's report: what one run measured per device, as Markdown (for a reader),
+JSON (every figure, to re-render or compare) and a PNG plot (queries/s per scan cell, each
+device's line beside the other's, log scales).
 
-What it measures (medians of ``repeat`` synchronized timings after a warm-up):
-
-* machine limits: memory read bandwidth (a large ``sum``) and dense matmul rate per dtype, so
-  every scan figure is also a fraction of what the machine can do;
-* the embedder: prompts/s of ``TransformerEmbedder`` against sentence-transformers on the same
-  prompts and model, with the cosine agreement between the two;
-* the scan: queries/s and effective GB/s of ``ExactScanStore.search`` for each N x Q x storage
-  mode at the library's default scan budget, with recall@K against a float64 brute force,
-  against FAISS ``IndexFlatIP`` and against FAISS's index of the same precision (scalar
-  quantizers fp16, 8-bit), configured at their best (BLAS for every batch size, the same
-  thread count as torch) where faiss is installed;
-* ``get_or_put_all`` end to end on the demo workload (paraphrase-heavy);
-* on CUDA, NVML telemetry (memory used, utilisation, power) read during the scan runs.
-
-Data are seeded random unit vectors (the scan's cost does not depend on their meaning).
-
-The parts: speed_timing.py (the timing harness, the machine's limits), speed_cells.py (what is
-measured), this module (running them per device, the report as Markdown, JSON and a plot).
-
-    python3 bench/speed.py [--quick] [--device all|cpu|cuda] [--repeat N] [--out bench/reports/bench.md]
-
-(Before it moved out of the package this was ``gpucache bench``; the committed report says so.)
+Each report says what it was run on, read from the run (``machine.py``), what the run left out
+and why (``sizing.py``), how long it took and the most memory it held.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from speed_cells import (
-    ScanResult,
-    bench_embedder,
-    bench_end_to_end,
-    bench_latency,
-    bench_overhead,
-    bench_scan,
-)
-from speed_timing import machine_limits, versions
-
-from gpucache.index.interface import QUANTIZATIONS
+from gpucache.benchmark.scan import ScanResult
 
 
 @dataclass
@@ -59,6 +28,8 @@ class BenchReport:
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     limits_measured: dict[str, dict[str, float]] = field(default_factory=dict)
     latency: dict[str, Any] = field(default_factory=dict)
+    # the run itself: sizes chosen, cells left out and why, wall time, memory
+    run: dict[str, Any] = field(default_factory=dict)
 
 
 def _latency_lines(latency: dict[str, Any]) -> list[str]:
@@ -99,49 +70,17 @@ def _limits_spread(r: BenchReport) -> str:
     )
 
 
-def run_bench(devices: list[torch.device], *, quick: bool, repeat: int) -> list[BenchReport]:
-    from gpucache.demo.replay import load_workload
-
-    ns = [10_000] if quick else [10_000, 100_000, 1_000_000]
-    qs = [1, 64] if quick else [1, 64, 1024]
-    prompts = [item.prompt for item in load_workload()][: 64 if quick else 304]
-    reports = []
-    for device in devices:
-        telemetry: list[dict[str, Any]] = []
-        bandwidth, rates = machine_limits(device, repeat, quick)
-        report = BenchReport(
-            device=str(device), versions=versions(), read_gb_per_s=bandwidth, matmul_tflops=rates
-        )
-        report.embed = bench_embedder(device, prompts, repeat)
-        report.scans = bench_scan(device, ns, qs, list(QUANTIZATIONS), 4, repeat, telemetry=telemetry)
-        report.latency = bench_latency(device, 10_000 if quick else 100_000, 20 if quick else 200)
-        report.end_to_end = bench_end_to_end(device, 1 if quick else repeat)
-        report.end_to_end["overhead"] = [
-            bench_overhead(device, 10_000 if quick else 100_000, 1 if quick else repeat, mode)
-            for mode in (None, "bf16", "int8")
-        ]
-        # On a shared machine the limits move with the neighbours' load: measured again at the
-        # end, and the higher of the two (what the machine can do) is what fractions are of.
-        bandwidth_end, rates_end = machine_limits(device, repeat, quick)
-        report.limits_measured = {
-            "start": {"read_gb_per_s": bandwidth, **rates},
-            "end": {"read_gb_per_s": bandwidth_end, **rates_end},
-        }
-        report.read_gb_per_s = max(bandwidth, bandwidth_end)
-        report.matmul_tflops = {name: max(rates[name], rates_end[name]) for name in rates}
-        report.telemetry = telemetry
-        reports.append(report)
-    return reports
-
-
 def render(reports: list[BenchReport], command: str) -> str:
-    lines = ["# gpucache speed benchmark", "", f"Reproduce: `{command}`", ""]
+    lines = ["# gpucache bench", "", f"Reproduce: `{command}`", ""]
     for r in reports:
         v = r.versions
         lines += [
             f"## {r.device}",
             "",
-            f"Commit {v['commit']}; Python {v['python']}, torch {v['torch']} (CUDA {v['cuda']}), "
+            f"gpucache {v.get('gpucache', '?')}, commit {v['commit']}; "
+            + (f"{v['gpu']}; " if "gpu" in v and r.device.startswith("cuda") else "")
+            + (f"{v['processor']}, " if "processor" in v else "")
+            + f"Python {v['python']}, torch {v['torch']} (CUDA {v['cuda']}), "
             f"transformers {v['transformers']}, faiss {v['faiss']}; {v['machine']}"
             + (f" ({v['cpu_features']})" if "cpu_features" in v else "")
             + f", {v['cpu_threads']} torch threads"
@@ -164,9 +103,9 @@ def render(reports: list[BenchReport], command: str) -> str:
             )
             + ".",
             "",
-            "### Embedder",
-            "",
         ]
+        lines += _run_lines(r.run)
+        lines += ["### Embedder", ""]
         e = r.embed
         lines.append(
             f"{e['prompts']} prompts: gpucache {e['gpucache_prompts_per_s']:.0f} prompts/s "
@@ -199,10 +138,11 @@ def render(reports: list[BenchReport], command: str) -> str:
             "fraction | recall@4 | vs FAISS flat | vs FAISS same precision |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
+        # old reports timed FAISS's flat index once per (N, Q); this one times it in every cell
         flat = {(s.n, s.q): s.queries_per_s for s in r.scans if s.engine == "faiss" and s.mode == "fp32"}
         same = {(s.n, s.q, s.mode): s.queries_per_s for s in r.scans if s.engine == "faiss"}
         behind = []
-        for s in r.scans:
+        for s in sorted(r.scans, key=_row_order):
             if s.q == 1:
                 frac = s.gb_per_s / (s.read_gb_per_s or r.read_gb_per_s)
             else:
@@ -213,8 +153,9 @@ def render(reports: list[BenchReport], command: str) -> str:
                 frac = (2 * s.q * s.n * 384 / s.seconds / 1e12) / rate if rate else 0.0
             recall = "-" if s.recall_at_k is None else f"{s.recall_at_k:.4f}"
             versus = "-"
-            if s.engine.startswith("gpucache") and (s.n, s.q) in flat:
-                ratio = s.queries_per_s / flat[(s.n, s.q)]
+            yardstick = s.flat_queries_per_s or flat.get((s.n, s.q))
+            if s.engine.startswith("gpucache") and yardstick:
+                ratio = s.queries_per_s / yardstick
                 versus = f"{ratio:.2f}x"
                 if ratio < 1:
                     behind.append(f"{s.engine} {s.mode} N={s.n} Q={s.q} ({ratio:.3f}x)")
@@ -223,13 +164,16 @@ def render(reports: list[BenchReport], command: str) -> str:
             read = "-" if s.read_gb_per_s is None else f"{s.read_gb_per_s:.1f}"
             lines.append(
                 f"| {s.engine} | {s.mode} | {s.n} | {s.q} | {1000 * s.seconds:.2f} "
-                f"({1000 * s.spread:.2f}) | {s.queries_per_s:.0f} | {s.gb_per_s:.1f} | "
+                f"({1000 * s.spread:.2f}){' *' if s.timed_calls == 1 else ''} | "
+                f"{s.queries_per_s:.0f} | {s.gb_per_s:.1f} | "
                 f"{read} | {frac:.0%} | {recall} | {versus} | {versus_same} |"
             )
         lines += [
             "",
-            "recall@4 is against the true top 4: float64 products on the CPU, outside "
-            "every engine measured. 'vs FAISS flat' divides by FAISS IndexFlatIP (fp32); "
+            "recall@4 is against the true top 4 of the batch's first 64 queries: float64 "
+            "products on the CPU, outside every engine measured. * timed once after a "
+            "warm-up: a call of the cell projected past 2 s. 'vs FAISS flat' divides by "
+            "FAISS IndexFlatIP (fp32) timed in the same cell; "
             "'vs FAISS same precision' by FAISS's index of the mode's precision (fp32: "
             "IndexFlatIP, fp16: IndexScalarQuantizer QT_fp16, int8: QT_8bit). gpucache's "
             "stores run at the library's default scan budget."
@@ -242,7 +186,8 @@ def render(reports: list[BenchReport], command: str) -> str:
         if flat:
             lines += [
                 "",
-                "Engines timed together for each (N, Q), in blocks, forward then "
+                "Engines timed together in each cell (N, Q, mode: gpucache's store, FAISS's "
+                "index of the same precision, FAISS IndexFlatIP), in blocks, forward then "
                 "reverse order, so the ratios hold on a busy machine. Below FAISS "
                 "IndexFlatIP: " + ("; ".join(behind) if behind else "none") + ".",
             ]
@@ -296,8 +241,8 @@ def render(reports: list[BenchReport], command: str) -> str:
                     f"{t['power_watts']} |"
                 )
             lines.append("")
-    if len(reports) > 1:
-        cpu = next(r for r in reports if r.device == "cpu")
+    cpu = next((r for r in reports if r.device == "cpu"), None)
+    if cpu is not None and len(reports) > 1:
         lines += ["## GPU vs CPU (same run)", "", "| measure | ratio |", "|---|---:|"]
         for r in reports:
             if r is cpu:
@@ -311,9 +256,8 @@ def render(reports: list[BenchReport], command: str) -> str:
                 f"{r.end_to_end['prompts_per_s'] / cpu.end_to_end['prompts_per_s']:.1f}x |"
             )
             on_cpu = {(s.mode, s.n, s.q): s.queries_per_s for s in cpu.scans if s.engine == "gpucache"}
-            largest = max((s.n for s in r.scans), default=0)
-            for s in r.scans:
-                if s.engine == "gpucache" and s.n == largest and (s.mode, s.n, s.q) in on_cpu:
+            for s in sorted(r.scans, key=_row_order):  # every cell both devices ran
+                if s.engine == "gpucache" and (s.mode, s.n, s.q) in on_cpu:
                     lines.append(
                         f"| scan queries/s, {s.mode}, N = {s.n}, Q = {s.q}, {r.device} / "
                         f"cpu | {s.queries_per_s / on_cpu[(s.mode, s.n, s.q)]:.1f}x |"
@@ -329,39 +273,91 @@ def write(reports: list[BenchReport], out: Path, command: str) -> list[Path]:
     data = out.with_suffix(".json")
     data.write_text(json.dumps([asdict(r) for r in reports], indent=1), encoding="utf-8")
     written.append(data)
-    from plotting import headless_pyplot
+    png = out.with_suffix(".png")
+    if plot(reports, png):
+        written.append(png)
+    return written
 
-    plt = headless_pyplot()
-    if plt is None:
-        return written
-    fig, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 4), squeeze=False)
-    for ax, r in zip(axes[0], reports):
-        q_max = max(s.q for s in r.scans)
-        for engine, mode in sorted({(s.engine, s.mode) for s in r.scans}):
-            pts = sorted(
-                (s.n, s.queries_per_s)
-                for s in r.scans
-                if s.engine == engine and s.mode == mode and s.q == q_max
-            )
-            ax.plot(
-                [p[0] for p in pts],
-                [p[1] for p in pts],
-                "o-" if engine == "gpucache" else "s--",
-                label=f"{engine} {mode}",
-            )
+
+def plot(reports: list[BenchReport], png: Path) -> bool:
+    """Queries/s of every scan cell, one panel per query batch Q, N on the x axis, one line
+    per (device, engine, mode): each device's gpucache line beside the other's and beside
+    FAISS, log scales. False (and nothing written) where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # headless: CI and GPU servers have no display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    qs = sorted({s.q for r in reports for s in r.scans})
+    if not qs:
+        return False
+    fig, axes = plt.subplots(1, len(qs), figsize=(5.5 * len(qs), 4.5), squeeze=False)
+    for ax, q in zip(axes[0], qs):
+        for r in reports:
+            lines = sorted({(s.engine, s.mode) for s in r.scans if s.q == q}, key=lambda em: (em[0], em[1]))
+            for engine, mode in lines:
+                points = sorted(
+                    (s.n, s.queries_per_s)
+                    for s in r.scans
+                    if s.q == q and (s.engine, s.mode) == (engine, mode)
+                )
+                style = ("o-" if r.device == "cpu" else "^-") if engine.startswith("gpucache") else "s:"
+                where = "cpu" if engine == "faiss" else r.device
+                if engine == "faiss" and r.device != "cpu":
+                    continue  # FAISS runs on the CPU: its line is the CPU section's
+                ax.plot(
+                    [n for n, _ in points], [v for _, v in points], style, label=f"{where} {engine} {mode}"
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("stored rows N")
-        ax.set_ylabel("queries/s (largest Q)")
-        ax.set_title(f"scan on {r.device}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.set_ylabel("queries/s")
+        ax.set_title(f"scan, Q = {q}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
     fig.tight_layout()
-    png = out.with_suffix(".png")
     fig.savefig(png, dpi=110)
     plt.close(fig)
-    written.append(png)
-    return written
+    return True
+
+
+MODE_ORDER = ("fp32", "fp16", "bf16", "int8")
+
+
+def _row_order(s: ScanResult) -> tuple[int, int, bool, int, str]:
+    """Rows by N, then Q, gpucache's before FAISS's, modes in their usual order."""
+    mode = MODE_ORDER.index(s.mode) if s.mode in MODE_ORDER else len(MODE_ORDER)
+    return s.n, s.q, s.engine == "faiss", mode, s.engine
+
+
+def _run_lines(run: dict[str, Any]) -> list[str]:
+    """What the run chose, left out, took and held (absent from reports before it was kept)."""
+    if not run:
+        return []
+    gib = 2**30
+    lines = [
+        "### This run",
+        "",
+        f"Wall time {run['seconds']:.0f} s on this device. Stored-row sizes run: "
+        + ", ".join(f"{n:,}" for n in run["sizes"])
+        + f"; query batches {', '.join(str(q) for q in run['query_batches'])}. Memory: "
+        f"{run['available_bytes'] / gib:.1f} GiB available when the scans began, of "
+        f"{run['total_bytes'] / gib:.1f} GiB; a scan cell may plan to hold "
+        f"{run['memory_fraction']:.0%} of what is available; peak held "
+        f"{run['peak_bytes'] / gib:.2f} GiB ({run['peak_bytes'] / run['total_bytes']:.0%} of the "
+        f"device's memory; {run['peak_what']}).",
+        "",
+    ]
+    if run.get("missing"):
+        lines += ["Not measured, not installed: " + "; ".join(run["missing"]) + ".", ""]
+    skipped = run.get("skipped", [])
+    if skipped:
+        lines += ["Left out:", ""] + [f"- {s['what']}: {s['why']}" for s in skipped] + [""]
+    else:
+        lines += ["Nothing left out.", ""]
+    return lines
 
 
 def load_reports(path: Path) -> list[BenchReport]:
@@ -371,45 +367,3 @@ def load_reports(path: Path) -> list[BenchReport]:
         doc["scans"] = [ScanResult(**scan) for scan in doc["scans"]]
         reports.append(BenchReport(**doc))
     return reports
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-    import shlex
-    import sys
-
-    from transformers.utils import logging as hf_logging
-
-    from gpucache.devices import resolve_device
-    from gpucache.index.blas_pool import quiet_blas_pool
-
-    parser = argparse.ArgumentParser(description="GPU-vs-CPU benchmark: embedder, scan, end to end")
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test for CI")
-    parser.add_argument("--device", default="all", help="all (default: cpu and cuda), cpu, cuda")
-    parser.add_argument("--repeat", type=int, default=None, help="timed runs per measurement")
-    parser.add_argument(
-        "--out", default="bench/reports/bench.md", help="report path (JSON and PNG are written beside it)"
-    )
-    args = parser.parse_args(argv)
-    quiet_blas_pool()
-    hf_logging.disable_progress_bar()
-    if args.device == "all":
-        devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    else:
-        devices = [resolve_device(args.device)]
-    repeat = args.repeat or (2 if args.quick else 5)
-    reports = run_bench(devices, quick=args.quick, repeat=repeat)
-    command = (
-        "python3 bench/speed.py"
-        + (" --quick" if args.quick else "")
-        + (f" --device {args.device}" if args.device != "all" else "")
-        + f" --out {shlex.quote(args.out)}"
-    )
-    for path in write(reports, Path(args.out), command):
-        print(f"wrote {path}", file=sys.stderr)
-    print(Path(args.out).read_text())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
