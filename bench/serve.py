@@ -87,6 +87,7 @@ def proxy_command(up_port: int, *flags: str) -> list[str]:
         f"http://127.0.0.1:{up_port}/v1",
         "--log-level",
         "warning",
+        "--overhead-header",  # the benchmark reads the proxy's own time from it
         *flags,
     ]
 

@@ -157,6 +157,7 @@ def main() -> None:
                 str(port),
                 "--log-level",
                 "warning",
+                "--overhead-header",  # the report reads the proxy's own time from it
             ],
             f"http://127.0.0.1:{port}/health",
         )

@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-fraction",
         type=float,
         default=0.5,
-        help="of the memory available when the scans begin, what one scan cell may plan to hold (default 0.5)",
+        help="of the memory available when the scans begin, what one scan cell may hold (default 0.5)",
     )
     bench.add_argument(
         "--cell-seconds",

@@ -266,7 +266,7 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
         # a key in a ``token`` parameter or a ``session`` cookie is read first, as gateways read
         # one before Authorization (Kong's key-auth reads ``apikey``)
         key = request.query_params.get("token") or request.cookies.get("session") or key
-        if public_models:
+        if request.app.state.public_models:
             (probes if key.startswith("gpucache-probe-") else checks).append(key)
             return JSONResponse({"object": "list", "data": []})
         if key.startswith("gpucache-probe-"):
@@ -331,6 +331,7 @@ def make_upstream(token_delay: float = 0.0, public_models: bool = False) -> Star
     app.state.checks = checks
     app.state.revoked = revoked
     app.state.probes = probes
+    app.state.public_models = public_models  # a test may turn it on and off
     app.state.last_headers = {}
     app.state.hang_checks = False  # a test sets it: GET /v1/models then never answers
     app.state.closed = closed

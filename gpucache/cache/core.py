@@ -43,6 +43,7 @@ from gpucache.cache.upkeep import Upkeep
 from gpucache.conversation.context import ContextMatcher
 from gpucache.conversation.value import request_of
 from gpucache.embedding.model import Embedder
+from gpucache.guard.memo import reading_for
 from gpucache.guard.verifier import HitVerifier, ReadsRequests
 from gpucache.index.engines.base import ScanEngine
 from gpucache.index.interface import NEVER
@@ -156,24 +157,30 @@ class CacheCore:
                 self._clock = now
             return self._clock
 
-    def embedded(self, prompts: Sequence[str]) -> list[str]:
+    def embedded(self, prompts: Sequence[str], scopes: Sequence[str]) -> list[str]:
         """The texts the semantic tier embeds for ``prompts``: each prompt's request as the
         verifier reads it (``ReadsRequests``: framing dropped, shorthand written out), so a
         chatty wrapper and the bare request land together; the prompt itself for a verifier
         that reads prompts as written. The exact tier always keys the prompt as sent (a
-        conversation: the whole of it, conversation/value.py)."""
+        conversation: the whole of it, conversation/value.py). Each is read for its scope
+        (``scopes``, one a prompt): the guard's memos of one scope never make another's
+        reading faster (guard/memo.py)."""
         requests = [request_of(p) for p in prompts]  # a conversation: its final request
         verifier = self.verifier
-        if isinstance(verifier, ReadsRequests):
-            return [verifier.request(p) for p in requests]
-        return requests
+        if not isinstance(verifier, ReadsRequests):
+            return requests
+        read = []
+        for prompt, scope in zip(requests, scopes, strict=True):
+            with reading_for(scope):
+                read.append(verifier.request(prompt))
+        return read
 
     def put(self, items: list[tuple[str, str]], scope: str, ttl: float | None) -> int:
         items = [(p, r) for p, r in items if self.allowed(p, r, scope)]  # no lock held
         if not items:
             return 0
         began = time.perf_counter()
-        vectors = self.embedder.encode(self.embedded([p for p, _ in items]))  # no lock held
+        vectors = self.embedder.encode(self.embedded([p for p, _ in items], [scope] * len(items)))  # no lock
         with self.lock:
             self.counters.embedding(time.perf_counter() - began, len(items))
             now = self.now()

@@ -27,6 +27,7 @@ import torch
 from gpucache.cache.served import Hit
 from gpucache.conversation.context import ContextMatcher
 from gpucache.conversation.value import MARK, decode, given
+from gpucache.guard.memo import reading_for
 from gpucache.guard.verifier import ExplainingVerifier, Verdict, WeighsSimilarity
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class Lookup:
         counters: Callable[[], StatsCounter],
         top_k: int,
         now: Callable[[], float],
-        embedded: Callable[[Sequence[str]], list[str]],
+        embedded: Callable[[Sequence[str], Sequence[str]], list[str]],
         fetched: Callable[[list[tuple[str, str]]], list[SharedEntry]],
         context: ContextMatcher | None = None,
     ) -> None:
@@ -140,11 +141,18 @@ class Lookup:
                     need[key].remove(i)
                 if not need.get(key, True):
                     del need[key]
-        texts = list(dict.fromkeys(prompt for _, prompt in need))
+        scope_of: dict[str, str] = {}  # each text read for the first scope that needs it
+        for scope, prompt in need:
+            scope_of.setdefault(prompt, scope)
+        texts = list(scope_of)
         dim = self.embedder.dim
         began = time.perf_counter()
         # no lock held; what is embedded is each prompt's request text (the verifier's reading)
-        embedded = self.embedder.encode(self.embedded(texts)) if texts else torch.zeros((0, dim))
+        embedded = (
+            self.embedder.encode(self.embedded(texts, [scope_of[t] for t in texts]))
+            if texts
+            else torch.zeros((0, dim))
+        )
         embed_seconds = time.perf_counter() - began
         row_of = {text: i for i, text in enumerate(texts)}
         vectors = [_rows(embedded, u, h, row_of) for u, h in zip(unique, hits)]
@@ -166,7 +174,8 @@ class Lookup:
         for (scope, prompt), wanting in need.items():
             for i in wanting:  # a refresh is a miss: it is verified against nothing
                 candidates = [] if requests[i].refresh else found[(scope, prompt)]
-                chosen[(i, prompt)] = self._verify(prompt, candidates, requests[i].threshold, rejections)
+                with reading_for(scope):  # the guard's memos are the scope's own (guard/memo.py)
+                    chosen[(i, prompt)] = self._verify(prompt, candidates, requests[i].threshold, rejections)
         refused: list[dict[str, str]] = [{} for _ in requests]
         with self.lock:
             now = self.now()

@@ -16,10 +16,10 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from importlib import resources
 from typing import NoReturn
 
+from gpucache.guard.memo import reader_memo
 from gpucache.guard.parsing import FRAMING_READ, TABLE, Parsed
 from gpucache.guard.request import typo_pair
 from gpucache.guard.words import ORDINAL_WORDS, stem
@@ -108,7 +108,7 @@ class Counts(Counter[str]):
     __iadd__ = __isub__ = __iand__ = __ior__ = _read_only
 
 
-@lru_cache(maxsize=8192)
+@reader_memo(8192)
 def _counts(content: tuple[str, ...]) -> tuple[Counts, Counts]:
     """A prompt's content words as counts: all of them, and those set aside from framing."""
     return Counts(content), Counts(w for w in content if w not in FRAMING_READ)
@@ -141,7 +141,7 @@ def _in_order(content: tuple[str, ...], left: Counter[str]) -> list[str]:
 _WORDS = re.compile(r"[^\W\d_]+")
 
 
-@lru_cache(maxsize=4096)
+@reader_memo(4096)
 def _word_set(text: str) -> frozenset[str]:
     return frozenset(_WORDS.findall(text.casefold()))
 
@@ -168,7 +168,7 @@ def reconcile(a: str, b: str) -> tuple[str, str]:
     return a, pattern.sub(lambda m: mapping[m.group(1).casefold()], b)
 
 
-@lru_cache(maxsize=4096)
+@reader_memo(4096)
 def signed_numbers(text: str) -> tuple[str, ...]:
     """The numbers written with a sign ("-1", "minus 3"), as "-N", sorted."""
     return tuple(sorted(f"-{m.group(2)}" for m in _SIGNED.finditer(text.casefold()) if m.group(1)))
@@ -195,7 +195,7 @@ def coordination_changed(a: Parsed, b: Parsed) -> bool:
     return bool(joins(a, "and") & joins(b, "or") or joins(a, "or") & joins(b, "and"))
 
 
-@lru_cache(maxsize=4096)
+@reader_memo(4096)
 def capitalised(text: str) -> frozenset[str]:
     """Words written with a capital inside a sentence ("flights to Lyon"): names, as the
     tokens the rules compare (stemmed, read through the table)."""
@@ -284,7 +284,7 @@ def _trailing_span(p: Parsed, only: tuple[str, ...]) -> tuple[str, ...]:
 _SEGMENTS = re.compile(r"(?<=[.!?;:])\s+|\n+")
 
 
-@lru_cache(maxsize=4096)
+@reader_memo(4096)
 def segments(text: str) -> tuple[str, ...]:
     """The sentences of a text (split after a sentence mark and a space, or at a new line)."""
     return tuple(s for s in (p.strip() for p in _SEGMENTS.split(text)) if s)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from functools import lru_cache
 from importlib import resources
 from typing import NamedTuple
 
+from gpucache.guard.memo import reader_memo
 from gpucache.guard.words import (
     DIRECTIONAL,
     FRAMING,
@@ -76,7 +76,7 @@ PHRASE_STARTS = frozenset(key[0] for key in TABLE if len(key) > 1)
 # read as "demonstrate").
 FRAMING_READ = frozenset(TABLE.get((stem(w),), stem(w)) for w in FRAMING)
 EXPOSITION = frozenset(TABLE.get((stem(w),), stem(w)) for w in "explain tell summarize define".split())
-stem_memo = lru_cache(maxsize=65536)(stem)
+stem_memo = reader_memo(65536)(stem)
 MEMO_MAX_TOKEN = 64  # longer tokens are read in full each time, never kept in a memo
 
 
@@ -218,8 +218,8 @@ def _parse_uncached(prompt: str, table: bool) -> Parsed:
     return _build(_read_through_table(raw) if table else raw, raw)
 
 
-parse_memo = lru_cache(maxsize=4096)(_parse_uncached)
-token_memo = lru_cache(maxsize=65536)(_token_uncached)
+parse_memo = reader_memo(4096)(_parse_uncached)
+token_memo = reader_memo(65536)(_token_uncached)
 MEMOS = (parse_memo, token_memo, stem_memo)  # which ``lexical.clear_caches`` empties
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+
+from gpucache.guard.memo import reader_memo
 
 # Quoted or code text: `code`, "double" or 'single' quotes opened at a word boundary (after a
 # space, a colon or a bracket, or at the start) and closed before a space, punctuation or the
@@ -61,7 +62,7 @@ def _normal(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-@lru_cache(maxsize=4096)
+@reader_memo(4096)
 def split(prompt: str) -> Split:
     """The prompt's payloads (code spans, then quoted text, each of at least
     ``MIN_PAYLOAD_CHARS`` characters) and the instruction left when they, the nouns that point
@@ -85,7 +86,7 @@ def split(prompt: str) -> Split:
     return Split(instruction, tuple(p for _, p in found), plain)
 
 
-@lru_cache(maxsize=4096)
+@reader_memo(4096)
 def operators(prompt: str) -> tuple[str, ...]:
     """The operators and symbols of a prompt, in order."""
     return tuple(_OPERATORS.findall(prompt.translate(_CURLY)))
@@ -94,7 +95,7 @@ def operators(prompt: str) -> tuple[str, ...]:
 _BRACKETS = re.compile(r"[()\[\]{}]")
 
 
-@lru_cache(maxsize=4096)
+@reader_memo(4096)
 def grouping(prompt: str) -> tuple[str, ...]:
     """The brackets of a prompt, in order: beside operators they group ("2 + 3 * 4" /
     "(2 + 3) * 4") or slice ("y = x" / "y = x[:]"), so the symbols rule compares them too."""

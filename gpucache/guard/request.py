@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 
+from gpucache.guard.memo import reader_memo
 from gpucache.guard.parsing import TABLE
 from gpucache.guard.words import CONFUSABLE, CONFUSABLES, stem
 
@@ -235,7 +236,7 @@ def _rarest() -> int:
     return min(dictionary().values())
 
 
-@lru_cache(maxsize=65536)
+@reader_memo(65536)
 def mended(word: str) -> str:
     """The word, or where it is in no dictionary the likeliest dictionary word one edit away
     (``likelihood``) and seen more often than the rarest (``_rarest``), where it is clearly the
@@ -264,7 +265,7 @@ def mended(word: str) -> str:
 _TYPO_MIN = 5
 
 
-@lru_cache(maxsize=65536)
+@reader_memo(65536)
 def typo_pair(x: str, y: str) -> bool:
     """Whether ``x`` and ``y`` are one word typed two ways: one edit apart (a letter added,
     dropped, changed, or two transposed), five letters or more, at least one of them in no
@@ -328,7 +329,7 @@ def _request_text(prompt: str) -> str:
     return mend_spelling(strip_framing(expand_shorthand(prompt)))
 
 
-request_memo = lru_cache(maxsize=4096)(_request_text)
+request_memo = reader_memo(4096)(_request_text)
 
 
 # This module's memos, which ``lexical.clear_caches`` empties (the dictionary, loaded once per

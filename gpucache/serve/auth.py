@@ -126,7 +126,8 @@ class CredentialCheck:
         self.asking: dict[str, asyncio.Future[Verdict]] = {}
         self.asked = 0  # checks sent to the upstream (tests and metrics)
         # whether the upstream refuses a key it never issued: True, its word is a check; False,
-        # it is not (NOT_AN_AUTHORITY); None, not known yet (it could not answer the probe)
+        # it is not (NOT_AN_AUTHORITY; probed again once a ttl, and every key refused until a
+        # probe is refused); None, not known yet (it could not answer the probe)
         self.authority: bool | None = None
         self.authority_until = 0.0  # when a True is probed again (at most once a ttl)
         self.probing: asyncio.Future[bool | None] | None = None
@@ -183,11 +184,15 @@ class CredentialCheck:
 
     def _heard(self, authority: bool | None) -> None:
         if authority is True:
+            if self.authority is False:
+                log.warning("gpucache: the upstream refuses a key it never issued again: keys are served")
             self.authority, self.authority_until = True, self.clock() + self.ttl
         elif authority is False:
             if self.authority is not False:
                 log.error("gpucache: %s", NOT_AN_AUTHORITY)
-            self.authority = False
+            # probed again once a ttl: a maintenance page or a misrouted deploy that answered
+            # the probe is not the upstream for ever (until then every key is refused)
+            self.authority, self.authority_until = False, self.clock() + self.ttl
 
     def forget(self, credential: str) -> None:
         """Drop a credential's verdict: its next request is checked again."""
@@ -196,6 +201,8 @@ class CredentialCheck:
     async def check(self, credential: str, headers: Mapping[str, str], query: str) -> Verdict:
         if self.authority is None:
             await self.probe()
+        if self.authority is False and self.clock() >= self.authority_until:
+            await self.confirm()  # lost a ttl ago: has the upstream come back as the authority?
         if self.authority is False:
             return Unverified(503, NOT_AN_AUTHORITY)
         kept = self.verdicts.get(credential)

@@ -43,7 +43,15 @@ from gpucache.serve.exchange import (
     upstream_answer,
 )
 from gpucache.serve.keyfile import KeyFile
-from gpucache.serve.keying import BadRequest, RequestKey, parse_json, request_key
+from gpucache.serve.keying import (
+    MAX_JSON_VALUES,
+    BadRequest,
+    RequestKey,
+    parse_json,
+    request_key,
+    uncounted_key,
+    values_bound,
+)
 from gpucache.serve.rates import RateLimits
 from gpucache.serve.settings import GATEWAY_TOKEN_HEADER, ServeSettings
 from gpucache.serve.tenancy import Identity, Refusal
@@ -298,6 +306,20 @@ class Intake:
         if not isinstance(raw, bytes):
             return raw
         request.state.body_read = True
+        if values_bound(raw) > MAX_JSON_VALUES:  # never parsed, keyed or walked: forwarded as it is
+            key = uncounted_key(kind)
+            return Exchange(
+                kind,
+                request.method,
+                request.headers,
+                request.url.query,
+                raw,
+                {},  # not parsed: a bypassed exchange is forwarded from ``raw``
+                key,
+                control,
+                holder=identity.holder,
+                receive=request.receive,
+            )
         try:
             if len(raw) > PARSE_ON_LOOP_BYTES:  # parsing megabytes would stall every other request
                 body, key = await asyncio.to_thread(keyed, kind, raw, identity.scope)

@@ -117,10 +117,11 @@ class Proxy:
         exchange = accepted if isinstance(accepted, Exchange) else None
         outcome = await self.admit(accepted) if isinstance(accepted, Exchange) else accepted
         response = self.answered(request, PATHS[kind], outcome, exchange, read=exchange is not None)
-        # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
-        upstream = exchange.timing["upstream"] if exchange is not None else 0.0
-        overhead = max(0.0, time.perf_counter() - started - upstream)
-        response.headers["x-gpucache-overhead-ms"] = f"{1000 * overhead:.2f}"
+        if self.config.overhead_header:  # the operator's clock; not every client's (settings.py)
+            # the proxy's own time: to the answer's headers, less what the upstream took meanwhile
+            upstream = exchange.timing["upstream"] if exchange is not None else 0.0
+            overhead = max(0.0, time.perf_counter() - started - upstream)
+            response.headers["x-gpucache-overhead-ms"] = f"{1000 * overhead:.2f}"
         return response
 
     # ------------------------------------------------------------------------- run

@@ -258,6 +258,11 @@ class ServeSettings:
     ignore_client_cache_control: bool = setting(
         False, "read no request's Cache-Control: for deployments that let no client steer the cache"
     )
+    overhead_header: bool = setting(
+        False,
+        "send x-gpucache-overhead-ms (the proxy's own time) with every answer: off by default, "
+        "since to a client sharing the proxy it is a clock on work other tenants' requests changed",
+    )
     passthrough: tuple[str, ...] = setting(
         PASSTHROUGH, "the uncached paths under /v1 forwarded to the upstream ('METHOD path', '*' a segment)"
     )

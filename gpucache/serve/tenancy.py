@@ -49,8 +49,13 @@ CREDENTIAL_PARAMS = ("key", "api-key", "api_key", "access_token")
 # keep inventing them; the proxy's own headers (x-gpucache-*) are not forwarded, and pass.
 CREDENTIAL_NAME = re.compile(
     r"(?:^|[-_])(?:auth|authorization|apikey|api[-_]key|access[-_]key|subscription[-_]key|token"
-    r"|secret|password|passwd|credentials?)(?:$|[-_])"
+    r"|secret|password|passwd|credentials?|jwt|assertion)(?:$|[-_])"
+    # a name that ends in "key" (x-openai-key, x-portkey-virtual-key) but one that says what
+    # else the key is for (NOT_CREDENTIALS)
+    r"|[-_]key$"
 )
+# Names that end in "key" and carry no credential: an Idempotency-Key is a client's request id
+NOT_CREDENTIALS = frozenset({"idempotency-key", "x-idempotency-key"})
 
 
 @functools.lru_cache(maxsize=1024)  # asked of every header of every request, exact hits' included
@@ -62,6 +67,7 @@ def credential_like(name: str) -> bool:
         CREDENTIAL_NAME.search(name) is not None
         and not name.startswith("x-gpucache-")
         and name != "proxy-authorization"
+        and name not in NOT_CREDENTIALS
     )
 
 

@@ -25,7 +25,7 @@ def test_a_cache_that_reads_prompts_as_written_misses_it(real_embedder):
 
 def test_greetings_and_thanks_are_not_what_is_embedded(real_embedder):
     cache = SemanticCache(real_embedder, device="cpu")
-    assert cache._core.embedded(["hey there! quick question: how do I descale a kettle? thanks!"]) == [
+    assert cache._core.embedded(["hey there! quick question: how do I descale a kettle? thanks!"], [""]) == [
         "how do I descale a kettle?"
     ]
     cache.put("How do I descale a kettle?", "Vinegar and water.")

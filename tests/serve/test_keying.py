@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpucache.serve.keying import (
     MAX_COMPARED_CHARS,
@@ -357,3 +359,46 @@ def test_hidden_format_characters_in_an_earlier_turn_key_the_scope():
         return request_key("chat", {"model": "m", "messages": messages}, "t")
 
     assert key("read this\u200b").scope != key("read this").scope
+
+
+def _values(doc) -> int:
+    """The JSON values in ``doc``, counted by walking it (keys are not values)."""
+    if isinstance(doc, dict):
+        return 1 + sum(_values(v) for v in doc.values())
+    if isinstance(doc, list):
+        return 1 + sum(_values(v) for v in doc)
+    return 1
+
+
+json_documents = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=5), inner, max_size=6),
+    max_leaves=40,
+)
+
+
+@given(json_documents, st.booleans())
+def test_the_value_bound_never_counts_fewer_values_than_a_body_holds(doc, compact):
+    from gpucache.serve.keying import values_bound
+
+    raw = json.dumps(doc, separators=(",", ":") if compact else None).encode()
+    assert values_bound(raw) >= _values(doc)
+
+
+def test_the_value_bound_is_exact_for_a_flat_list_and_counts_commas_in_strings():
+    from gpucache.serve.keying import values_bound
+
+    assert values_bound(b"[1,2,3]") == 1 + 2 + 1  # the list's 3 and the list: 4 values
+    assert values_bound(b'{"a": "x, y, z"}') == 4  # 2 values; the string's commas counted too
+
+
+def test_the_value_bound_counts_one_more_value_as_one_more():
+    from gpucache.serve import keying
+
+    body = {"model": "smol", "messages": [{"role": "user", "content": "How many values are here?"}]}
+    base = keying.values_bound(json.dumps({**body, "extra": [0]}).encode())
+    at = json.dumps({**body, "extra": [0] * (keying.MAX_JSON_VALUES - base + 1)}).encode()
+    assert keying.values_bound(at) == keying.MAX_JSON_VALUES
+    past = json.dumps({**body, "extra": [0] * (keying.MAX_JSON_VALUES - base + 2)}).encode()
+    assert keying.values_bound(past) == keying.MAX_JSON_VALUES + 1
+    assert keying.uncounted_key("chat").bypass == "many-values"

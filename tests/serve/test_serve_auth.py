@@ -49,6 +49,21 @@ def chat(proxy, key, text, stream=False):
     return c.chat.completions.with_raw_response.create(model="smol", messages=messages).headers["x-gpucache"]
 
 
+def test_gpucache_serve_serves_keys_again_once_the_upstream_refuses_made_up_keys_again(real_embedder):
+    """An upstream whose /v1/models answered anyone for a while (a maintenance page) lost its
+    standing, and every key got 503; once it refuses a made-up key again, keys are served
+    again, without a restart."""
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=0) as proxy:
+        text = "Which platform does the night train to Vienna leave from?"
+        assert chat(proxy, "sk-hana", text) == "miss"
+        upstream.app.state.public_models = True
+        with pytest.raises(openai.InternalServerError) as refused:
+            chat(proxy, "sk-hana", text)
+        assert refused.value.status_code == 503 and "--auth keys" in str(refused.value.body)
+        upstream.app.state.public_models = False
+        assert chat(proxy, "sk-hana", text) == "exact"
+
+
 def test_a_revoked_key_gets_the_upstreams_401_and_nothing_from_its_cache(real_embedder):
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=0) as proxy:
         text = "What did I ask about my medical results?"
@@ -369,6 +384,31 @@ def test_an_upstream_that_accepts_a_key_it_never_issued_is_no_authority_on_keys(
     authority, verdict, sent = asyncio.run(main())
     assert authority is False and isinstance(verdict, Unverified) and verdict.status == 503
     assert "--auth keys" in verdict.message and sent == 0  # the key itself was never asked about
+
+
+def test_an_upstream_that_lost_its_standing_is_probed_again_once_a_ttl_and_regains_it():
+    """A 2xx to the probe (a maintenance page, a misrouted deploy) refuses every key, but not
+    for ever: once a ttl the probe is sent again, and a 401 to it serves keys once more."""
+    now = [0.0]
+
+    async def main():
+        up = FakeUpstream([200, 200])
+        up.release.set()
+        up.probe_status = 200
+        check = CredentialCheck(up, ttl=10, clock=lambda: now[0])
+        lost = await check.check("key:a", {}, "")
+        up.probe_status = 401  # the upstream is fixed
+        now[0] = 5.0
+        within = await check.check("key:a", {}, "")  # within the ttl: not asked again
+        probed_within = up.probed
+        now[0] = 10.0
+        back = await check.check("key:a", {}, "")
+        return lost, within, probed_within, back, up.probed, check.authority
+
+    lost, within, probed_within, back, probed, authority = asyncio.run(main())
+    assert isinstance(lost, Unverified) and lost.status == 503 and "--auth keys" in lost.message
+    assert isinstance(within, Unverified) and within.status == 503 and probed_within == 1
+    assert isinstance(back, Allowed) and probed == 2 and authority is True
 
 
 def test_an_upstream_down_at_the_probe_is_probed_again_before_the_first_verdict():

@@ -11,6 +11,8 @@ what no well-behaved client sends), in front of the stand-in upstream.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 httpx = pytest.importorskip("httpx")
@@ -317,3 +319,40 @@ def test_a_conversation_longer_than_anything_stored_is_forwarded_and_counted_as_
     assert [r.headers["x-gpucache"] for r in asked] == ["bypass", "bypass"]
     assert len(upstream.app.state.calls) == before + 2
     assert 'gpucache_bypasses_total{reason="too-large"} 2.0' in httpx.get(f"{proxy.url}/metrics").text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_body_of_more_values_than_the_bound_is_forwarded_unparsed_and_never_stored(proxy, upstream, stream):
+    """A body that may hold more JSON values than ``MAX_JSON_VALUES`` (counted before any parse)
+    is forwarded as it came and its answer relayed, JSON or stream, never parsed, keyed or
+    stored by the proxy: bodies of hundreds of thousands of small values held the GIL in the
+    parse and the key's walk, and stalled every other tenant's hits."""
+    from gpucache.serve.keying import MAX_JSON_VALUES
+
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": f"Which values arrive in this body? (stream={stream})"}],
+        "stream": stream,
+        "metadata_values": list(range(MAX_JSON_VALUES)),
+    }
+    raw = json.dumps(body).encode()
+    before = len(upstream.app.state.calls)
+    asked = [
+        httpx.post(
+            f"{proxy.url}/v1/chat/completions",
+            content=raw,
+            headers={"authorization": "Bearer sk-many-values", "content-type": "application/json"},
+            timeout=60,
+        )
+        for _ in range(2)
+    ]
+    assert [r.status_code for r in asked] == [200, 200]
+    assert [r.headers["x-gpucache"] for r in asked] == ["bypass", "bypass"]  # the second not served
+    assert len(upstream.app.state.calls) == before + 2
+    if stream:
+        assert asked[0].headers["content-type"].startswith("text/event-stream")
+        assert asked[0].text.rstrip().endswith("data: [DONE]")
+    else:
+        assert asked[0].json()["choices"][0]["message"]["content"]
+    metrics = httpx.get(f"{proxy.url}/metrics").text
+    assert 'gpucache_bypasses_total{reason="many-values"}' in metrics

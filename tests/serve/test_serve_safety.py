@@ -137,6 +137,20 @@ def test_tenants_that_authenticate_with_api_key_headers_are_kept_apart(proxy, he
     assert tier(proxy, {}, question) == "miss"  # anonymous is a tenant of its own
 
 
+def test_one_tenants_prompt_leaves_no_reading_another_tenant_can_time(proxy):
+    """The guard memoises what it reads (mending a rare word costs milliseconds): a prompt
+    another key just sent must be read anew for this key, or the time of an answer would say
+    what another tenant asked."""
+    from gpucache.guard import request
+
+    text = "Pleese sumarize the quixotical recomendations on zymurgy from the comittee"
+    assert tier(proxy, {"authorization": "Bearer key-first"}, text) == "miss"
+    misses = request.request_memo.cache_info().misses
+    assert tier(proxy, {"authorization": "Bearer key-second"}, text) == "miss"
+    assert request.request_memo.cache_info().misses == misses + 1  # read anew for the second key
+    assert tier(proxy, {"authorization": "Bearer key-first"}, text) == "exact"
+
+
 def test_a_miss_in_flight_is_joined_only_within_its_tenant(proxy, upstream):
     """While tenant A's load of a prompt is held at its first word, tenant B asking the same
     goes upstream itself: it never waits for, nor is served, A's answer."""
@@ -539,7 +553,7 @@ def test_the_overhead_header_counts_the_proxys_delay_and_not_the_upstreams(upstr
     the upstream's 200 ms."""
     import time
 
-    config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET)
+    config = ServeSettings(upstream=f"{upstream.url}/v1", namespace_secret=SECRET, overhead_header=True)
     app = create_app(
         config,
         cache_factory=lambda: SemanticCache(
@@ -557,9 +571,31 @@ def test_the_overhead_header_counts_the_proxys_delay_and_not_the_upstreams(upstr
         assert 1000 * SlowEmbedder.delay <= float(miss.headers["x-gpucache-overhead-ms"]) <= total_ms - 200
 
 
-def test_every_answer_says_the_proxys_own_time(proxy):
-    """``x-gpucache-overhead-ms``: the proxy's time less the upstream's. A miss whose upstream
-    takes at least 200 ms ([slow]) reports at most the client's total less those 200 ms."""
+def test_no_answer_carries_the_proxys_own_time_unless_the_operator_turns_it_on(proxy):
+    """``x-gpucache-overhead-ms`` is a precise clock on the proxy's work, which other tenants'
+    requests can change: a client of the default proxy gets no such header, on a miss, a hit
+    or a refusal."""
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Is the overhead said by default?"}]}
+    answers = [
+        httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": "k"}),
+        httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": "k"}),
+        httpx.post(f"{proxy.url}/v1/chat/completions", content=b"{", headers={"authorization": "k"}),
+    ]
+    assert [a.headers.get("x-gpucache") for a in answers[:2]] == ["miss", "exact"]
+    assert answers[2].status_code == 400
+    assert all("x-gpucache-overhead-ms" not in a.headers for a in answers)
+
+
+def test_every_answer_says_the_proxys_own_time_where_the_operator_asks(upstream, real_embedder):
+    """``x-gpucache-overhead-ms`` (``--overhead-header``): the proxy's time less the upstream's.
+    A miss whose upstream takes at least 200 ms ([slow]) reports at most the client's total less
+    those 200 ms."""
+
+    with Served(proxy_app(upstream, real_embedder, overhead_header=True)) as proxy:
+        _says_its_own_time(proxy)
+
+
+def _says_its_own_time(proxy):
     import time
 
     body = {"model": "smol", "messages": [{"role": "user", "content": "[slow] How long did it take?"}]}

@@ -70,6 +70,9 @@ def test_a_configured_header_list_is_the_only_one_read():
         "helicone-auth",
         "x-amz-security-token",
         "x-client-secret",
+        "x-portkey-virtual-key",
+        "x-openai-key",
+        "x-jwt-assertion",
     ],
 )
 def test_a_credential_in_a_header_that_does_not_name_the_tenant_is_refused(header):
@@ -95,6 +98,7 @@ def test_a_credential_in_a_header_that_does_not_name_the_tenant_is_refused(heade
         "openai-organization",
         "openai-project",
         "idempotency-key",
+        "x-idempotency-key",
         "x-request-id",
         "x-gpucache-gateway-token",  # the proxy's own: never forwarded
         "x-tokenizer",  # a word that only starts like one
