@@ -108,3 +108,58 @@ def test_without_faiss_a_cell_is_gpucaches_alone(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "faiss", None)  # an import of it fails
     assert scan._faiss_engines(torch.zeros(4, 384), "fp16") == []
+
+
+def test_with_cuda_present_the_default_runs_the_gpu_against_the_cpu(monkeypatch):
+    from gpucache.benchmark import runner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runner.devices_for("all") == [torch.device("cpu"), torch.device("cuda")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runner.devices_for("all") == [torch.device("cpu")]
+
+
+def test_each_device_gets_its_share_of_the_time_left_and_the_scans_come_last(monkeypatch):
+    """Two devices in 10 minutes: the first device's scans must end by its half (less the
+    limits measured again at its end); the second gets what the first left. The cells whose
+    cost is fixed run before the scans, which the plan bounds."""
+    from gpucache.benchmark import runner
+
+    now = [0.0]
+    order: list[str] = []
+
+    def step(name, seconds, result):
+        def run(*args, **kwargs):
+            order.append(name)
+            now[0] += seconds
+            return result
+
+        return run
+
+    monkeypatch.setattr(runner, "machine_limits", step("limits", 5.0, (10.0, {"fp32": 0.1})))
+    monkeypatch.setattr(runner, "bench_embedder", step("embedder", 20.0, {}))
+    monkeypatch.setattr(runner, "bench_end_to_end", step("end to end", 10.0, {}))
+    monkeypatch.setattr(runner, "bench_latency", step("latency", 30.0, {}))
+    monkeypatch.setattr(runner, "bench_overhead", step("overhead", 10.0, {}))
+    monkeypatch.setattr(runner, "total_bytes", lambda device: 2**34)
+    monkeypatch.setattr(runner, "available_bytes", lambda device: 2**33)
+    monkeypatch.setattr(runner, "peak_bytes", lambda device: 2**30)
+    monkeypatch.setattr(runner, "reset_peak", lambda device: None)
+    deadlines = []
+
+    def scans(device, sizes, qs, modes, k, repeat, plan, **kwargs):
+        order.append("scans")
+        deadlines.append(plan.deadline)
+        now[0] = plan.deadline  # the scans take all they are given
+        return []
+
+    monkeypatch.setattr(runner, "bench_scan", scans)
+    devices = [torch.device("cpu"), torch.device("cpu")]  # two device runs, whatever they are
+    reports = runner.run_bench(
+        devices, runner.BenchOptions(minutes=10), progress=lambda line: None, clock=lambda: now[0]
+    )
+    per_device = ["limits", "embedder", "end to end", "latency"] + ["overhead"] * 3 + ["scans", "limits"]
+    assert order == per_device * 2
+    # the first: 300 s, less its end's limits (5 s); the second: from 300 s to 600 s, less 5 s
+    assert deadlines == [300.0 - 5.0, 600.0 - 5.0]
+    assert [round(r.run["seconds"]) for r in reports] == [300, 300]
