@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from gpucache.benchmark.sizing import BLOCK_ROWS, TimePlan
+from gpucache.benchmark.sizing import BLOCK_ROWS, Skipped, TimePlan
 from gpucache.benchmark.timing import timed_together
 from gpucache.index.kernel_choice import bucket, size_class
 from gpucache.index.store import ExactScanStore
@@ -147,6 +147,9 @@ def _cell(
 ) -> list[ScanResult]:
     n, q = data.shape[0], queries.shape[0]
     on_device, on_host = queries.to(device), queries.numpy()
+    engines = _measured(engines, on_device, k, n, q, plan)
+    if not any(e.store is not None for e in engines):
+        return []
     calls: list[Callable[[], Any]] = [
         functools.partial(e.search, on_host if e.label == "faiss" else on_device, k) for e in engines
     ]
@@ -155,11 +158,6 @@ def _cell(
     # good or bad: at Q = 1 a plain read of the same rows is timed with the engines, and the
     # fraction is of that.
     read: list[Callable[[], Any]] = [functools.partial(torch.sum, data.to(device))] if q == 1 else []
-    for engine, call in zip(engines, calls):  # an auto store measures its kernels first
-        chooser = engine.store.kernel_chooser if engine.store is not None else None
-        if chooser is not None:
-            call()
-            chooser.wait_measured()
     counts: list[int] = []
     timings = timed_together(calls + read, device, repeat, counts=counts)
     read_gb_per_s = data.numel() * 4 / timings.pop()[0] / 1e9 if read else None
@@ -196,6 +194,33 @@ def _cell(
             )
         )
     return results
+
+
+def _measured(
+    engines: list[_Engine], queries: torch.Tensor, k: int, n: int, q: int, plan: TimePlan
+) -> list[_Engine]:
+    """The engines ready to be timed. A store that measures how to scan (its kernels on CUDA,
+    a quantized CPU store its two paths) does so at its first scan of a shape, in a thread of
+    its own: it is timed once measured, as it serves from then on, and not while the
+    measurement shares the cores with every engine of the cell. One whose measurement runs past
+    the cell's time is left out, and said so."""
+    ready = []
+    for engine in engines:
+        store = engine.store
+        choosers = [c for c in (store.kernel_chooser, store.path_chooser) if c is not None] if store else []
+        if choosers:
+            engine.search(queries, k)  # the shape's first scan: its measurement starts
+            if not all(chooser.wait_measured(plan.cell_seconds) for chooser in choosers):
+                plan.skipped.append(
+                    Skipped(
+                        f"scan {engine.label} {engine.mode}, N = {n:,}, Q = {q}",
+                        f"its store still measured its scan paths after {plan.cell_seconds:.0f} s (in a "
+                        "thread of its own, which the cells after it share the cores with)",
+                    )
+                )
+                continue
+        ready.append(engine)
+    return ready
 
 
 def brute_force_top_k(data: torch.Tensor, queries: torch.Tensor, k: int) -> list[list[int]]:

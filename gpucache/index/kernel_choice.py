@@ -121,6 +121,12 @@ def in_a_thread(measure: Callable[[], None]) -> None:
     thread.start()
 
 
+def measuring() -> int:
+    """Measurements running now, in every chooser of the process (``in_a_thread``)."""
+    with _MEASURING_LOCK:
+        return sum(thread.is_alive() for thread in _MEASURING)
+
+
 @atexit.register
 def at_exit() -> None:
     """Stop the measurements still running, at their next run, and wait for them. Why: a
