@@ -132,6 +132,11 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
     }
     if fp32 is not None:
         calls["get (miss), fp32 store"] = lambda i: _kind(fp32.get(f"{base[i]} (fp32 {i})"))
+    yardstick = _sentence_transformers(device)
+    if yardstick is not None:  # the yardstick: what embedding the prompt alone costs elsewhere
+        calls["sentence-transformers encode, batch 1"] = lambda i: yardstick.encode(
+            [f"{base[i]} (st {i})"], convert_to_tensor=True
+        )
     for call in calls.values():  # warm-up (first calls allocate), on a prompt of its own
         call(count)
     millis: dict[str, list[float]] = {name: [] for name in calls}
@@ -165,6 +170,18 @@ def bench_latency(device: torch.device, n: int, count: int) -> dict[str, Any]:
             "p99": values[min(len(values) - 1, (99 * len(values)) // 100)],
         }
     return out
+
+
+def _sentence_transformers(device: torch.device) -> Any:
+    """sentence-transformers on the packaged model and ``device``, or None where it is not
+    installed (the report then has no yardstick column)."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return None
+    from gpucache.embedding.model import default_model_path
+
+    return SentenceTransformer(str(default_model_path()), device=str(device))
 
 
 def bench_overhead(
