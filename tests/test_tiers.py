@@ -103,6 +103,7 @@ TIERS: dict[str, str] = {
     "gpucache.guard.features": VALUES,
     "gpucache.guard.learned": VALUES,
     "gpucache.guard.lexical": VALUES,
+    "gpucache.guard.memo": VALUES,
     "gpucache.guard.parsing": VALUES,
     "gpucache.guard.payload": VALUES,
     "gpucache.guard.quantities": VALUES,

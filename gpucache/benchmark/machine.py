@@ -72,24 +72,22 @@ def _meminfo() -> dict[str, int]:
 
 def total_bytes(device: torch.device) -> int:
     """The device's memory: the machine's RAM for the CPU, the GPU's for CUDA."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[1])
-    info = _meminfo()
-    if "MemTotal" in info:
-        return info["MemTotal"]
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return _memory(device, total=True)
 
 
 def available_bytes(device: torch.device) -> int:
     """Memory the run may still take on ``device`` without pushing anything out: the kernel's
     estimate (MemAvailable, which counts reclaimable caches) for the CPU, what the driver says
     is free for CUDA."""
+    return _memory(device, total=False)
+
+
+def _memory(device: torch.device, *, total: bool) -> int:
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        return int(torch.cuda.mem_get_info(device)[1 if total else 0])
+    name, pages = ("MemTotal", "SC_PHYS_PAGES") if total else ("MemAvailable", "SC_AVPHYS_PAGES")
     info = _meminfo()
-    if "MemAvailable" in info:
-        return info["MemAvailable"]
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    return info[name] if name in info else int(os.sysconf("SC_PAGE_SIZE") * os.sysconf(pages))
 
 
 def peak_rss_bytes() -> int:

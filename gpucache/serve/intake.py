@@ -306,27 +306,17 @@ class Intake:
         if not isinstance(raw, bytes):
             return raw
         request.state.body_read = True
-        if values_bound(raw) > MAX_JSON_VALUES:  # never parsed, keyed or walked: forwarded as it is
+        body: dict[str, Any] = {}  # not parsed where it is forwarded from ``raw`` as it came
+        if values_bound(raw) > MAX_JSON_VALUES:  # never parsed, keyed or walked
             key = uncounted_key(kind)
-            return Exchange(
-                kind,
-                request.method,
-                request.headers,
-                request.url.query,
-                raw,
-                {},  # not parsed: a bypassed exchange is forwarded from ``raw``
-                key,
-                control,
-                holder=identity.holder,
-                receive=request.receive,
-            )
-        try:
-            if len(raw) > PARSE_ON_LOOP_BYTES:  # parsing megabytes would stall every other request
-                body, key = await asyncio.to_thread(keyed, kind, raw, identity.scope)
-            else:
-                body, key = keyed(kind, raw, identity.scope)
-        except BadRequest as exc:
-            return Refused(400, str(exc), "invalid_request", exc.param)
+        else:
+            try:
+                if len(raw) > PARSE_ON_LOOP_BYTES:  # parsing megabytes would stall every other request
+                    body, key = await asyncio.to_thread(keyed, kind, raw, identity.scope)
+                else:
+                    body, key = keyed(kind, raw, identity.scope)
+            except BadRequest as exc:
+                return Refused(400, str(exc), "invalid_request", exc.param)
         return Exchange(
             kind,
             request.method,

@@ -8,16 +8,7 @@ def test_the_report_compares_each_mode_with_faiss_and_the_gpu_with_the_cpu():
     from gpucache.benchmark.report import BenchReport, render
     from gpucache.benchmark.scan import ScanResult
 
-    versions = {
-        "commit": "x",
-        "python": "3",
-        "torch": "2",
-        "cuda": "12",
-        "transformers": "5",
-        "faiss": "1",
-        "machine": "x86_64",
-        "cpu_threads": "2",
-    }
+    versions = _versions()
 
     def report(device, ours_qps, faiss_qps):
         scans = [
@@ -57,16 +48,7 @@ def test_int8_compute_is_a_fraction_of_the_int8_matmul_rate():
     assert matmul_rate(torch.device("cpu"), torch.int8, 1, 64) > 0
     _, rates = machine_limits(torch.device("cpu"), 1, quick=True)
     assert ("int8" in rates) == CpuPaths.detect().int8_matmul and {"fp32", "bf16", "fp16"} <= set(rates)
-    versions = {
-        "commit": "x",
-        "python": "3",
-        "torch": "2",
-        "cuda": "-",
-        "transformers": "5",
-        "faiss": "1",
-        "machine": "x86_64",
-        "cpu_threads": "2",
-    }
+    versions = _versions()
     # 2 * 64 * 1000 * 384 ops in 1 ms: 49.2 GOP/s, half of a 98.3 GOP/s int8 rate
     scan = ScanResult("cpu", "gpucache", "int8", 1000, 64, 1e-3, 0.0, 64e3, 1.0)
     limits = {"fp32": 0.01, "int8": 2 * 64 * 1000 * 384 / 1e-3 / 1e12 * 2}
@@ -94,16 +76,7 @@ def test_a_single_query_is_a_fraction_of_the_read_rate_measured_beside_it():
     from gpucache.benchmark.report import BenchReport, render
     from gpucache.benchmark.scan import ScanResult
 
-    versions = {
-        "commit": "x",
-        "python": "3",
-        "torch": "2",
-        "cuda": "-",
-        "transformers": "5",
-        "faiss": "1",
-        "machine": "x86_64",
-        "cpu_threads": "2",
-    }
+    versions = _versions()
     scan = ScanResult("cpu", "gpucache", "fp32", 1000, 1, 1e-3, 0.0, 1e3, 3.0, None, 4.0)
     text = render(
         [
