@@ -64,6 +64,40 @@ def test_gpucache_serve_serves_keys_again_once_the_upstream_refuses_made_up_keys
         assert chat(proxy, "sk-hana", text) == "exact"
 
 
+def test_a_body_forwarded_unparsed_is_still_refused_on_its_credentials_first(real_embedder):
+    """A body of more values than the proxy parses (forwarded as it came: 'many-values') meets
+    the same checks first: a revoked key gets the upstream's 401 and no completion reaches it,
+    a credential header sent twice and one that names no tenant are 400s."""
+    import httpx
+
+    from gpucache.serve.keying import MAX_JSON_VALUES
+
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Which of my values reach the model?"}],
+        "values": list(range(MAX_JSON_VALUES)),
+    }
+    with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=0) as proxy:
+
+        def post(*headers):
+            return httpx.post(
+                f"{proxy.url}/v1/chat/completions",
+                json=body,
+                headers=[("content-type", "application/json"), *headers],
+                timeout=60,
+            )
+
+        assert post(("authorization", "Bearer sk-vera")).headers["x-gpucache"] == "bypass"
+        upstream.app.state.revoked.add("sk-vera")
+        completions = len(upstream.app.state.calls)
+        assert post(("authorization", "Bearer sk-vera")).status_code == 401
+        twice = post(("authorization", "Bearer sk-walt"), ("authorization", "Bearer sk-vera"))
+        unhashed = post(("authorization", "Bearer sk-walt"), ("x-openai-key", "sk-vera"))
+        assert (twice.status_code, unhashed.status_code) == (400, 400)
+        assert unhashed.json()["error"]["code"] == "unhashed_credential"
+        assert len(upstream.app.state.calls) == completions  # none of them reached the model
+
+
 def test_a_revoked_key_gets_the_upstreams_401_and_nothing_from_its_cache(real_embedder):
     with Served(make_upstream()) as upstream, served_proxy(upstream, real_embedder, auth_ttl=0) as proxy:
         text = "What did I ask about my medical results?"
