@@ -18,6 +18,9 @@ EXAM_2 = ROOT / "data" / "exam" / "guard_exam_2.jsonl"  # the second exam, writt
 # the third, written blind before the learned decision (#47): 21 of its 320 pairs shared a
 # template with a tuning file or a test and were dropped before any guard ran on it
 EXAM_3 = ROOT / "data" / "exam" / "guard_exam_3.jsonl"
+# the fourth, written blind before the pair model (#66): 9 of its 330 pairs shared a template with
+# a tuning file, a test or the training data and were dropped before anything read it
+EXAM_4 = ROOT / "data" / "exam" / "guard_exam_4.jsonl"
 # the conversations' exam (pairs of chats), written blind for the context matcher
 CONVERSATIONS = ROOT / "data" / "exam" / "conversations_exam.jsonl"
 # the second, written blind when the first was spent (#48); pairs sharing a template with a
@@ -66,7 +69,9 @@ def test_no_code_but_the_exam_report_opens_the_exam_folder():
     assert readers <= ALLOWED, readers - ALLOWED
 
 
-@pytest.mark.parametrize("name", ["guard_exam.jsonl", "guard_exam_2.jsonl", "guard_exam_3.jsonl"])
+@pytest.mark.parametrize(
+    "name", ["guard_exam.jsonl", "guard_exam_2.jsonl", "guard_exam_3.jsonl", "guard_exam_4.jsonl"]
+)
 def test_the_exams_are_well_formed_and_balanced(name):
     rows = [json.loads(line) for line in (ROOT / "data/exam" / name).read_text().splitlines()]
     assert {tuple(sorted(r)) for r in rows} == {("a", "b", "id", "kind", "label", "source")}
@@ -293,4 +298,20 @@ def test_no_tuning_pair_or_test_case_shares_a_template_with_the_third_exam():
     copies = {
         where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()
     }
+    assert {where: n for where, n in copies.items() if n} == {}
+
+
+def test_no_tuning_pair_training_pair_or_test_case_shares_a_template_with_the_fourth_exam():
+    """The fourth exam against every string of the tuning data (the pair model's written set
+    among them), the tests, the package's data and the pair model's public training data
+    (../shared/data/train: PAWS-Wiki's dev pairs, the intent queries): none shares a template."""
+    exam = exam_prompts(EXAM_4)
+    copies = {
+        where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()
+    }
+    train = ROOT.parent / "shared" / "data" / "train"
+    for path in sorted(train.glob("*.jsonl")) if train.is_dir() else []:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        prompts = [w for r in rows for k in ("a", "b", "text") if k in r and len(w := words(r[k])) >= 4]
+        copies[path.name] = len(shared_templates(exam, prompts))
     assert {where: n for where, n in copies.items() if n} == {}
