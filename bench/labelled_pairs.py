@@ -3,7 +3,6 @@ the split into a tuning and a report half, the threshold sweep and the replay.""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 import time
@@ -18,6 +17,7 @@ from gpucache.cache.semantic import SemanticCache
 from gpucache.embedding.model import Embedder
 from gpucache.guard.lexical import ADDED_RULES, RULES, LexicalNearMissVerifier
 from gpucache.guard.verifier import HitVerifier, ReadsRequests, ThresholdOnly
+from gpucache.pairing.training.halves import HALVES, half_of
 
 THRESHOLDS = tuple(sorted({round(0.70 + 0.01 * i, 2) for i in range(29)} | {0.875}))
 
@@ -25,20 +25,8 @@ THRESHOLDS = tuple(sorted({round(0.70 + 0.01 * i, 2) for i in range(29)} | {0.87
 NEAR_MISS_JACCARD = 0.8
 
 
-# Every data file is split in two by a keyed hash of each row's id: rules, word lists and
-# defaults are tuned on the "tune" half, and the report quotes the "report" half, so no figure
-# it gives was fitted to the rows it is measured on. The key is fixed: the same row falls in
-# the same half on every machine and in every run, and a new row in a file moves no other.
-SPLIT_KEY = b"gpucache/false-hit-split/1"
-
-
-HALVES = ("tune", "report", "all")
-
-
-def half_of(row_id: str) -> str:
-    """ "tune" or "report": the half a row with this id belongs to."""
-    digest = hashlib.blake2b(row_id.encode("utf-8"), key=SPLIT_KEY, digest_size=8).digest()
-    return "tune" if digest[0] & 1 == 0 else "report"
+# The tuning and report halves: gpucache/pairing/training/halves.py (the pair model trains on
+# the tuning half, so the split lives in the package).
 
 
 def select_half(rows: list[dict[str, object]], half: str, path: str | Path) -> list[dict[str, object]]:

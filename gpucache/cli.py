@@ -25,6 +25,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpucache.guard.settings import DECISIONS, GuardSettings
+
 
 def _cmd_info(args: argparse.Namespace) -> int:
     import torch
@@ -38,6 +40,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from gpucache.index.measure import measure_scan_paths
     from gpucache.index.paths import resolve_quantization
     from gpucache.index.probes import INT8_GEMV_DIM, CpuPaths
+    from gpucache.pairing.meta import shipped_meta
     from gpucache.telemetry import gpu_readings
 
     paths = CpuPaths.detect()
@@ -78,6 +81,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"int8 cpu scan batches {int8_batches}; one query {int8_single}")
     defaults = ", ".join(f"{name}={value!r}" for name, value in CacheSettings().items())
     print(f"settings      {defaults}")
+    print(f"guard         decision={GuardSettings().decision!r}; {shipped_meta().describe()}")
     device = resolve_device("auto")
     storage = resolve_quantization(CacheSettings().quantization, device, 384)
     print(f"storage       quantization='auto' stores {storage} on {device} (all-MiniLM-L6-v2, D = 384)")
@@ -255,7 +259,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     its refusals by)."""
     from gpucache.cache.settings import CacheSettings, read_settings_file
     from gpucache.cache.validation import check_prompt
-    from gpucache.guard.settings import GuardSettings
     from gpucache.guard.verifier import WeighsSimilarity
 
     settings, guard, model = CacheSettings(), GuardSettings(), None
@@ -276,18 +279,15 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     print(f"asked      {args.asked!r}\n  request  {requests[1]!r}")
     similarity = None
     if not args.no_embed:
-        from transformers.utils import logging as hf_logging
-
         from gpucache import TransformerEmbedder
         from gpucache.devices import resolve_device
 
-        hf_logging.disable_progress_bar()
         embedder = TransformerEmbedder(*([model] if model else []), device=resolve_device(args.device))
         vectors = embedder.encode(requests)
         similarity = float((vectors[0] * vectors[1]).sum())
         print(f"similarity {similarity:.3f} of the requests (threshold {threshold})")
     if similarity is not None and isinstance(verifier, WeighsSimilarity):
-        verdict = verifier.judge(args.stored, args.asked, similarity)  # the learned decision's score
+        verdict = verifier.judge(args.stored, args.asked, similarity)  # a decision weighing the similarity
     else:
         verdict = verifier.explain(args.stored, args.asked)
     print(f"guard      {verdict}")
@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument(
         "--decision",
-        choices=("rules", "learned"),
+        choices=DECISIONS,
         default=None,
         help="how the guard decides past its named rules (default: the settings' decision, else rules)",
     )

@@ -56,6 +56,10 @@ def test_info_reports_device_and_no_gpu_without_error_with_no_extra_installed():
     # what the CPU scan multiplies with, and whether numpy's BLAS threads sleep when idle
     assert "fp32 cpu scan" in result.stdout and "sleeps when idle" in result.stdout
     assert "int8 cpu scan batches" in result.stdout and "one query" in result.stdout
+    from gpucache.pairing.meta import shipped_meta
+
+    # the guard's decision, and the pair model by its version, read from its shipped JSON
+    assert f"decision='rules'; the pair model pair-model-{shipped_meta().version}" in result.stdout
     from gpucache.devices import resolve_device
     from gpucache.index.paths import resolve_quantization
 

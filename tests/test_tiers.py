@@ -53,6 +53,14 @@ TIERS: dict[str, str] = {
     "gpucache.keys": VALUES,
     "gpucache.telemetry": VALUES,
     "gpucache.devices": ENGINE,
+    "gpucache.pairing": VALUES,
+    "gpucache.pairing.meta": VALUES,
+    "gpucache.pairing.model": ENGINE,
+    "gpucache.pairing.training": VALUES,
+    "gpucache.pairing.training.edits": VALUES,
+    "gpucache.pairing.training.fit": ENGINE,
+    "gpucache.pairing.training.halves": VALUES,
+    "gpucache.pairing.training.pairs": VALUES,
     "gpucache.benchmark": VALUES,
     "gpucache.benchmark.embedding": ENGINE,
     "gpucache.benchmark.lookups": ENGINE,
@@ -104,6 +112,7 @@ TIERS: dict[str, str] = {
     "gpucache.guard.learned": VALUES,
     "gpucache.guard.lexical": VALUES,
     "gpucache.guard.memo": VALUES,
+    "gpucache.guard.pair": VALUES,
     "gpucache.guard.parsing": VALUES,
     "gpucache.guard.payload": VALUES,
     "gpucache.guard.quantities": VALUES,
@@ -223,6 +232,7 @@ def _package_modules() -> set[str]:
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     found.discard("gpucache.__main__")  # runs the command
+    found.discard("gpucache.pairing.training.__main__")  # runs the training
     return found
 
 

@@ -28,7 +28,7 @@ from gpucache.cache.served import Hit
 from gpucache.conversation.context import ContextMatcher
 from gpucache.conversation.value import MARK, decode, given
 from gpucache.guard.memo import reading_for
-from gpucache.guard.verifier import ExplainingVerifier, Verdict, WeighsSimilarity
+from gpucache.guard.verifier import ExplainingVerifier, PreparesBatches, Verdict, WeighsSimilarity
 
 if TYPE_CHECKING:
     from gpucache.cache.entries import Entry, EntryTable
@@ -171,6 +171,7 @@ class Lookup:
         # scan found, so many candidates never hold up the other lookups, stores and exact repeats
         chosen: dict[tuple[int, str], Candidate | Verdict | None] = {}
         rejections: dict[str, int] = {}
+        self._prepare(need, found, requests)
         for (scope, prompt), wanting in need.items():
             for i in wanting:  # a refresh is a miss: it is verified against nothing
                 candidates = [] if requests[i].refresh else found[(scope, prompt)]
@@ -247,6 +248,28 @@ class Lookup:
             ]
         return found
 
+    def _prepare(
+        self,
+        need: Mapping[tuple[str, str], list[int]],
+        found: Mapping[tuple[str, str], list[Candidate]],
+        requests: Sequence[LookupRequest],
+    ) -> None:
+        """Where the verifier scores pairs in batches (the pair decision's model), one batch per
+        scope of every pair it may be asked to judge: each candidate at or above its request's
+        threshold, as the requests it judges (a conversation's final requests). No lock held."""
+        if not isinstance(self.verifier, PreparesBatches):
+            return
+        by_scope: dict[str, list[tuple[str, str]]] = {}
+        for (scope, prompt), wanting in need.items():
+            asking = [requests[i].threshold for i in wanting if not requests[i].refresh]
+            for candidate in found[(scope, prompt)] if asking else []:
+                if candidate.similarity < min(asking):
+                    break
+                by_scope.setdefault(scope, []).append(_requests(candidate.entry.prompt, prompt))
+        for scope, pairs in by_scope.items():
+            with reading_for(scope):
+                self.verifier.prepare(pairs)
+
     def _verify(
         self, prompt: str, candidates: list[Candidate], threshold: float, rejections: dict[str, int]
     ) -> Candidate | Verdict | None:
@@ -306,6 +329,13 @@ class Lookup:
 
 
 _NO_VECTORS = torch.empty((0, 0))  # the findings of the exact tier alone: nothing to store
+
+
+def _requests(cached: str, new: str) -> tuple[str, str]:
+    """What the verifier judges of a pair: the prompts, or a conversation's final requests."""
+    if cached.startswith(MARK) or new.startswith(MARK):
+        return decode(cached).request, decode(new).request
+    return cached, new
 
 
 def _exact_hit(entry: Entry, now: float) -> Hit:

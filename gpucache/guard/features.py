@@ -19,13 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpucache.guard import differences
+from gpucache.guard.lexical import SHAPE_RULES as SOFT_RULES
 from gpucache.guard.lexical import LexicalNearMissVerifier
 from gpucache.guard.parsing import parse
 from gpucache.guard.request import dictionary, request_text
 from gpucache.guard.verifier import Verdict
 
-# The shape checks the learned decision replaces: each seen as a feature, never as a veto
-SOFT_RULES = ("substitution", "added", "reordered", "crossed")
 # The similarity in thousandths, rounded half up: the only input that is not a count of words
 SIMILARITY_STEPS = 1000
 # Counts past this are read as this: a very long prompt is no more different than a long one

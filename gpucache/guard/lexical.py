@@ -106,6 +106,11 @@ RULES = (
     "added",
 )
 ADDED_RULES = tuple(rule for rule in RULES if rule not in SEED_RULES)
+# The shape checks the learned and the pair decisions weigh instead of obeying (features.py,
+# pair.py): a soft rule judged by an edit's shape, not by a difference it can name. The
+# constraint rule names one ("without eggs"), so those decisions keep it as a veto.
+# (gpucache calibrate may also skip constraint: guard/settings.py SOFT_RULES)
+SHAPE_RULES = ("substitution", "added", "reordered", "crossed")
 
 
 # Every memo of a prompt, a word or a part of one the verdict is computed through.

@@ -1,8 +1,10 @@
 """``GuardSettings``: how the guard decides. ``decision = "rules"`` (the default) runs every rule
 in order (lexical.py), and a deployment that measured its own traffic (``gpucache calibrate``)
 may switch soft rules off; ``decision = "learned"`` keeps the named rules as vetoes and lets a
-score fitted on tuning data replace the soft ones (learned.py). The hard rules (numbers,
-negation, polarity, direction, symbols, payload and the named kinds) run in both."""
+score fitted on tuning data replace the soft ones (learned.py); ``decision = "pair"`` keeps them
+and lets the pair model, a cross-encoder that reads both prompts together, decide past them
+(pair.py, gpucache/pairing/). The hard rules (numbers, negation, polarity, direction, symbols,
+payload and the named kinds) run in all three."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 # The rules a calibration may switch off: each trades wrong answers for hits on some traffic.
 # The rest guard the cache's promise on every traffic and stay on.
 SOFT_RULES = ("added", "substitution", "reordered", "crossed", "constraint")
-DECISIONS = ("rules", "learned")
+DECISIONS = ("rules", "learned", "pair")
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,8 @@ class GuardSettings:
         default="rules",
         metadata={
             "doc": "how the guard decides past its named rules: rules (the soft shape rules, in order) or "
-            "learned (a score fitted on tuning data; docs/guard.md); rules by default"
+            "learned (a score fitted on tuning data) or pair (the pair model reads both prompts; "
+            "docs/guard.md); rules by default"
         },
     )
 
@@ -41,13 +44,18 @@ class GuardSettings:
         object.__setattr__(self, "skip_rules", tuple(r for r in SOFT_RULES if r in self.skip_rules))
         if self.decision not in DECISIONS:
             raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, got {self.decision!r}")
-        if self.decision == "learned" and self.skip_rules:
+        if self.decision != "rules" and self.skip_rules:
             raise ValueError(
-                "skip_rules names soft rules of the rules decision; the learned decision has none"
+                f"skip_rules names soft rules of the rules decision; the {self.decision} decision has none"
             )
 
-    def build(self) -> Any:
-        """The verifier these settings name: a ``LexicalNearMissVerifier`` or a ``LearnedDecision``."""
+    def build(self, device: Any = "cpu") -> Any:
+        """The verifier these settings name: a ``LexicalNearMissVerifier``, a ``LearnedDecision`` or
+        a ``PairDecision`` whose model runs on ``device`` (the embedder's)."""
+        if self.decision == "pair":
+            from gpucache.guard.pair import PairDecision
+
+            return PairDecision(device=str(device))
         if self.decision == "learned":
             from gpucache.guard.learned import LearnedDecision
 

@@ -21,8 +21,8 @@ from gpucache.guard.words import (
     CROSSED_MAX_SHARED,
     INTERCHANGEABLE,
     LONG_ALIGNMENT,
+    MOVED_MIN_SHARED,
     POLARITY_AXES,
-    REORDER_MIN_SHARED,
     ROLE_WORDS,
 )
 
@@ -154,7 +154,7 @@ def first_positions(sequence: tuple[str, ...], words: set[str]) -> dict[str, int
 
 def reordered(pa: Parsed, pb: Parsed) -> tuple[str, ...]:
     """Shared content words that changed order, when the prompts share most of their content
-    words (Jaccard >= 0.6, at least ``REORDER_MIN_SHARED``): the shape of a word-scrambled
+    words (Jaccard >= 0.6, at least ``MOVED_MIN_SHARED``): the shape of a word-scrambled
     near-miss ("X was conducted by A and produced by B" / "produced by A and conducted by B").
 
     The words kept in order are a longest increasing subsequence of their positions; the rest
@@ -167,7 +167,7 @@ def reordered(pa: Parsed, pb: Parsed) -> tuple[str, ...]:
     """
     a, b = pa.content, pb.content
     shared = set(a) & set(b)
-    if len(shared) < REORDER_MIN_SHARED or 5 * len(shared) < 3 * len(set(a) | set(b)):
+    if len(shared) < MOVED_MIN_SHARED or 5 * len(shared) < 3 * len(set(a) | set(b)):
         return ()
     first_a: dict[str, int] = {}
     first_b: dict[str, int] = {}

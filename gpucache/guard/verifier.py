@@ -8,6 +8,7 @@ CPU functions of their inputs and import no torch, so they give the same answer 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -46,6 +47,17 @@ class WeighsSimilarity(HitVerifier, Protocol):
 
     def judge(self, cached_prompt: str, new_prompt: str, similarity: float) -> Verdict:
         """The rule or score that decides this pair at this similarity."""
+        ...
+
+
+@runtime_checkable
+class PreparesBatches(Protocol):
+    """A verifier that scores pairs faster in a batch (the pair decision's model): the cache hands
+    it every pair of a lookup batch it may be asked to judge, per scope, before it asks
+    ``judge`` of each in turn. ``prepare`` changes no verdict, only how soon it comes."""
+
+    def prepare(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Score these pairs (cached prompt, new prompt) now, for the ``judge`` calls that follow."""
         ...
 
 

@@ -296,7 +296,9 @@ ORDINAL_WORDS = {
 # prompt has a number too.
 SOFT_NUMBERS = frozenset({"one"})
 
-REORDER_MIN_SHARED = 5
+# The fewest shared content words at which shapes.reordered looks for words moved one by one;
+# the reordered rule itself judges only long edits (lexical.REORDER_MIN_SHARED, 8 and more)
+MOVED_MIN_SHARED = 5
 # Beyond these sizes the pairwise rules switch to bounded work, so a megabyte prompt is
 # still compared in full (numbers, negation, polarity, substitution) in linear-ish time.
 LONG_ALIGNMENT = 2000  # tokens in the differing middle before difflib's autojunk heuristic

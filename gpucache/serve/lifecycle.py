@@ -41,7 +41,7 @@ def build_cache(config: ServeSettings, factory: Callable[[], SemanticCache] | No
                 _set_aside(path, exc)
         return cache
     embedder = config.embedder.build()
-    verifier = config.guard.build()
+    verifier = config.guard.build(embedder.device)
     shared = config.replication.build(config.replication_key)
     if path is not None:
         try:

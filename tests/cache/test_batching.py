@@ -416,3 +416,53 @@ def test_a_lookup_whose_caller_gave_up_while_it_queued_is_never_computed(fake_em
     embedded = fake_embedder.texts[embedded_before:]
     assert "a lookup nobody waits for any more" not in embedded
     assert "the batch in the embedder" in embedded and "a later lookup" in embedded
+
+
+class PreparingVerifier:
+    """Serves every candidate, recording what it was handed to score in a batch (``prepared``,
+    with the reader it was handed under) and what it was then asked to judge (``judged``)."""
+
+    name = "preparing"
+
+    def __init__(self):
+        self.prepared: list[tuple[str, list[tuple[str, str]]]] = []
+        self.judged: list[tuple[str, str]] = []
+
+    def prepare(self, pairs):
+        from gpucache.guard.memo import current_reader
+
+        self.prepared.append((current_reader(), list(pairs)))
+
+    def verify(self, cached, new, similarity):
+        self.judged.append((cached, new))
+        return True
+
+
+def test_a_verifier_that_scores_in_batches_is_handed_every_candidate_of_a_lookup_batch_first(fake_embedder):
+    verifier = PreparingVerifier()
+    cache = SemanticCache(
+        fake_embedder, device="cpu", verifier=verifier, threshold=0.8, cache_policy=StoreEverything()
+    )
+    cache.put("crimson tide rowing club boat", "a")
+    cache.put("lighthouse keeper cottage rent", "b")
+    cache.put("lighthouse keeper cottage rent", "c", scope="other")
+    asked = [
+        "crimson tide rowing club boats boat",
+        "lighthouse keeper cottage rent rent",
+        "unrelated words entirely",
+    ]
+    hits = cache.get_all(asked)
+    assert [h is not None for h in hits] == [True, True, False]
+    assert verifier.prepared == [
+        (
+            "default",  # the scope as the reader: one batch for the scope, before any judgment
+            [
+                ("crimson tide rowing club boat", "crimson tide rowing club boats boat"),
+                ("lighthouse keeper cottage rent", "lighthouse keeper cottage rent rent"),
+            ],
+        )
+    ]
+    assert verifier.judged == verifier.prepared[0][1]  # the same pairs, judged after
+    verifier.prepared.clear()
+    assert cache.get("lighthouse keeper cottage rent rent", threshold=0.999) is None  # below: not handed
+    assert verifier.prepared == []

@@ -1,0 +1,3 @@
+from gpucache.pairing.training.fit import main
+
+main()
