@@ -86,7 +86,7 @@ def train(root: Path, out: Path, *, seed: int, epochs: float, batch: int, lr: fl
             optimizer.zero_grad()
             step += 1
             seen += len(chosen)
-            running = 0.98 * running + 0.02 * float(loss) if step > 1 else float(loss)
+            running = 0.98 * running + 0.02 * float(loss.detach()) if step > 1 else float(loss.detach())
             if step % 50 == 0:
                 print(
                     f"step {step}/{steps} pairs {seen} loss {running:.3f} {time.monotonic() - started:.0f}s",
