@@ -46,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
     from gpucache import TransformerEmbedder
     from gpucache.guard.calibration import (
         LEARNED,
+        PAIR,
+        THRESHOLDS_MILLI,
         Scored,
+        candidates,
         choose,
         fold_of,
         interval,
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from gpucache.guard.learned import LearnedDecision
     from gpucache.guard.lexical import LexicalNearMissVerifier
+    from gpucache.guard.pair import PairDecision
 
     try:
         pairs = read_pairs(args.pairs)
@@ -73,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     embedder = TransformerEmbedder(args.model, device=args.device, dtype=torch.float32)
     verifiers: dict[tuple[str, ...], Any] = {skip: LexicalNearMissVerifier(skip=skip) for skip in skip_sets()}
     verifiers[LEARNED] = LearnedDecision()  # its verdict weighs each pair's similarity
+    verifiers[PAIR] = PairDecision(device=str(embedder.device))  # the pair model, float32 as it serves
     guard = verifiers[()]
     # what the cache embeds: each prompt's request text (the same for every set of rules)
     texts = [guard.request(a) for a, _, _ in pairs] + [guard.request(b) for _, b, _ in pairs]
@@ -99,10 +104,11 @@ def run(args: argparse.Namespace) -> int:
         f"false hits on the {args.confidence:.0%} upper bound; similarities from {matmuls} embeddings "
         "in float64, compared to 4 places"
     )
+    tried = len(candidates(scored)) * len(THRESHOLDS_MILLI)
     print(
         f"the point is chosen on {n - len(held_out)} pairs and its figures and bound are those of the "
         f"other {len(held_out)} (split by a hash of each pair's text): a bound on the pairs that "
-        "chose it would favour the luckiest of 1,320 candidates"
+        f"chose it would favour the luckiest of {tried:,} candidates"
     )
     if choice is None:
         print(
@@ -115,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     hit_low, hit_high = interval(choice.hits, choice.positives, args.confidence)
     fh_low, fh_high = interval(choice.false_hits, choice.negatives, args.confidence)
-    if choice.decision == "learned":
-        print(f"threshold {choice.threshold:.3f}, the learned decision in place of the soft rules")
+    if choice.decision != "rules":
+        print(f"threshold {choice.threshold:.3f}, the {choice.decision} decision in place of the soft rules")
     else:
         print(f"threshold {choice.threshold:.3f}, soft rules off: {', '.join(choice.skip_rules) or 'none'}")
     close = near(sims, choice.threshold_milli)

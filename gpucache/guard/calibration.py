@@ -2,15 +2,15 @@
 
 Given pairs of prompts labelled same request (1) or different request (0), each with its
 cosine similarity and the guard's verdict under every choice of soft rules, the operating point
-is the threshold and the set of soft rules switched off (or the learned decision in their
-place) that serve the most label-1 pairs
+is the threshold and the set of soft rules switched off (or the learned or the pair decision in
+their place) that serve the most label-1 pairs
 while the false-hit rate stays within a budget *on its 95% upper confidence bound*
 (Clopper-Pearson, exact): with 200 different-request pairs and none served, the bound is 1.5%,
 so a budget of 1% cannot be promised from that few, and the choice says so instead of
 promising it.
 
 The bound must account for the choice. The point is picked among every threshold and every set
-of soft rules or the learned decision (33 x 40 candidates); bounding the picked point on the
+of soft rules or the learned or the pair decision (34 x 40 candidates); bounding the picked point on the
 same pairs that picked it would favour whichever candidate was luckiest on them, and in a
 simulation the chosen point was truly over budget in 7-12% of draws, not 5%. So the pairs are
 split in two halves by a hash of their text (``fold_of``: SHA-256, the same split on every
@@ -48,9 +48,12 @@ from itertools import combinations
 from gpucache.guard.settings import SOFT_RULES
 
 THRESHOLDS_MILLI = range(800, 1000, 5)  # 0.800 ... 0.995
-# The learned decision (learned.py), one more candidate beside the sets of skipped soft rules:
-# it switches the soft rules off for a score, and ranks with a set of one rule off in a tie
+# The learned decision (learned.py) and the pair decision (pair.py), two more candidates beside
+# the sets of skipped soft rules: each weighs the soft rules' verdict with a score, and ranks with
+# a set of one rule off in a tie (the learned decision first)
 LEARNED: tuple[str, ...] = ("learned",)
+PAIR: tuple[str, ...] = ("pair",)
+DECISIONS = {LEARNED: "learned", PAIR: "pair"}
 PLACES = 4  # similarities agreeing to this many decimal places are one similarity
 
 
@@ -130,7 +133,7 @@ class Scored:
 
     label: int
     similarity_milli: int
-    accepted: dict[tuple[str, ...], bool]  # by skip set, and by ``LEARNED``
+    accepted: dict[tuple[str, ...], bool]  # by skip set, and by ``LEARNED`` and ``PAIR``
     fold: int = 0  # 0: the pairs the point is chosen on; 1: those it is confirmed on (fold_of)
 
 
@@ -147,9 +150,9 @@ def skip_sets(rules: Sequence[str] = SOFT_RULES) -> list[tuple[str, ...]]:
 
 
 def candidates(pairs: Sequence[Scored]) -> list[tuple[str, ...]]:
-    """The decisions the pairs were judged under: every skip set, and the learned decision
-    where the pairs carry its verdicts."""
-    return skip_sets() + ([LEARNED] if pairs and all(LEARNED in p.accepted for p in pairs) else [])
+    """The decisions the pairs were judged under: every skip set, and the learned and the pair
+    decision where the pairs carry their verdicts."""
+    return skip_sets() + [d for d in DECISIONS if pairs and all(d in p.accepted for p in pairs)]
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,7 @@ class Choice:
 
     @property
     def decision(self) -> str:
-        return "learned" if self.skip_rules == LEARNED else "rules"
+        return DECISIONS.get(self.skip_rules, "rules")
 
     @property
     def hit_rate(self) -> float:
@@ -261,7 +264,7 @@ def to_toml(choice: Choice, command: str, model: str | None = None) -> str:
     """The settings file of a choice: read by ``SemanticCache.from_config`` and by
     ``gpucache serve --config``. ``model``, where one was named, is recorded: a threshold holds
     only for the model whose similarities chose it."""
-    rules = "" if choice.decision == "learned" else ", ".join(f'"{r}"' for r in choice.skip_rules)
+    rules = "" if choice.decision != "rules" else ", ".join(f'"{r}"' for r in choice.skip_rules)
     return (
         f"# written by: {command}\n"
         f"# chosen on {choice.chosen_on} pairs; on the {choice.positives + choice.negatives} held out: "

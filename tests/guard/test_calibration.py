@@ -13,6 +13,7 @@ from gpucache import SemanticCache
 from gpucache.cli import main
 from gpucache.guard.calibration import (
     LEARNED,
+    PAIR,
     THRESHOLDS_MILLI,
     Choice,
     Scored,
@@ -110,6 +111,26 @@ def test_the_learned_decision_is_chosen_where_it_serves_more_within_the_budget(t
     assert read_settings_file(path)[1] == GuardSettings(decision="learned")
 
 
+def test_the_pair_decision_is_chosen_where_it_serves_more_and_the_learned_one_first_in_a_tie(tmp_path):
+    """The pair decision is a candidate too where the pairs carry its verdicts; chosen, the
+    settings file names it; serving exactly what the learned decision serves, the learned one
+    (the first of the two) stays the choice."""
+    from gpucache.cache.settings import read_settings_file
+
+    def accepted(label, milli, skip):  # the rules refuse a third of the label-1 pairs whatever is skipped
+        return not (label == 1 and milli % 3 == 0)
+
+    data = pairs(4000, 1000, accepted)
+    with_pair = [Scored(p.label, p.similarity_milli, {**p.accepted, PAIR: True}, p.fold) for p in data]
+    choice = choose(with_pair, budget=0.02)
+    assert choice.decision == "pair" and choice.skip_rules == PAIR
+    path = tmp_path / "gpucache.toml"
+    path.write_text(to_toml(choice, "gpucache calibrate x"))
+    assert read_settings_file(path)[1] == GuardSettings(decision="pair")
+    both = [Scored(p.label, p.similarity_milli, {**p.accepted, LEARNED: True}, p.fold) for p in with_pair]
+    assert choose(both, budget=0.02).decision == "learned"
+
+
 @pytest.mark.parametrize("hair", [3e-8, 3e-7, 3e-6])
 def test_one_pair_as_two_machines_compute_it_is_one_similarity(hair):
     # fp32 embeddings summed in another order differ in about the seventh place
@@ -195,6 +216,7 @@ def test_the_command_calibrates_a_file_end_to_end(tmp_path, capsys, monkeypatch)
     assert "7 pairs: 3 same request, 4 different" in printed and "expected false hits" in printed
     assert "similarities from float32 embeddings in float64, compared to 4 places" in printed
     assert "the point is chosen on" in printed and "[embedder]" not in out.read_text()
+    assert "the luckiest of 1,360 candidates" in printed  # 32 skip sets, the learned and the pair decision
     assert "[cache]\nthreshold = " in out.read_text() and "[guard]\nskip_rules = [" in out.read_text()
     # a budget the file cannot promise: no settings, and why
     assert (
