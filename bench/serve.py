@@ -141,7 +141,7 @@ request = function()
   if string.find(body, "UNIQUE", 1, true) then
     body = string.gsub(body, "UNIQUE", tostring(i) .. "-" .. tostring(math.random(1, 1000000000)))
   end
-  local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer sk-bench"}
+  local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer %s"}
   return wrk.format("POST", nil, headers, body)
 end
 response = function(status, headers, body)
@@ -186,13 +186,20 @@ class Cell:
 
 
 def start_wrk(
-    url: str, prompts: list[str], clients: int, seconds: float, expect: str = "", warm: int = 0
+    url: str,
+    prompts: list[str],
+    clients: int,
+    seconds: float,
+    expect: str = "",
+    warm: int = 0,
+    key: str = KEY,
 ) -> tuple[subprocess.Popen[str], str]:
     """wrk, a load generator in C (on a 2-core machine a Python one takes a core of its own),
-    keeping ``clients`` connections busy for ``seconds`` and checking each answer's tier."""
+    keeping ``clients`` connections busy for ``seconds``, each request with ``key``, and checking
+    each answer's tier."""
     quoted = ", ".join(lua_string(json.dumps(body(p))) for p in prompts)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT % (quoted, expect, warm))
+        script.write(WRK_SCRIPT % (quoted, expect, warm, key))
     command = [
         "wrk",
         "-t1",

@@ -158,6 +158,7 @@ TIERS: dict[str, str] = {
     "gpucache.serve.passthrough": VALUES,
     "gpucache.serve.rates": VALUES,
     "gpucache.serve.settings": VALUES,
+    "gpucache.serve.slots": VALUES,
     "gpucache.serve.sources": VALUES,
     "gpucache.serve.tenancy": VALUES,
     "gpucache.serve.lifecycle": ENGINE,  # builds the cache; no library of the extra

@@ -75,6 +75,7 @@ def create_app(
         metrics.watch(cache)
         proxy = Proxy(config, cache, upstream, metrics)
         metrics.body_bytes.set_function(lambda: proxy.intake.budget.held)
+        metrics.share_waits.set_function(lambda: proxy.slots.waiting)
         credentials = proxy.intake.credentials
         if isinstance(credentials, CredentialCheck) and await credentials.probe() is False:
             cache.close()

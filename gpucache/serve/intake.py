@@ -54,6 +54,7 @@ from gpucache.serve.keying import (
 )
 from gpucache.serve.rates import RateLimits
 from gpucache.serve.settings import GATEWAY_TOKEN_HEADER, ServeSettings
+from gpucache.serve.slots import Slots
 from gpucache.serve.tenancy import Identity, Refusal
 from gpucache.serve.upstream import Upstream
 
@@ -202,13 +203,13 @@ class Intake:
         config: ServeSettings,
         upstream: Upstream,
         cleared: ClearedPrefixes | None = None,
-        at_share: Callable[[str], bool] | None = None,
+        slots: Slots | None = None,
     ) -> None:
         """``cleared``: the cache's clears under a prefix (a revoke, here or on any replica),
-        which end a credential's kept verdict. ``at_share(holder)``: whether a credential
-        already holds its share of the proxy's slots (``max_tenant_concurrency``)."""
+        which end a credential's kept verdict. ``slots``: the proxy's, told of each credential
+        whose request passes its check, and asked whether it holds its share already."""
         self.config = config
-        self.at_share = at_share
+        self.slots = slots
         self.budget = BodyBudget(config.max_buffered_bytes)
         self.rates = (
             None if config.tenant_rate is None else RateLimits(config.tenant_rate, config.tenant_burst)
@@ -252,7 +253,7 @@ class Intake:
         identity = await self.vetted(request)
         if not isinstance(identity, Identity):
             return identity
-        if self.at_share is not None and self.at_share(identity.holder):
+        if self.slots is not None and not await self.slots.turn(identity.holder, self.config.retry_after):
             # shed from its headers: reading and parsing the body of a request that is then
             # shed would cost the others what the share is there to spare them
             return Shed(self.config.retry_after)
@@ -287,7 +288,11 @@ class Intake:
         if wait is not None:  # before its credential is checked: a flood costs no upstream check
             return Shed(wait, reason="rate_limit")
         denied = await self.authenticated(identity, request)
-        return identity if denied is None else denied
+        if denied is not None:
+            return denied
+        if self.slots is not None:  # heard from only once its credential passes: a junk key
+            self.slots.seen(identity.holder)  # never binds another's share
+        return identity
 
     def from_gateway(self, headers: Any) -> bool:
         """Whether the request comes through the trusted front, where one is configured (the

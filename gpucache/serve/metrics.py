@@ -75,6 +75,12 @@ class ProxyMetrics:
             "Bytes of request bodies held now, across all requests (max_buffered_bytes bounds them)",
             registry=r,
         )
+        self.share_waits = Gauge(
+            "gpucache_share_waits",
+            "Requests waiting, headers read, for a place in their own credential's share of the "
+            "cache's lookups (max_tenant_concurrency) while other credentials are active",
+            registry=r,
+        )
 
     def watch(self, cache: SemanticCache) -> None:
         self.registry.register(_CacheCollector(cache))

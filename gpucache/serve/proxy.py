@@ -70,6 +70,7 @@ from gpucache.serve.intake import Intake, leaves_body_unread, unless_gone
 from gpucache.serve.keying import RequestKey
 from gpucache.serve.metrics import ProxyMetrics
 from gpucache.serve.settings import ServeSettings
+from gpucache.serve.slots import Slots
 from gpucache.serve.streams import Streams, UpstreamPieces
 from gpucache.serve.tenancy import Identity
 from gpucache.serve.upstream import Upstream, UpstreamUnavailable, calling_upstream
@@ -99,10 +100,9 @@ class Proxy:
     ) -> None:
         self.config, self.cache, self.upstream, self.metrics = config, cache, upstream, metrics
         self.storing: set[asyncio.Task[None]] = set()  # answers being stored after they were sent
-        self.busy = 0  # requests past the exact tier now (admit)
-        self.holding: dict[str, int] = {}  # of those, each credential's (its share, admit)
+        self.slots = Slots(config.max_concurrency, config.max_tenant_concurrency)  # admit
         self.streams = Streams(metrics, self.store)
-        self.intake = Intake(config, upstream, cache.cleared_prefixes, at_share=self.at_share)
+        self.intake = Intake(config, upstream, cache.cleared_prefixes, slots=self.slots)
 
     async def completion(self, kind: str, request: Request) -> Response:
         """The request answered; its body's bytes held (intake.BodyBudget) until it is."""
@@ -127,40 +127,30 @@ class Proxy:
     # ------------------------------------------------------------------------- run
 
     async def admit(self, ex: Exchange) -> Outcome:
-        """``run``, for at most ``max_concurrency`` requests past the exact tier at a time, and
-        at most ``max_tenant_concurrency`` of one credential's (on a lookup or the upstream,
-        until the answer's headers); past either a request is shed (503, Retry-After), not
-        queued behind a saturated embedder: a queue longer than the lookup deadline only turns
-        waits into timeouts, and Retry-After sends the client (the OpenAI clients honour it) or
-        a balancer where there is room. An exact repeat is taken past the global bound (answered
-        on the loop, it costs no slot); a credential at its share is shed from its headers
-        (intake.py), repeats and all, so its flood is never read. Why a share: without it one
-        key's burst takes every slot and every other tenant is shed."""
+        """``run``, for at most ``max_concurrency`` requests past the exact tier at a time
+        (waiting on a lookup or the upstream, until the answer's headers), and, while another
+        credential is active, at most ``max_tenant_concurrency`` of one credential's in the
+        cache before they go upstream (slots.py says why). Past the global bound a request is
+        shed (503, Retry-After), not queued behind a saturated embedder: a queue longer than
+        the lookup deadline only turns waits into timeouts, and Retry-After sends the client
+        (the OpenAI clients honour it) or a balancer where there is room. Past its share a
+        request waits for its own credential's turn, up to ``retry_after``, from its headers
+        (intake.py) and again here, then is shed. An exact repeat takes no turn and is taken
+        past the global bound (answered on the loop, it costs no slot)."""
         repeat = (
             ex.key.bypass is None
             and ex.control.reads
             and self.cache.may_hold(ex.key.prompt, scope=ex.key.scope)
         )
-        if self.busy >= self.config.max_concurrency or self.at_share(ex.holder):
-            if not repeat:
-                return Shed(self.config.retry_after)
+        slots = self.slots
+        if repeat and (slots.full() or slots.at_share(ex.holder)):
             return await self.run(ex)  # answered on the loop: it holds no slot
-        self.busy += 1
-        self.holding[ex.holder] = self.holding.get(ex.holder, 0) + 1
-        try:
+        if slots.full() or not await slots.turn(ex.holder, self.config.retry_after) or slots.full():
+            return Shed(self.config.retry_after)
+        with slots.held(ex.holder):
             if repeat:
                 return await self.run(ex)
             return await unless_gone(ex.receive, self.run(ex))
-        finally:
-            self.busy -= 1
-            left = self.holding.pop(ex.holder) - 1
-            if left:
-                self.holding[ex.holder] = left
-
-    def at_share(self, holder: str) -> bool:
-        """Whether ``holder`` holds its ``max_tenant_concurrency`` slots now."""
-        share = self.config.max_tenant_concurrency
-        return share is not None and self.holding.get(holder, 0) >= share
 
     async def run(self, ex: Exchange) -> Outcome:
         if ex.key.bypass is not None:
@@ -304,12 +294,14 @@ class Proxy:
     async def send_upstream(self, ex: Exchange) -> httpx.Response:
         """The exchange's request to the upstream, its wait counted as the upstream's; an error
         of any kind is ``UpstreamUnavailable`` (what the proxy answers 502 or 504 for)."""
+        self.slots.upstream_bound()
         with calling_upstream(ex.waited_upstream, "the upstream request"):
             return await self.upstream.send("POST", ex.endpoint, ex.headers, ex.raw, params=ex.query)
 
     async def open_stream(self, ex: Exchange) -> Stream[Any] | ServeOnly[PassedThrough]:
         """The exchange's stream opened upstream: its headers and pieces (``Streams.pieces``),
         or, where the upstream answered with an error status, that answer, served only."""
+        self.slots.upstream_bound()
         begun = time.perf_counter()  # the stream's first event is timed from here too
         with calling_upstream(ex.waited_upstream, "the upstream stream"):
             response = await self.upstream.open(ex.endpoint, ex.headers, ex.raw, params=ex.query)
@@ -401,6 +393,7 @@ class Proxy:
 
     async def forward_exchange(self, ex: Exchange) -> Forwarded | Unavailable:
         """``forward`` for a cached endpoint's request, its wait counted as the upstream's."""
+        self.slots.upstream_bound()
         begun = time.perf_counter()
         try:
             return await self.forward(ex.endpoint, ex.method, ex.headers, ex.query, ex.raw, ex.key.stream)

@@ -29,6 +29,7 @@ from gpucache.embedding.settings import EmbedderSettings
 from gpucache.fields import setting
 from gpucache.guard.settings import GuardSettings
 from gpucache.serve.keyfile import KeyFile, KeyFileError
+from gpucache.serve.slots import COMPANY_SECONDS
 from gpucache.serve.tenancy import CREDENTIAL_HEADERS, CREDENTIAL_PARAMS, NAMESPACE_HEADER, Tenancy
 from gpucache.share.settings import ReplicationSettings
 
@@ -137,10 +138,13 @@ class ServeSettings:
         "most credential checks in flight (a request with a new key past it: 503)",
     )
     max_tenant_concurrency: int | None = setting(
-        None,
-        "most of those one credential may hold at once (its share; past it its requests are "
-        "shed from their headers, exact repeats too, before a body is read; others' are not); "
-        "none: no share, one key's burst may take every slot",
+        8,
+        "most of one credential's requests in the cache at once (on a lookup, before they go "
+        "upstream: its share of the embedder) while another credential is active (has had a "
+        f"request pass its check in the last {COMPANY_SECONDS:g} s); past it a request waits "
+        "for its own credential's turn up to retry_after, from its headers, then is answered "
+        "503; others' are not. A credential alone, and requests gone upstream, are not held "
+        "to it. None: no share, one key's burst fills the embedder's batches whoever waits",
     )
     tenant_rate: float | None = setting(
         None,

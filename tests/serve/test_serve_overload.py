@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -112,31 +113,158 @@ def test_a_client_that_hangs_up_frees_its_slot_and_cancels_its_upstream_request(
             assert answered.headers["x-gpucache"] == "miss"
 
 
-def test_one_credential_holds_at_most_its_share_of_the_slots(real_embedder):
-    with Served(make_upstream()) as upstream:
-        config = ServeSettings(upstream=f"{upstream.url}/v1", max_concurrency=8, max_tenant_concurrency=1)
-        app = create_app(
-            config,
-            cache_factory=lambda: SemanticCache(real_embedder, device="cpu", lookup_timeout_seconds=30.0),
+class GatedEmbedder:
+    """The real embedder, a call whose texts hold "[hold]" kept inside it until ``release``:
+    a test acts while a request is in its lookup (the part of a request the share counts)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.held = 0
+        self._open = False
+        self._changed = threading.Condition()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode(self, texts, *args, **kwargs):
+        if any("[hold]" in t for t in texts):
+            with self._changed:
+                self.held += 1
+                self._changed.notify_all()
+                assert self._changed.wait_for(lambda: self._open, 60)
+        return self.inner.encode(texts, *args, **kwargs)
+
+    def entered(self) -> bool:
+        """From a thread: wait until a held call has come into ``encode``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.held >= 1, 60)
+
+    def release(self) -> None:
+        with self._changed:
+            self._open = True
+            self._changed.notify_all()
+
+
+def gauge(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def until_gauge(url: str, name: str, value: float) -> None:
+    """Until /metrics says ``name`` is ``value``: another thread's progress inside the server."""
+    deadline = time.monotonic() + 60
+    while gauge(url, name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+
+
+def share_proxy(upstream, gate: GatedEmbedder, retry_after: int):
+    """A proxy with a share of one lookup per credential, its embedder ``gate``."""
+    config = ServeSettings(
+        upstream=f"{upstream.url}/v1", max_concurrency=8, max_tenant_concurrency=1, retry_after=retry_after
+    )
+    return create_app(
+        config, cache_factory=lambda: SemanticCache(gate, device="cpu", lookup_timeout_seconds=60.0)
+    )
+
+
+def asked_in_thread(url: str, key: str, text: str) -> tuple[threading.Thread, dict[str, object]]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    answered: dict[str, object] = {}
+
+    def ask_it() -> None:
+        try:
+            answered["r"] = client.chat.completions.with_raw_response.create(
+                model="smol", messages=[{"role": "user", "content": text}]
+            )
+        except openai.APIStatusError as exc:
+            answered["error"] = exc.status_code
+
+    thread = threading.Thread(target=ask_it)
+    thread.start()
+    return thread, answered
+
+
+def test_a_credential_alone_is_not_held_to_its_share(real_embedder):
+    """The single-key deployment loses nothing: a key alone with a share of one has a second
+    lookup taken (it gathers behind the first in the embedder) rather than shed."""
+    gate = GatedEmbedder(real_embedder)
+    with Served(make_upstream()) as upstream, Served(share_proxy(upstream, gate, 0)) as proxy:
+        first, first_said = asked_in_thread(proxy.url, "sk-greedy", "[hold] The greedy key's first question")
+        assert gate.entered()
+        second, second_said = asked_in_thread(proxy.url, "sk-greedy", "The greedy key's second question")
+        second.join(60)  # answered while the first is still in its lookup
+        assert first.is_alive() and second_said["r"].headers["x-gpucache"] == "miss"
+        gate.release()
+        for thread in (first, second):
+            thread.join(60)
+        assert first_said["r"].headers["x-gpucache"] == "miss"
+
+
+def test_once_another_credential_is_active_one_holds_at_most_its_share_of_lookups(real_embedder):
+    """Another key heard from, a key with its share of lookups in the cache has its next
+    request shed from its headers (its body never read), while the other key is taken."""
+    gate = GatedEmbedder(real_embedder)
+    with Served(make_upstream()) as upstream, Served(share_proxy(upstream, gate, 0)) as proxy:
+        assert ask(proxy.url, "The patient key's first question").headers["x-gpucache"] == "miss"
+        first, first_said = asked_in_thread(proxy.url, "sk-greedy", "[hold] The greedy key's first question")
+        assert gate.entered()
+        greedy = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-greedy", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as shed:
+            greedy.chat.completions.create(
+                model="smol", messages=[{"role": "user", "content": "The greedy key's second question"}]
+            )
+        assert shed.value.status_code == 503 and shed.value.body["code"] == "overloaded"
+        head = head_of_a_withheld_body(proxy.port, "sk-greedy")
+        assert head.startswith(b"HTTP/1.1 503 ") and b"connection: close" in head.lower()
+        # another key is taken: answered while the greedy key's lookup is still held
+        assert ask(proxy.url, "Another key's question meanwhile").headers["x-gpucache"] == "miss"
+        assert first.is_alive()
+        gate.release()
+        first.join(60)
+        assert first_said["r"].headers["x-gpucache"] == "miss"
+
+
+def test_a_request_past_its_share_waits_for_its_own_turn_and_is_then_served(real_embedder):
+    """A client that ignores Retry-After is not answered 503 the moment it asks (shed at once, a
+    flood of such answers takes the event loop from everyone): its request waits, headers read,
+    for its own credential's turn, up to ``retry_after``, and is served once the lookup before
+    it is done."""
+    gate = GatedEmbedder(real_embedder)
+    with Served(make_upstream()) as upstream, Served(share_proxy(upstream, gate, 120)) as proxy:
+        assert ask(proxy.url, "The patient key's first question").headers["x-gpucache"] == "miss"
+        first, first_said = asked_in_thread(proxy.url, "sk-greedy", "[hold] The greedy key's first question")
+        assert gate.entered()
+        second, second_said = asked_in_thread(proxy.url, "sk-greedy", "The greedy key's next question")
+        until_gauge(proxy.url, "gpucache_share_waits", 1)
+        assert second.is_alive() and first.is_alive()  # waiting for its turn, not shed
+        gate.release()
+        for thread in (first, second):
+            thread.join(60)
+        served = second_said["r"]
+        assert served.headers["x-gpucache"] == "miss"
+        assert served.parse().choices[0].message.content == answer_to("The greedy key's next question")
+        assert gauge(proxy.url, "gpucache_share_waits") == 0
+
+
+def test_a_request_gone_upstream_leaves_its_credentials_share(real_embedder):
+    """What the share bounds is the embedder, not the model server: with a key's request
+    waiting on the upstream, its next one is looked up and served at once."""
+    gate = GatedEmbedder(real_embedder)
+    with Served(make_upstream()) as upstream, Served(share_proxy(upstream, gate, 0)) as proxy:
+        assert ask(proxy.url, "The patient key's first question").headers["x-gpucache"] == "miss"
+        arrived = upstream.app.state.arrived
+        held = raw_request(proxy.url, "[drip] The greedy key's long generation", key="sk-greedy")
+        with arrived:
+            assert arrived.wait_for(lambda: len(upstream.app.state.calls) == 2, timeout=60)
+        greedy = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-greedy", max_retries=0)
+        answered = greedy.chat.completions.with_raw_response.create(
+            model="smol", messages=[{"role": "user", "content": "The greedy key's next question"}]
         )
-        with Served(app) as proxy:
-            sock = raw_request(proxy.url, "[drip] The greedy key's first question", key="sk-greedy")
-            arrived = upstream.app.state.arrived
-            with arrived:
-                assert arrived.wait_for(lambda: len(upstream.app.state.calls) == 1, timeout=60)
-            greedy = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-greedy", max_retries=0)
-            with pytest.raises(openai.APIStatusError) as shed:
-                greedy.chat.completions.create(
-                    model="smol", messages=[{"role": "user", "content": "The greedy key's second question"}]
-                )
-            assert shed.value.status_code == 503 and shed.value.body["code"] == "overloaded"
-            # shed from its headers: a large body is never read, its connection closed
-            head = head_of_a_withheld_body(proxy.port, "sk-greedy")
-            assert head.startswith(b"HTTP/1.1 503 ") and b"connection: close" in head.lower()
-            # another key still has room
-            assert ask(proxy.url, "Another key's question meanwhile").headers["x-gpucache"] == "miss"
-            httpx.post(f"{upstream.url}/control/drip")
-            sock.close()
+        assert answered.headers["x-gpucache"] == "miss"
+        httpx.post(f"{upstream.url}/control/drip")
+        held.close()
 
 
 def test_a_connection_that_trickles_or_withholds_its_headers_is_closed_and_others_are_not(real_embedder):
