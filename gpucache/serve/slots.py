@@ -11,9 +11,10 @@ A request waiting on a lookup or the upstream holds a slot; at most ``limit`` ar
 
 **Why a share, of the lookups only, and only in company.** Without one, one credential's burst
 of new prompts fills the embedder's batches, and another credential's misses wait behind the
-batch computing: a flood of 32 connections from one key took another key's miss from 47 ms to
-418 ms p50 on a 2-core CPU (``bench/reports/serve-fairness.md``). So a credential may have at
-most ``share`` requests in the cache (on a lookup, before its request goes upstream) at once.
+batch computing: a flood of 32 connections from one key took another key's miss from 50 ms to
+414 ms p50 on a 2-core CPU (``bench/reports/serve-fairness.md``; 48 ms with the share). So a
+credential may have at most ``share`` requests in the cache (on a lookup, before its request
+goes upstream) at once.
 What is shared is the embedder, not the model server: a request leaves the share when it goes
 upstream (``upstream_bound``), so a tenant's 32 workers still have 32 generations running at
 once, and only their lookups take turns. And most deployments send every request with one key,
@@ -23,16 +24,17 @@ Why a window rather than who holds a slot now: a user sending one request after 
 none between them, and the flood would take the embedder back in that gap.
 
 **Why a request past its share waits for its turn before it is shed.** A client that ignores
-Retry-After (a load generator, a script in a loop) sends its next request the moment a shed
-answer comes back: shed at once, a 32-connection flood made about 2,000 answers a second, whose
-work on the event loop starved the embedder's thread of the interpreter, so every lookup, the
-other key's too, passed its deadline. A request past its share instead waits, in the order its
-credential's requests came, for one of that credential's own places in the share, up to
-``retry_after`` seconds; only then is it shed. It waits behind its own credential's requests,
-never another's, and costs nothing while it waits (a suspended coroutine and its connection).
-At most ``limit`` of a credential's requests wait at once; one past that is shed at once (bound
-them by the share instead, and a 32-connection flood held to a share of 4 was shed at once
-46,000 times in 20 s: the storm was back).
+Retry-After (a load generator, a script in a loop) sends its next request the moment a refusal
+comes back, and refusals made at once are made as fast as it can ask: a rate limit's 429s to a
+32-connection flood came 46,620 times in 20 s, and their work on the event loop starved the
+embedder's thread of the interpreter, so 68 lookups, the other key's too, passed their deadline
+(``bench/reports/serve-fairness.md``, the rate's row). A request past its share instead waits,
+in the order its credential's requests came, for one of that credential's own places in the
+share, up to ``retry_after`` seconds; only then is it shed. It waits behind its own credential's
+requests, never another's, and costs nothing while it waits (a suspended coroutine and its
+connection). At most ``limit`` of a credential's requests wait at once; one past that is shed at
+once (bounded by the share instead, the waiters of a flood wider than twice its share would be
+refused at once again).
 
 The set of active credentials is kept in the order last heard from, and those quiet past the
 window are dropped from its front, so many keys each sending once cost memory for the window
