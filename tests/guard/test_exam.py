@@ -104,15 +104,15 @@ def word_distance(x: tuple[str, ...], y: tuple[str, ...], bound: int) -> int:
     return previous[-1]
 
 
-def same_template(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
-    """The same sentence frame with a few words changed (a topic, a name, a number), or the
-    same words; prompts under four words must be equal."""
+def same_template(x: tuple[str, ...], y: tuple[str, ...], most_edits: int | None = None) -> bool:
+    """The same sentence frame with a few words changed (a topic, a name, a number; at most
+    ``most_edits`` where given), or the same words; prompts under four words must be equal."""
     if x == y:
         return True
     n = min(len(x), len(y))
     if n < 4:
         return False
-    bound = allowed_edits(n)
+    bound = allowed_edits(n) if most_edits is None else min(allowed_edits(n), most_edits)
     if abs(len(x) - len(y)) > bound or len(set(x) & set(y)) < n - bound:
         return False
     return word_distance(x, y, bound) <= bound
@@ -121,6 +121,27 @@ def same_template(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
 def exam_prompts(path: Path = EXAM_2) -> list[tuple[str, ...]]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     return [words(r[side]) for r in rows for side in ("a", "b")]
+
+
+def exam_requests(path: Path) -> list[tuple[str, ...]]:
+    """The last sentence of each guard exam prompt of several, where it has ``CONTAINED_EDITED``
+    words or more: the request, which a tuning prompt can keep while it rewords the sentences
+    before it (an exam's "My flat is tiny and ... Suggest three ways to store bikes indoors."
+    held by a tuning prompt "We live in a small studio. Suggest 3 ways to store bikes indoors.").
+    (Not the first: that is where the exams put their greetings, which are chat's stock
+    phrases, not a template.)"""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    last = [re.split(r"(?<=[.?!])\s+", r[side].strip())[-1] for r in rows for side in ("a", "b")]
+    whole = {words(r[side]) for r in rows for side in ("a", "b")}
+    return [w for part in last if len(w := words(part)) >= CONTAINED_EDITED and w not in whole]
+
+
+def guard_exam_copies(path: Path, others: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """A guard exam's prompts whose template ``others`` hold, whole or inside a longer prompt,
+    and its requests (``exam_requests``) held with at most one word changed."""
+    return shared_templates(exam_prompts(path), others) + shared_templates(
+        exam_requests(path), others, most_edits=1
+    )
 
 
 def _literal(node: ast.AST) -> str | None:
@@ -184,15 +205,61 @@ def tuning_and_test_prompts(root: Path = ROOT) -> dict[str, list[tuple[str, ...]
     }
 
 
-def shared_templates(exam: list[tuple[str, ...]], others: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+# An exam prompt inside a longer one: of this many words or more, word for word; of
+# ``CONTAINED_EDITED`` or more, with the edits a whole prompt may have (``allowed_edits``). Shorter
+# frames ("how long does it take to ...", "what can I help you with") sit inside any long text
+# with a word changed: they are English, not a template.
+CONTAINED_MIN = 5
+CONTAINED_EDITED = 8
+
+
+def contains_template(e: tuple[str, ...], x: tuple[str, ...], most_edits: int | None = None) -> bool:
+    """Whether some run of ``x``'s words is ``e``'s template (``same_template``): an exam prompt
+    inside a longer prompt, after a wrapper sentence or before a suffix, is a copy too."""
+    if len(e) < CONTAINED_MIN:
+        return False
+    bound = allowed_edits(len(e)) if len(e) >= CONTAINED_EDITED else 0
+    bound = bound if most_edits is None else min(bound, most_edits)
+    if len(set(e) & set(x)) < len(set(e)) - bound:
+        return False
+    for size in range(len(e) - bound, len(e) + bound + 1):
+        for start in range(len(x) - size + 1):
+            window = x[start : start + size]
+            if window == e or (bound and same_template(e, window, bound)):
+                return True
+    return False
+
+
+def shared_templates(
+    exam: list[tuple[str, ...]],
+    others: list[tuple[str, ...]],
+    contained: bool = True,
+    most_edits: int | None = None,
+) -> list[tuple[str, ...]]:
+    """The exam prompts whose template one of ``others`` has: as a whole prompt (a few words
+    changed) or, with ``contained``, inside a longer one; ``most_edits`` caps the words changed.
+    (A conversations' exam is read message by message without ``contained``: its turns are
+    chat's stock phrases, "happy to help with that", which any long turn holds.)"""
     by_length: dict[int, list[tuple[str, ...]]] = {}
-    for x in others:
+    holding: dict[str, set[int]] = {}  # word -> the longer prompts holding it, by index
+    for i, x in enumerate(others):
         by_length.setdefault(len(x), []).append(x)
+        for w in set(x):
+            holding.setdefault(w, set()).add(i)
     hits = []
     for e in exam:
         spread = allowed_edits(len(e))
         near = (x for n in range(len(e) - spread, len(e) + spread + 1) for x in by_length.get(n, []))
-        if any(same_template(e, x) for x in near):
+        if any(same_template(e, x, most_edits) for x in near):
+            hits.append(e)
+            continue
+        if not contained:
+            continue
+        # a prompt holding e's template misses at most ``spread`` of its distinct words, so it
+        # holds one of its ``spread + 1`` rarest: only those prompts are read
+        rarest = sorted(set(e), key=lambda w: len(holding.get(w, ())))[: spread + 1]
+        longer = {i for w in rarest for i in holding.get(w, ()) if len(others[i]) > len(e) + spread}
+        if any(contains_template(e, others[i], most_edits) for i in sorted(longer)):
             hits.append(e)
     return hits
 
@@ -203,6 +270,28 @@ def test_the_template_finder_finds_a_prompt_with_a_topic_word_changed():
     assert shared_templates(exam, [words("Which knot holds best on a wet climbing rope, please?")])
     assert not shared_templates(exam, [words("best knot for wet nylon rope")])
     assert not shared_templates([words("reset my password")], [words("reset my username")])
+
+
+@pytest.mark.parametrize(
+    "longer",
+    [
+        "Quick one before my meeting. Which knot holds best on a wet nylon rope?",
+        "which knot holds best on a wet hemp rope and why does it slip less",
+        "I was out sailing yesterday which knot holds best on a wet nylon rope thanks a lot",
+    ],
+    ids=["after a wrapper", "before a suffix", "inside both, a topic word changed"],
+)
+def test_the_template_finder_finds_a_prompt_inside_a_longer_one(longer):
+    """A copy inside a longer prompt is a copy: the learned decision's blind tuning set once
+    held an exam pair word for word after a wrapper sentence, and the fence did not see it."""
+    exam = [words("Which knot holds best on a wet nylon rope?")]
+    assert shared_templates(exam, [words(longer)])
+
+
+def test_the_template_finder_does_not_call_shared_words_in_another_order_a_copy():
+    exam = [words("Which knot holds best on a wet nylon rope?")]
+    scattered = "A nylon rope that is wet: which of these holds best, and which knot is easiest to tie?"
+    assert not shared_templates(exam, [words(scattered)])
 
 
 NEAR_COPY = "Which knot holds best on a wet hemp rope?"  # a topic word changed
@@ -239,6 +328,17 @@ def test_the_fence_reads_every_place_a_copy_can_live(tmp_path, where, content):
 # (data/SOURCES.md says so); the exam is not edited after its report. Any other copy fails.
 # (named by a digest of their words, so that no exam text is written here)
 KNOWN_SHARED = {"gpucache/data/demo_workload.jsonl": {"e9c0fd35d0d8f540", "4052eda3f937c76b"}}
+# Found when the fence first read inside longer prompts (#68): the pair model's blind training
+# set holds two second-exam and two third-exam prompts inside longer ones (one a question shape of
+# the demo workload's above). The pair model (v1) was trained on them and is examined on the
+# fourth exam alone, which nothing of them touches; they leave the set before a v2 is trained.
+# The twelve such rows of the learned decision's tuning set and the one of the chat set were
+# removed (data/SOURCES.md).
+KNOWN_CONTAINED = {
+    EXAM_2: {"data/pair_model_tuning.jsonl": {"1cc037ddb01025be", "3bb0dd6807441d85", "4052eda3f937c76b"}},
+    EXAM_3: {"data/pair_model_tuning.jsonl": {"b6bb78e5125462ed", "f0c6c0f48b1466a1"}},
+    EXAM_4: {},
+}
 
 
 def digest(prompt: tuple[str, ...]) -> str:
@@ -277,41 +377,43 @@ def test_no_tuning_pair_or_test_case_shares_a_template_with_the_conversations_ex
     as many as data/SOURCES.md says; any new copy fails here."""
     exam = conversation_exam_messages(path)
     copies = {
-        where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()
+        where: len(shared_templates(exam, prompts, contained=False))
+        for where, prompts in tuning_and_test_prompts().items()
     }
     assert {where: n for where, n in copies.items() if n} == {}
 
 
 def test_no_tuning_pair_or_test_case_shares_a_template_with_the_exam():
-    exam = exam_prompts()
+    """The second exam's prompts against every string of the tuning data, the tests and the
+    package's data, whole, inside a longer prompt, and its requests reworded around."""
     copies = {
-        where: {digest(p) for p in shared_templates(exam, prompts)}
+        where: {digest(p) for p in guard_exam_copies(EXAM_2, prompts)}
         for where, prompts in tuning_and_test_prompts().items()
     }
-    assert {where: found for where, found in copies.items() if found} == KNOWN_SHARED
+    known = {**KNOWN_SHARED, **KNOWN_CONTAINED[EXAM_2]}
+    assert {where: found for where, found in copies.items() if found} == known
 
 
 def test_no_tuning_pair_or_test_case_shares_a_template_with_the_third_exam():
     """The third exam against every string of the tuning data (the learned decision's set
-    among them), the tests and the package's data: none shares a template."""
-    exam = exam_prompts(EXAM_3)
+    among them), the tests and the package's data: none shares a template but those known."""
     copies = {
-        where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()
+        where: {digest(p) for p in guard_exam_copies(EXAM_3, prompts)}
+        for where, prompts in tuning_and_test_prompts().items()
     }
-    assert {where: n for where, n in copies.items() if n} == {}
+    assert {where: found for where, found in copies.items() if found} == KNOWN_CONTAINED[EXAM_3]
 
 
 def test_no_tuning_pair_training_pair_or_test_case_shares_a_template_with_the_fourth_exam():
     """The fourth exam against every string of the tuning data (the pair model's written set
     among them), the tests, the package's data and the pair model's public training data
     (../shared/data/train: PAWS-Wiki's dev pairs, the intent queries): none shares a template."""
-    exam = exam_prompts(EXAM_4)
     copies = {
-        where: len(shared_templates(exam, prompts)) for where, prompts in tuning_and_test_prompts().items()
+        where: len(guard_exam_copies(EXAM_4, prompts)) for where, prompts in tuning_and_test_prompts().items()
     }
     train = ROOT.parent / "shared" / "data" / "train"
     for path in sorted(train.glob("*.jsonl")) if train.is_dir() else []:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
         prompts = [w for r in rows for k in ("a", "b", "text") if k in r and len(w := words(r[k])) >= 4]
-        copies[path.name] = len(shared_templates(exam, prompts))
+        copies[path.name] = len(guard_exam_copies(EXAM_4, prompts))
     assert {where: n for where, n in copies.items() if n} == {}
