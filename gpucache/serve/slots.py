@@ -143,8 +143,8 @@ class Slots:
             queue.remove(waiter)
             if not queue and self._waiting.get(holder) is queue:
                 del self._waiting[holder]
-            if waiter.done() and not room:  # woken, but gone (its client) or too late: the
-                self._next_turn(holder)  # place it was woken for is the next one's
+            if not room and not self.at_share(holder):  # a free place it did not take (its
+                self._next_turn(holder)  # client gone as it was woken): the next one's turn
 
     @contextmanager
     def held(self, holder: str) -> Iterator[None]:

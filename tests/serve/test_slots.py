@@ -56,8 +56,8 @@ def test_the_share_binds_for_the_window_after_the_other_was_last_heard_from():
     slots.seen("key:b")
     clock.now += 29.9
     assert slots.at_share("key:a")  # b still active
-    clock.now += 0.2
-    assert not slots.at_share("key:a")  # b quiet for the window: a is alone again
+    clock.now += 0.1
+    assert not slots.at_share("key:a")  # b quiet for the window (30 s exactly): a is alone again
 
 
 def test_a_credential_that_keeps_asking_stays_active():
@@ -197,3 +197,106 @@ def test_going_upstream_wakes_the_next_request_waiting_for_the_share():
             return await waiting
 
     assert asyncio.run(main()) is True
+
+
+def test_a_place_given_back_counts_one_off_the_credentials_share():
+    slots = Slots(limit=10, share=2, clock=Clock())
+    slots.seen("key:a")
+    slots.seen("key:b")
+    first, second = slots.held("key:a"), slots.held("key:a")
+    first.__enter__()
+    second.__enter__()
+    assert slots.sharing("key:a") == 2 and slots.at_share("key:a")
+    first.__exit__(None, None, None)
+    assert slots.sharing("key:a") == 1 and not slots.at_share("key:a")
+    second.__exit__(None, None, None)
+    assert slots.sharing("key:a") == 0
+
+
+def test_a_turn_that_comes_within_a_second_is_taken():
+    async def main() -> bool:
+        slots = Slots(limit=10, share=1, clock=Clock())
+        slots.seen("key:a")
+        slots.seen("key:b")
+        with slots.held("key:a"):
+            waiting = asyncio.ensure_future(slots.turn("key:a", 0.5))
+            await asyncio.sleep(0)
+            slots.upstream_bound()
+            return await waiting
+
+    assert asyncio.run(main()) is True
+
+
+def test_one_place_wakes_one_waiter_and_the_rest_keep_waiting():
+    """A place given back is one request's turn: the next waiter is not woken to find the
+    share full and be refused."""
+
+    async def main() -> tuple[bool, bool, int]:
+        slots = Slots(limit=10, share=1, clock=Clock())
+        slots.seen("key:a")
+        slots.seen("key:b")
+        held = slots.held("key:a")
+        held.__enter__()
+        waiters = [asyncio.ensure_future(slots.turn("key:a", 60.0)) for _ in range(2)]
+        await asyncio.sleep(0)
+        held.__exit__(None, None, None)
+        first = await waiters[0]
+        with slots.held("key:a"):  # the first takes its place
+            for _ in range(3):
+                await asyncio.sleep(0)
+            second_done = waiters[1].done()
+            waiting = slots.waiting
+        waiters[1].cancel()
+        await asyncio.gather(waiters[1], return_exceptions=True)
+        return first, second_done, waiting
+
+    assert asyncio.run(main()) == (True, False, 1)
+
+
+def test_a_waiter_that_gives_up_passes_nothing_on_and_leaves_the_others_queued():
+    """One request's wait ends (its deadline) while another's goes on: the other is neither
+    woken for nothing nor lost from the queue, and a place given back later is its turn."""
+
+    async def main() -> tuple[bool, bool, bool, bool]:
+        slots = Slots(limit=10, share=1, clock=Clock())
+        slots.seen("key:a")
+        slots.seen("key:b")
+        held = slots.held("key:a")
+        held.__enter__()
+        patient = asyncio.ensure_future(slots.turn("key:a", 60.0))
+        await asyncio.sleep(0)
+        hasty = await slots.turn("key:a", 0.01)  # queued behind the patient one; gives up
+        still_waiting = not patient.done()
+        held.__exit__(None, None, None)
+        turned = await patient
+        return hasty, still_waiting, turned, not slots._waiting
+
+    assert asyncio.run(main()) == (False, True, True, True)
+
+
+def test_a_place_freed_as_its_waiter_is_cancelled_goes_to_exactly_one_request():
+    """The first waiter is woken and cancelled (its client hung up) in the same instant: the
+    place goes to it, where the cancel came too late to stop it (Python 3.11's ``wait_for``
+    returns a result that is in), or else to the next waiter; never to both, never to none."""
+
+    async def main() -> list[bool]:
+        slots = Slots(limit=10, share=1, clock=Clock())
+        slots.seen("key:a")
+        slots.seen("key:b")
+        held = slots.held("key:a")
+        held.__enter__()
+        gone, next_one = (asyncio.ensure_future(slots.turn("key:a", 60.0)) for _ in range(2))
+        await asyncio.sleep(0)
+        held.__exit__(None, None, None)
+        gone.cancel()
+        took = []
+        for task in (gone, next_one):
+            try:
+                took.append(await asyncio.wait_for(asyncio.shield(task), 1))
+            except (asyncio.CancelledError, asyncio.TimeoutError):
+                took.append(False)
+        next_one.cancel()
+        await asyncio.gather(next_one, return_exceptions=True)
+        return took
+
+    assert sorted(asyncio.run(main())) == [False, True]
