@@ -11,9 +11,9 @@ A request waiting on a lookup or the upstream holds a slot; at most ``limit`` ar
 
 **Why a share, of the lookups only, and only in company.** Without one, one credential's burst
 of new prompts fills the embedder's batches, and another credential's misses wait behind the
-batch computing: a flood of 32 connections from one key took another key's miss from 50 ms to
-414 ms p50 on a 2-core CPU (``bench/reports/serve-fairness.md``; 48 ms with the share). So a
-credential may have at most ``share`` requests in the cache (on a lookup, before its request
+batch computing: beside a flood of 32 connections from one key, another key's misses took
+several times as long as alone on a 2-core CPU, and with the share about as long
+(``bench/reports/serve-fairness.md`` has the figures). So a credential may have at most ``share`` requests in the cache (on a lookup, before its request
 goes upstream) at once.
 What is shared is the embedder, not the model server: a request leaves the share when it goes
 upstream (``upstream_bound``), so a tenant's 32 workers still have 32 generations running at
@@ -26,9 +26,9 @@ none between them, and the flood would take the embedder back in that gap.
 **Why a request past its share waits for its turn before it is shed.** A client that ignores
 Retry-After (a load generator, a script in a loop) sends its next request the moment a refusal
 comes back, and refusals made at once are made as fast as it can ask: a rate limit's 429s to a
-32-connection flood came 46,620 times in 20 s, and their work on the event loop starved the
-embedder's thread of the interpreter, so 68 lookups, the other key's too, passed their deadline
-(``bench/reports/serve-fairness.md``, the rate's row). A request past its share instead waits,
+32-connection flood came tens of thousands of times in 20 s, and their work on the event loop
+starved the embedder's thread of the interpreter, so lookups, the other key's too, passed their
+deadline (``bench/reports/serve-fairness.md``, the rate's row). A request past its share instead waits,
 in the order its credential's requests came, for one of that credential's own places in the
 share, up to ``retry_after`` seconds; only then is it shed. It waits behind its own credential's
 requests, never another's, and costs nothing while it waits (a suspended coroutine and its
