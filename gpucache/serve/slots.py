@@ -13,9 +13,9 @@ A request waiting on a lookup or the upstream holds a slot; at most ``limit`` ar
 of new prompts fills the embedder's batches, and another credential's misses wait behind the
 batch computing: beside a flood of 32 connections from one key, another key's misses took
 several times as long as alone on a 2-core CPU, and with the share about as long
-(``bench/reports/serve-fairness.md`` has the figures). So a credential may have at most ``share`` requests in the cache (on a lookup, before its request
-goes upstream) at once.
-What is shared is the embedder, not the model server: a request leaves the share when it goes
+(``bench/reports/serve-fairness.md`` has the figures). So a credential may have at most
+``share`` requests in the cache (on a lookup, before its request goes upstream) at once. What
+is shared is the embedder, not the model server: a request leaves the share when it goes
 upstream (``upstream_bound``), so a tenant's 32 workers still have 32 generations running at
 once, and only their lookups take turns. And most deployments send every request with one key,
 where a share would only hold that key back for nobody's benefit: the share binds while another
